@@ -1,0 +1,211 @@
+//! The plugin configuration: parsed and validated once in `on_configure`,
+//! then shared read-only with every request.
+
+use serde::Deserialize;
+
+/// Everything the filter can be told. Every field has a default, so `{}` is
+/// a valid configuration; `docs/configuration.md` lists them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterConfig {
+    /// Pool name sent to the predictor (which endpoints to predict).
+    pub pool: String,
+    /// Envoy cluster of predictor-svc.
+    pub predictor_cluster: String,
+    /// `:authority` of predictor calls.
+    pub predictor_authority: String,
+    /// Give up on a predict call after this long and fall back.
+    pub predictor_timeout_ms: u64,
+    /// Dispatches and reports are sent in batches on this tick.
+    pub flush_interval_ms: u64,
+    /// Most items kept queued per VM while the predictor is unreachable;
+    /// beyond it the oldest are dropped (and counted).
+    pub max_queued: usize,
+    /// Most items sent in one batch call.
+    pub max_batch: usize,
+    /// Header the proxy routes by (override_host / ORIGINAL_DST).
+    pub destination_header: String,
+    /// Request header giving the caller's priority (< 0: sheddable).
+    pub priority_header: String,
+    /// Request paths (exact, query ignored) whose body is parsed and routed.
+    pub inference_paths: Vec<String>,
+    /// Add `x-headroom-*` response headers (chosen endpoint, predictions, tier).
+    pub debug_headers: bool,
+    /// Endpoint state older than this is not used by the fallback.
+    pub fallback_state_max_age_ms: u64,
+    /// At most this many prefix blocks are hashed per request.
+    pub max_prefix_blocks: usize,
+    /// TPOT targets are `min(own SLO, tightest running) * tpot_buffer`.
+    pub tpot_buffer: f64,
+    /// Probability of picking from the negative tier when both tiers exist.
+    pub negative_tier_epsilon: f64,
+    /// Weight of TTFT headroom in the score (TPOT gets `1 - ttft_weight`).
+    pub ttft_weight: f64,
+    /// Responses larger than this are not parsed for usage (non-streaming).
+    pub max_response_parse_bytes: usize,
+}
+
+impl Default for FilterConfig {
+    fn default() -> Self {
+        FilterConfig {
+            pool: "default".into(),
+            predictor_cluster: "headroom_predictor".into(),
+            predictor_authority: "headroom-predictor".into(),
+            predictor_timeout_ms: 50,
+            flush_interval_ms: 100,
+            max_queued: 10_000,
+            max_batch: 500,
+            destination_header: "x-gateway-destination-endpoint".into(),
+            priority_header: "x-request-priority".into(),
+            inference_paths: vec!["/v1/completions".into(), "/v1/chat/completions".into()],
+            debug_headers: false,
+            fallback_state_max_age_ms: 5_000,
+            max_prefix_blocks: 256,
+            tpot_buffer: 1.0,
+            negative_tier_epsilon: 0.01,
+            ttft_weight: 0.8,
+            max_response_parse_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A configuration refused, naming the field at fault.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid plugin configuration: field `{}`: {}", self.field, self.message)
+    }
+}
+
+fn bad(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError { field: field.into(), message: message.into() }
+}
+
+impl FilterConfig {
+    /// Parses and validates the plugin configuration (empty means defaults).
+    pub fn parse(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
+        let config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
+            FilterConfig::default()
+        } else {
+            serde_json::from_slice(bytes).map_err(|e| {
+                let field = field_of_serde_error(&e.to_string());
+                bad(&field, e.to_string())
+            })?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let non_empty = [
+            ("pool", &self.pool),
+            ("predictor_cluster", &self.predictor_cluster),
+            ("predictor_authority", &self.predictor_authority),
+            ("destination_header", &self.destination_header),
+            ("priority_header", &self.priority_header),
+        ];
+        for (field, value) in non_empty {
+            if value.trim().is_empty() {
+                return Err(bad(field, "must not be empty"));
+            }
+        }
+        for (field, value) in [("destination_header", &self.destination_header), ("priority_header", &self.priority_header)] {
+            if value.chars().any(|c| c.is_ascii_uppercase() || c.is_whitespace()) {
+                return Err(bad(field, "header names must be lower case with no spaces"));
+            }
+        }
+        if !(1..=60_000).contains(&self.predictor_timeout_ms) {
+            return Err(bad("predictor_timeout_ms", "must be within 1..=60000"));
+        }
+        if !(10..=60_000).contains(&self.flush_interval_ms) {
+            return Err(bad("flush_interval_ms", "must be within 10..=60000"));
+        }
+        if self.max_queued == 0 {
+            return Err(bad("max_queued", "must be at least 1"));
+        }
+        if self.max_batch == 0 {
+            return Err(bad("max_batch", "must be at least 1"));
+        }
+        if self.inference_paths.iter().any(|p| !p.starts_with('/')) {
+            return Err(bad("inference_paths", "every path must start with '/'"));
+        }
+        if !(self.tpot_buffer.is_finite() && self.tpot_buffer > 0.0) {
+            return Err(bad("tpot_buffer", "must be a number > 0"));
+        }
+        if !(0.0..=1.0).contains(&self.negative_tier_epsilon) {
+            return Err(bad("negative_tier_epsilon", "must be within 0..=1"));
+        }
+        if !(0.0..=1.0).contains(&self.ttft_weight) {
+            return Err(bad("ttft_weight", "must be within 0..=1"));
+        }
+        Ok(())
+    }
+
+    /// True when `path` (query string ignored) is an inference path.
+    pub fn is_inference_path(&self, path: &str) -> bool {
+        let path = path.split('?').next().unwrap_or(path);
+        self.inference_paths.iter().any(|p| p == path)
+    }
+}
+
+/// serde_json names an unknown field as "unknown field `x`" and a mistyped one
+/// only by position; pull out the name when it is there.
+fn field_of_serde_error(message: &str) -> String {
+    message
+        .split('`')
+        .nth(1)
+        .filter(|_| message.starts_with("unknown field") || message.starts_with("missing field"))
+        .unwrap_or("(configuration)")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_defaults() {
+        assert_eq!(FilterConfig::parse(b"").unwrap(), FilterConfig::default());
+        assert_eq!(FilterConfig::parse(b"{}").unwrap(), FilterConfig::default());
+    }
+
+    #[test]
+    fn fields_override_defaults() {
+        let c = FilterConfig::parse(br#"{"pool":"llama","debug_headers":true,"predictor_timeout_ms":20}"#).unwrap();
+        assert_eq!(c.pool, "llama");
+        assert!(c.debug_headers);
+        assert_eq!(c.predictor_timeout_ms, 20);
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let cases: &[(&[u8], &str)] = &[
+            (br#"{"pool":""}"#, "pool"),
+            (br#"{"predictor_timeout_ms":0}"#, "predictor_timeout_ms"),
+            (br#"{"flush_interval_ms":1}"#, "flush_interval_ms"),
+            (br#"{"no_such_knob":1}"#, "no_such_knob"),
+            (br#"{"negative_tier_epsilon":2}"#, "negative_tier_epsilon"),
+            (br#"{"destination_header":"X-Dest"}"#, "destination_header"),
+            (br#"{"inference_paths":["v1/x"]}"#, "inference_paths"),
+            (br#"{"tpot_buffer":-1}"#, "tpot_buffer"),
+        ];
+        for (json, field) in cases {
+            let err = FilterConfig::parse(json).unwrap_err();
+            assert_eq!(err.field, *field, "{}", String::from_utf8_lossy(json));
+        }
+        assert!(FilterConfig::parse(b"{not json").is_err());
+    }
+
+    #[test]
+    fn inference_path_ignores_query() {
+        let c = FilterConfig::default();
+        assert!(c.is_inference_path("/v1/completions?x=1"));
+        assert!(c.is_inference_path("/v1/chat/completions"));
+        assert!(!c.is_inference_path("/v1/models"));
+    }
+}

@@ -1,0 +1,90 @@
+//! Routing without predictions: a composite of the last endpoint state seen.
+//!
+//! score = (free KV + relative queue + prefix match) / 3, where relative queue
+//! is `(max_waiting - waiting) / max_waiting` across the candidates. The
+//! highest score wins; ties are broken at random.
+
+use headroom_protocol::EndpointState;
+
+use crate::rng::Rng;
+
+/// The last endpoint states a VM saw, with when it saw them.
+#[derive(Debug, Clone, Default)]
+pub struct StateCache {
+    endpoints: Vec<(String, EndpointState)>,
+    seen_at_ms: u64,
+}
+
+impl StateCache {
+    /// Remembers the states of a predict answer seen at `now_ms`.
+    pub fn update(&mut self, endpoints: Vec<(String, EndpointState)>, now_ms: u64) {
+        if !endpoints.is_empty() {
+            self.endpoints = endpoints;
+            self.seen_at_ms = now_ms;
+        }
+    }
+
+    /// The remembered states if younger than `max_age_ms`.
+    pub fn fresh(&self, now_ms: u64, max_age_ms: u64) -> Option<&[(String, EndpointState)]> {
+        let fresh = !self.endpoints.is_empty() && now_ms.saturating_sub(self.seen_at_ms) <= max_age_ms;
+        fresh.then_some(self.endpoints.as_slice())
+    }
+}
+
+/// Index of the endpoint with the best composite score, or `None` if there are none.
+pub fn pick_composite(states: &[&EndpointState], rng: &mut Rng) -> Option<usize> {
+    if states.is_empty() {
+        return None;
+    }
+    let max_waiting = states.iter().map(|s| s.waiting).max().unwrap_or(0) as f64;
+    let scores: Vec<f64> = states
+        .iter()
+        .map(|s| {
+            let free_kv = 1.0 - s.kv_usage.clamp(0.0, 1.0);
+            let queue = if max_waiting > 0.0 { (max_waiting - s.waiting as f64) / max_waiting } else { 1.0 };
+            (free_kv + queue + s.prefix_match.clamp(0.0, 1.0)) / 3.0
+        })
+        .collect();
+    let best = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let ties: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] >= best - 1e-9).collect();
+    Some(ties[(rng.next_u64() % ties.len() as u64) as usize])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(kv: f64, waiting: u32, prefix: f64) -> EndpointState {
+        EndpointState { kv_usage: kv, waiting, prefix_match: prefix, ..Default::default() }
+    }
+
+    #[test]
+    fn prefers_free_kv_short_queue_and_prefix() {
+        let mut rng = Rng::new(1);
+        let a = st(0.9, 5, 0.0);
+        let b = st(0.2, 0, 0.0);
+        assert_eq!(pick_composite(&[&a, &b], &mut rng), Some(1));
+        let c = st(0.2, 0, 1.0);
+        assert_eq!(pick_composite(&[&a, &b, &c], &mut rng), Some(2));
+        assert_eq!(pick_composite(&[], &mut rng), None);
+    }
+
+    #[test]
+    fn ties_spread() {
+        let mut rng = Rng::new(2);
+        let s = st(0.1, 0, 0.0);
+        let picks: Vec<usize> = (0..300).filter_map(|_| pick_composite(&[&s, &s, &s], &mut rng)).collect();
+        for i in 0..3 {
+            assert!(picks.iter().filter(|p| **p == i).count() > 60);
+        }
+    }
+
+    #[test]
+    fn stale_state_is_not_used() {
+        let mut cache = StateCache::default();
+        assert!(cache.fresh(0, 1000).is_none());
+        cache.update(vec![("a".into(), st(0.1, 0, 0.0))], 10_000);
+        assert!(cache.fresh(10_500, 1000).is_some());
+        assert!(cache.fresh(11_001, 1000).is_none());
+    }
+}

@@ -1,0 +1,24 @@
+//! The contract between the headroom filter and predictor-svc.
+//!
+//! Every message both sides exchange is defined here, once. Bodies travel as
+//! MessagePack (named fields, so fields can be added without breaking older
+//! peers) or as JSON when a person asks for it with `content-type` / `accept`.
+//! `docs/protocol.md` shows one example of each message.
+
+pub mod codec;
+pub mod messages;
+pub mod openai;
+pub mod tokens;
+
+pub use codec::{decode, encode, CodecError, Format};
+pub use messages::*;
+
+/// Versioned HTTP paths served by predictor-svc.
+pub mod paths {
+    /// `POST`: [`crate::PredictRequest`] -> [`crate::PredictResponse`].
+    pub const PREDICT: &str = "/v1/predict";
+    /// `POST`: [`crate::DispatchBatch`] -> [`crate::BatchAck`]. Starts in-flight tracking.
+    pub const DISPATCH: &str = "/v1/dispatch";
+    /// `POST`: [`crate::ReportBatch`] -> [`crate::BatchAck`]. Ends in-flight tracking.
+    pub const REPORT: &str = "/v1/report";
+}

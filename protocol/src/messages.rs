@@ -1,0 +1,213 @@
+//! The messages of the filter <-> predictor contract.
+
+use serde::{Deserialize, Serialize};
+
+/// Latency goals a caller stated for one request, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slo {
+    /// Time to first token goal.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// Time per output token goal.
+    #[serde(default)]
+    pub tpot_ms: Option<f64>,
+}
+
+impl Slo {
+    /// True when the caller stated at least one goal.
+    pub fn is_set(&self) -> bool {
+        self.ttft_ms.is_some() || self.tpot_ms.is_some()
+    }
+}
+
+/// What the filter knows about a request before routing it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestFeatures {
+    /// The `model` field of the OpenAI body.
+    pub model: String,
+    /// Prompt length, by [`crate::tokens::estimate_tokens`].
+    pub input_tokens: u32,
+    /// Chained hashes of the prompt's blocks ([`crate::tokens::prefix_block_hashes`]).
+    #[serde(default)]
+    pub prefix_hashes: Vec<u64>,
+    /// Whether the response is streamed (SSE).
+    #[serde(default)]
+    pub streaming: bool,
+    /// `max_tokens` / `max_completion_tokens` of the body, when given.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub slo: Slo,
+    /// Caller priority; below zero means the request may be shed.
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// `POST /v1/predict` body: predict every endpoint of `pool` for one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictRequest {
+    pub pool: String,
+    pub request_id: String,
+    pub request: RequestFeatures,
+}
+
+/// What the predictor knows of one endpoint at predict time. These are the
+/// model's input features; the filter echoes them back in its report so that
+/// training sees exactly what prediction saw.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointState {
+    /// `vllm:num_requests_running` at the last scrape.
+    pub running: u32,
+    /// `vllm:num_requests_waiting` at the last scrape.
+    pub waiting: u32,
+    /// `vllm:kv_cache_usage_perc` (or the older `gpu_cache_usage_perc`), 0..=1.
+    pub kv_usage: f64,
+    /// Share of this request's prefix blocks the endpoint is believed to hold, 0..=1.
+    pub prefix_match: f64,
+    /// Tightest TPOT SLO among requests in flight there, if any stated one.
+    #[serde(default)]
+    pub tightest_tpot_slo_ms: Option<f64>,
+    /// Requests dispatched there and not yet reported.
+    pub in_flight: u32,
+    /// Uncached prompt tokens of in-flight requests still expected to be in prefill.
+    pub uncached_tokens_in_flight: u64,
+    /// Prompt plus expected output tokens of all in-flight requests.
+    pub tokens_in_flight: u64,
+    /// Age of the scraped metrics in milliseconds (`None`: never scraped).
+    #[serde(default)]
+    pub metrics_age_ms: Option<u64>,
+}
+
+/// One candidate endpoint with its predictions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointPrediction {
+    /// `ip:port` of the model server.
+    pub address: String,
+    /// Predicted time to first token; `None` when the predictor cannot say.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// Predicted time per output token; `None` when the predictor cannot say.
+    #[serde(default)]
+    pub tpot_ms: Option<f64>,
+    pub state: EndpointState,
+}
+
+/// `POST /v1/predict` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictResponse {
+    pub pool: String,
+    /// Which model produced the predictions (e.g. `analytic-prior`).
+    pub model_version: String,
+    pub endpoints: Vec<EndpointPrediction>,
+}
+
+/// One routing decision: `request_id` went to `endpoint`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dispatch {
+    pub pool: String,
+    pub request_id: String,
+    pub endpoint: String,
+    pub request: RequestFeatures,
+    /// Predicted TTFT for the chosen endpoint, if there was one; lets the
+    /// predictor tell when the request has likely left prefill.
+    #[serde(default)]
+    pub predicted_ttft_ms: Option<f64>,
+}
+
+/// `POST /v1/dispatch` body: decisions made since the filter's last flush.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DispatchBatch {
+    pub dispatches: Vec<Dispatch>,
+}
+
+/// How the filter chose the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteSource {
+    /// From predictions, in the tier where every judged headroom was >= 0.
+    PredictedPositive,
+    /// From predictions, in the tier where some headroom was negative.
+    PredictedNegative,
+    /// From the fallback composite of endpoint state (predictor unavailable).
+    Fallback,
+    /// The filter did not choose: Envoy's load balancer did.
+    Envoy,
+}
+
+/// What was observed for one finished request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub pool: String,
+    pub request_id: String,
+    /// The endpoint that actually served (Envoy's `upstream.address`).
+    pub endpoint: String,
+    /// The request's features as sent at dispatch (prefix hashes omitted).
+    pub request: RequestFeatures,
+    /// The endpoint state the predictor returned at predict time, echoed back.
+    #[serde(default)]
+    pub state_at_dispatch: Option<EndpointState>,
+    #[serde(default)]
+    pub predicted_ttft_ms: Option<f64>,
+    #[serde(default)]
+    pub predicted_tpot_ms: Option<f64>,
+    pub source: RouteSource,
+    /// Streaming: time from forwarding upstream to the first token event.
+    /// Non-streaming: the first token arrives with the whole body, so this
+    /// equals `e2e_ms`; training uses TTFT from streaming requests only.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// (last token time - first token time) / (completion tokens - 1), from
+    /// the usage block's token count (not from chunk counts). Streaming only.
+    #[serde(default)]
+    pub tpot_ms: Option<f64>,
+    /// Time from forwarding upstream to the end of the response.
+    pub e2e_ms: f64,
+    /// `usage.completion_tokens`, when the response carried it.
+    #[serde(default)]
+    pub output_tokens: Option<u32>,
+    /// `usage.prompt_tokens_details.cached_tokens`, when given.
+    #[serde(default)]
+    pub cached_tokens: Option<u32>,
+    /// HTTP status returned by the model server (0: no response).
+    pub status: u16,
+}
+
+/// `POST /v1/report` body: observations batched on the filter's tick.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReportBatch {
+    pub observations: Vec<Observation>,
+}
+
+/// Answer to a dispatch or report batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchAck {
+    pub accepted: u32,
+    /// Items refused (unknown pool, invalid values); details go to the log.
+    pub rejected: u32,
+}
+
+/// Error body of every non-2xx answer: `{"error": {"message": ..., "field": ...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    /// The request field or header at fault, when one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl ErrorBody {
+    /// An error naming the field at fault.
+    pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorBody { error: ErrorDetail { message: message.into(), field: Some(field.into()) } }
+    }
+
+    /// An error not tied to one field.
+    pub fn message(message: impl Into<String>) -> Self {
+        ErrorBody { error: ErrorDetail { message: message.into(), field: None } }
+    }
+}
