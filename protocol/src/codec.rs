@@ -49,11 +49,38 @@ impl Format {
 
 /// A body that could not be encoded or decoded.
 #[derive(Debug)]
-pub struct CodecError(pub String);
+pub struct CodecError {
+    /// Path of the field at fault (`request.slo.ttft_ms`), when known.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl CodecError {
+    fn plain(message: impl ToString) -> Self {
+        CodecError { field: None, message: message.to_string() }
+    }
+
+    fn at<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> Self {
+        let path = e.path().to_string();
+        let message = e.inner().to_string();
+        // serde names a missing field in its message, not in the path.
+        let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next());
+        let field = match (path.as_str(), missing) {
+            (".", Some(name)) => Some(name.to_string()),
+            (".", None) => None,
+            (p, Some(name)) => Some(format!("{p}.{name}")),
+            (p, None) => Some(p.to_string()),
+        };
+        CodecError { field, message }
+    }
+}
 
 impl std::fmt::Display for CodecError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match &self.field {
+            Some(field) => write!(f, "{field}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
     }
 }
 
@@ -62,8 +89,8 @@ impl std::error::Error for CodecError {}
 /// Encodes a message (MessagePack with named fields, or JSON).
 pub fn encode<T: Serialize>(format: Format, msg: &T) -> Result<Vec<u8>, CodecError> {
     match format {
-        Format::MsgPack => rmp_serde::to_vec_named(msg).map_err(|e| CodecError(e.to_string())),
-        Format::Json => serde_json::to_vec(msg).map_err(|e| CodecError(e.to_string())),
+        Format::MsgPack => rmp_serde::to_vec_named(msg).map_err(CodecError::plain),
+        Format::Json => serde_json::to_vec(msg).map_err(CodecError::plain),
     }
 }
 
@@ -71,8 +98,16 @@ pub fn encode<T: Serialize>(format: Format, msg: &T) -> Result<Vec<u8>, CodecErr
 /// decoder knows it.
 pub fn decode<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, CodecError> {
     match format {
-        Format::MsgPack => rmp_serde::from_slice(body).map_err(|e| CodecError(e.to_string())),
-        Format::Json => serde_json::from_slice(body).map_err(|e| CodecError(e.to_string())),
+        Format::MsgPack => {
+            let mut de = rmp_serde::Deserializer::new(body);
+            serde_path_to_error::deserialize(&mut de).map_err(CodecError::at)
+        }
+        Format::Json => {
+            let mut de = serde_json::Deserializer::from_slice(body);
+            let value = serde_path_to_error::deserialize(&mut de).map_err(CodecError::at)?;
+            de.end().map_err(CodecError::plain)?;
+            Ok(value)
+        }
     }
 }
 
@@ -100,6 +135,17 @@ mod tests {
             let back: BatchAck = decode(format, &encode(format, &ack).unwrap()).unwrap();
             assert_eq!(back, ack);
         }
+    }
+
+    #[test]
+    fn errors_name_the_field_path() {
+        use crate::PredictRequest;
+        let err = decode::<PredictRequest>(Format::Json, br#"{"pool":"p","request_id":"r","request":{"model":"m","input_tokens":"many"}}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("request.input_tokens"));
+        let err = decode::<PredictRequest>(Format::Json, br#"{"request_id":"r","request":{"model":"m","input_tokens":1}}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("pool"));
+        let err = decode::<PredictRequest>(Format::Json, br#"{"pool":"p","request_id":"r","request":{"input_tokens":1}}"#).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("request.model"));
     }
 
     #[test]

@@ -1,0 +1,233 @@
+//! The host calls the filter makes, each returning `Result` instead of panicking.
+//!
+//! proxy-wasm 0.2.5's own wrappers panic on any status they did not expect, and
+//! a panic kills the VM (every later request then fails open or closed). These
+//! bindings take the raw status as a `u32` and map it to [`HostError`].
+//! Only `dispatch_http_call` goes through the SDK, because its dispatcher must
+//! register the callout token; that wrapper maps the statuses Envoy returns.
+
+use std::time::Duration;
+
+use proxy_wasm::types::{BufferType, MapType};
+
+/// A host call that did not succeed; the raw proxy-wasm status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError(pub u32);
+
+type HostResult<T> = Result<T, HostError>;
+
+const OK: u32 = 0;
+const NOT_FOUND: u32 = 1;
+
+#[allow(clashing_extern_declarations)]
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32;
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_data: *mut *mut u8,
+        return_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_define_metric(metric_type: u32, name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+}
+
+fn check(status: u32) -> HostResult<()> {
+    if status == OK {
+        Ok(())
+    } else {
+        Err(HostError(status))
+    }
+}
+
+/// Takes ownership of a buffer the host allocated through `proxy_on_memory_allocate`.
+///
+/// # Safety
+/// `data`/`size` must come from a successful host call that returned a buffer.
+unsafe fn take_host_buffer(data: *mut u8, size: usize) -> Option<Vec<u8>> {
+    if data.is_null() {
+        None
+    } else {
+        Some(Vec::from_raw_parts(data, size, size))
+    }
+}
+
+/// Log levels of the host.
+#[derive(Debug, Clone, Copy)]
+pub enum Level {
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+}
+
+/// Writes to Envoy's log (errors from the log call itself are ignored).
+pub fn log(level: Level, message: &str) {
+    unsafe {
+        proxy_log(level as u32, message.as_ptr(), message.len());
+    }
+}
+
+/// Host wall-clock time in nanoseconds since the Unix epoch (0 if unavailable).
+pub fn now_ns() -> u64 {
+    let mut t = 0u64;
+    unsafe {
+        if proxy_get_current_time_nanoseconds(&mut t) != OK {
+            return 0;
+        }
+    }
+    t
+}
+
+/// Host time in whole milliseconds.
+pub fn now_ms() -> u64 {
+    now_ns() / 1_000_000
+}
+
+pub fn set_tick_period(period: Duration) -> HostResult<()> {
+    let ms = u32::try_from(period.as_millis()).unwrap_or(u32::MAX);
+    check(unsafe { proxy_set_tick_period_milliseconds(ms) })
+}
+
+/// Up to `max` bytes of a buffer from its start; `None` when there is none.
+pub fn buffer(kind: BufferType, max: usize) -> HostResult<Option<Vec<u8>>> {
+    let mut data = std::ptr::null_mut();
+    let mut size = 0usize;
+    match unsafe { proxy_get_buffer_bytes(kind as u32, 0, max, &mut data, &mut size) } {
+        OK => Ok(unsafe { take_host_buffer(data, size) }),
+        NOT_FOUND => Ok(None),
+        status => Err(HostError(status)),
+    }
+}
+
+/// A header value (lossy UTF-8); `None` when absent or the map is gone.
+pub fn header(map: MapType, name: &str) -> Option<String> {
+    let mut data = std::ptr::null_mut();
+    let mut size = 0usize;
+    match unsafe { proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut data, &mut size) } {
+        OK => unsafe { take_host_buffer(data, size) }.map(|b| String::from_utf8_lossy(&b).into_owned()),
+        _ => None,
+    }
+}
+
+/// Sets (replacing) a header.
+pub fn set_header(map: MapType, name: &str, value: &str) -> HostResult<()> {
+    check(unsafe { proxy_replace_header_map_value(map as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
+}
+
+/// Removes a header; absent is fine.
+pub fn remove_header(map: MapType, name: &str) -> HostResult<()> {
+    match unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) } {
+        OK | NOT_FOUND => Ok(()),
+        status => Err(HostError(status)),
+    }
+}
+
+/// A property by path, e.g. `["upstream", "address"]`.
+pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+    let joined = path.join("\0");
+    let mut data = std::ptr::null_mut();
+    let mut size = 0usize;
+    match unsafe { proxy_get_property(joined.as_ptr(), joined.len(), &mut data, &mut size) } {
+        OK => unsafe { take_host_buffer(data, size) },
+        _ => None,
+    }
+}
+
+/// Lets a paused request continue to the next filter.
+pub fn resume_request() -> HostResult<()> {
+    const HTTP_REQUEST: u32 = 0;
+    check(unsafe { proxy_continue_stream(HTTP_REQUEST) })
+}
+
+/// Answers the request locally with `status`, `headers` and `body`.
+pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
+    let headers = serialize_headers(headers);
+    check(unsafe {
+        proxy_send_local_response(status, std::ptr::null(), 0, body.as_ptr(), body.len(), headers.as_ptr(), headers.len(), -1)
+    })
+}
+
+/// proxy-wasm's header map encoding: count, (name len, value len)*, then NUL-terminated names and values.
+fn serialize_headers(headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+    for (name, value) in headers {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    }
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Starts an HTTP call to an Envoy cluster; the answer arrives in `on_http_call_response`.
+pub fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> HostResult<u32> {
+    proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
+        .map_err(|status| HostError(status as u32))
+}
+
+/// Kinds of Envoy stats.
+#[derive(Debug, Clone, Copy)]
+pub enum MetricKind {
+    Counter = 0,
+    Histogram = 2,
+}
+
+/// Defines (or finds) a stat; `None` if the host refused it.
+pub fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
+    let mut id = 0u32;
+    (unsafe { proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) } == OK).then_some(id)
+}
+
+pub fn increment_metric(id: u32, by: i64) {
+    unsafe {
+        proxy_increment_metric(id, by);
+    }
+}
+
+pub fn record_metric(id: u32, value: u64) {
+    unsafe {
+        proxy_record_metric(id, value);
+    }
+}

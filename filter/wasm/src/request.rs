@@ -1,0 +1,387 @@
+//! One HTTP stream through the filter.
+//!
+//! headers: strip client routing headers, read SLO hints (400 when invalid), pause
+//! body:    parse the OpenAI body (400 when invalid), one predictor callout
+//! callout: decide (route / shed 429 / fall back), set the destination header, resume
+//! response: measure TTFT/TPOT as the body streams past
+//! log:     queue the observation for the next flush
+
+use std::time::Duration;
+
+use headroom_filter_core::{error_json, fallback, headers as hints, meter::ResponseMeter, policy};
+use headroom_protocol::{
+    codec, openai, paths, tokens, Dispatch, EndpointPrediction, EndpointState, Format, Observation, PredictRequest,
+    PredictResponse, RequestFeatures, RouteSource,
+};
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, BufferType, MapType};
+
+use crate::host::{self, Level};
+use crate::root::SharedVm;
+use crate::stats::FallbackCause;
+
+/// Debug response header naming the chosen endpoint.
+const DEBUG_ENDPOINT: &str = "x-headroom-endpoint";
+/// Seconds a shed client is told to wait before retrying.
+const RETRY_AFTER_S: &str = "1";
+
+/// The endpoint chosen and what was known about it.
+struct Choice {
+    endpoint: String,
+    source: RouteSource,
+    predicted_ttft_ms: Option<f64>,
+    predicted_tpot_ms: Option<f64>,
+    state: Option<EndpointState>,
+}
+
+pub struct Request {
+    vm: SharedVm,
+    context_id: u32,
+    /// Set once the request is known to be an inference request we route.
+    routed: bool,
+    request_id: String,
+    path: String,
+    prediction_based: bool,
+    features: RequestFeatures,
+    callout: Option<(u32, u64)>,
+    choice: Option<Choice>,
+    forwarded_ns: u64,
+    meter: Option<ResponseMeter>,
+    status: u16,
+}
+
+impl Request {
+    pub fn new(vm: SharedVm, context_id: u32) -> Self {
+        Request {
+            vm,
+            context_id,
+            routed: false,
+            request_id: String::new(),
+            path: String::new(),
+            prediction_based: false,
+            features: RequestFeatures::default(),
+            callout: None,
+            choice: None,
+            forwarded_ns: 0,
+            meter: None,
+            status: 0,
+        }
+    }
+
+    fn config(&self) -> std::rc::Rc<headroom_filter_core::FilterConfig> {
+        self.vm.borrow().config.clone()
+    }
+
+    /// Answers locally with a JSON error naming `field`.
+    fn reject(&mut self, status: u32, field: &str, message: &str) -> Action {
+        self.vm.borrow().stats.bad_request();
+        self.routed = false;
+        let body = error_json(field, message);
+        if host::send_response(status, &[("content-type", "application/json")], &body).is_err() {
+            host::log(Level::Warn, "headroom: could not send local reply");
+        }
+        Action::Pause
+    }
+
+    /// Reads the body, starts the predictor callout. Returns the action for the body callback.
+    fn on_full_body(&mut self, body_size: usize) -> Action {
+        let config = self.config();
+        let body = match host::buffer(BufferType::HttpRequestBody, body_size) {
+            Ok(Some(b)) => b,
+            _ => return self.reject(400, "body", "an inference request needs a JSON body"),
+        };
+        let chat = self.path.split('?').next().unwrap_or("").ends_with("/chat/completions");
+        let parsed = match openai::parse_inference_body(&body, chat) {
+            Ok(p) => p,
+            Err(e) => return self.reject(400, &e.field, &e.message),
+        };
+        self.features.model = parsed.model;
+        self.features.input_tokens = parsed.prompt_tokens;
+        self.features.prefix_hashes = tokens::prefix_block_hashes(&parsed.prompt_text, config.max_prefix_blocks);
+        self.features.streaming = parsed.stream;
+        self.features.max_tokens = parsed.max_tokens;
+
+        let predict = PredictRequest {
+            pool: config.pool.clone(),
+            request_id: self.request_id.clone(),
+            request: self.features.clone(),
+        };
+        let Ok(bytes) = codec::encode(Format::MsgPack, &predict) else {
+            return self.fall_back(FallbackCause::CallFailed, false);
+        };
+        let headers = [
+            (":method", "POST"),
+            (":path", paths::PREDICT),
+            (":authority", config.predictor_authority.as_str()),
+            ("content-type", codec::MSGPACK),
+            ("accept", codec::MSGPACK),
+        ];
+        let timeout = Duration::from_millis(config.predictor_timeout_ms);
+        match host::http_call(&config.predictor_cluster, &headers, &bytes, timeout) {
+            Ok(token) => {
+                self.callout = Some((token, host::now_ns()));
+                Action::Pause
+            }
+            Err(_) => self.fall_back(FallbackCause::CallFailed, false),
+        }
+    }
+
+    /// Routes without predictions. `resume` is true inside the callout callback.
+    fn fall_back(&mut self, cause: FallbackCause, resume: bool) -> Action {
+        let choice = {
+            let mut vm = self.vm.borrow_mut();
+            vm.stats.fallback(cause);
+            let now = host::now_ms();
+            let max_age = vm.config.fallback_state_max_age_ms;
+            let vm = &mut *vm;
+            let fresh = vm.states.fresh(now, max_age).map(|s| s.to_vec());
+            fresh.and_then(|states| {
+                let refs: Vec<&EndpointState> = states.iter().map(|(_, s)| s).collect();
+                let i = fallback::pick_composite(&refs, &mut vm.rng)?;
+                let (endpoint, state) = states.into_iter().nth(i)?;
+                Some(Choice {
+                    endpoint,
+                    source: RouteSource::Fallback,
+                    predicted_ttft_ms: None,
+                    predicted_tpot_ms: None,
+                    state: Some(state),
+                })
+            })
+        };
+        self.route(choice, resume)
+    }
+
+    /// Sets (or clears) the destination, records the dispatch, continues the request.
+    fn route(&mut self, choice: Option<Choice>, resume: bool) -> Action {
+        let config = self.config();
+        let source = choice.as_ref().map_or(RouteSource::Envoy, |c| c.source);
+        if let Some(c) = &choice {
+            if host::set_header(MapType::HttpRequestHeaders, &config.destination_header, &c.endpoint).is_err() {
+                host::log(Level::Warn, "headroom: could not set the destination header");
+            }
+            let mut vm = self.vm.borrow_mut();
+            vm.dispatches.push(Dispatch {
+                pool: config.pool.clone(),
+                request_id: self.request_id.clone(),
+                endpoint: c.endpoint.clone(),
+                request: self.features.clone(),
+                predicted_ttft_ms: c.predicted_ttft_ms,
+            });
+        }
+        self.vm.borrow().stats.routed(source);
+        self.choice = choice;
+        self.forwarded_ns = host::now_ns();
+        if resume {
+            if host::resume_request().is_err() {
+                host::log(Level::Warn, "headroom: could not resume the request");
+            }
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    /// Handles the predictor's answer to the callout.
+    fn on_predictions(&mut self, body_size: usize) {
+        let status = host::header(MapType::HttpCallResponseHeaders, ":status").unwrap_or_default();
+        match status.as_str() {
+            "200" => {}
+            "504" => {
+                self.fall_back(FallbackCause::Timeout, true);
+                return;
+            }
+            _ => {
+                self.fall_back(FallbackCause::Unavailable, true);
+                return;
+            }
+        }
+        let body = host::buffer(BufferType::HttpCallResponseBody, body_size).ok().flatten().unwrap_or_default();
+        let answer: PredictResponse = match codec::decode(Format::MsgPack, &body) {
+            Ok(a) => a,
+            Err(_) => {
+                self.fall_back(FallbackCause::BadAnswer, true);
+                return;
+            }
+        };
+        let sane = |e: &EndpointPrediction| {
+            let ok = |v: Option<f64>| v.is_none_or(|x| x.is_finite() && x >= 0.0);
+            !e.address.is_empty() && ok(e.ttft_ms) && ok(e.tpot_ms)
+        };
+        if answer.endpoints.is_empty() || !answer.endpoints.iter().all(sane) {
+            self.fall_back(FallbackCause::BadAnswer, true);
+            return;
+        }
+        let decision = {
+            let mut vm = self.vm.borrow_mut();
+            let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
+            vm.states.update(states, host::now_ms());
+            let config = vm.config.clone();
+            policy::decide(&self.features, &answer.endpoints, self.prediction_based, &config, &mut vm.rng)
+        };
+        match decision {
+            policy::Decision::Route { index, source } => {
+                let Some(e) = answer.endpoints.into_iter().nth(index) else {
+                    self.fall_back(FallbackCause::BadAnswer, true);
+                    return;
+                };
+                let choice = Choice {
+                    endpoint: e.address,
+                    source,
+                    predicted_ttft_ms: e.ttft_ms,
+                    predicted_tpot_ms: e.tpot_ms,
+                    state: Some(e.state),
+                };
+                self.route(Some(choice), true);
+            }
+            policy::Decision::NoPrediction => {
+                self.fall_back(FallbackCause::NoPredictions, true);
+            }
+            policy::Decision::Shed => {
+                self.vm.borrow().stats.shed();
+                self.routed = false;
+                let body = error_json("x-request-priority", "sheddable request: no endpoint can meet its SLO now");
+                let headers = [("content-type", "application/json"), ("retry-after", RETRY_AFTER_S)];
+                if host::send_response(429, &headers, &body).is_err() {
+                    host::log(Level::Warn, "headroom: could not send 429");
+                }
+            }
+        }
+    }
+}
+
+impl Context for Request {
+    fn on_http_call_response(&mut self, token_id: u32, _: usize, body_size: usize, _: usize) {
+        let Some((token, started)) = self.callout.take() else { return };
+        if token != token_id {
+            return;
+        }
+        self.vm.borrow().stats.predictor_call(host::now_ns().saturating_sub(started) / 1_000_000);
+        self.on_predictions(body_size);
+    }
+}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        let config = self.config();
+        // A client never chooses its own endpoint.
+        let _ = host::remove_header(MapType::HttpRequestHeaders, &config.destination_header);
+        let method = host::header(MapType::HttpRequestHeaders, ":method").unwrap_or_default();
+        self.path = host::header(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
+        if method != "POST" || !config.is_inference_path(&self.path) {
+            return Action::Continue;
+        }
+        let parsed = hints::parse_hints(|name| host::header(MapType::HttpRequestHeaders, name), &config.priority_header);
+        for name in hints::hint_headers(&config.priority_header) {
+            let _ = host::remove_header(MapType::HttpRequestHeaders, name);
+        }
+        let parsed = match parsed {
+            Ok(h) => h,
+            Err(e) => return self.reject(400, &e.header, &e.message),
+        };
+        self.features.slo = parsed.slo;
+        self.features.priority = parsed.priority;
+        self.prediction_based = parsed.prediction_based.unwrap_or(false);
+        self.request_id = match host::header(MapType::HttpRequestHeaders, "x-request-id") {
+            Some(id) if !id.is_empty() => id,
+            _ => {
+                let mut vm = self.vm.borrow_mut();
+                vm.next_request += 1;
+                format!("headroom-{}-{}-{}", host::now_ns(), self.context_id, vm.next_request)
+            }
+        };
+        if end_of_stream {
+            return self.reject(400, "body", "an inference request needs a JSON body");
+        }
+        self.routed = true;
+        // Hold the headers (and so the upstream choice) until the body is read.
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.routed || self.choice.is_some() {
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.on_full_body(body_size)
+    }
+
+    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
+        if !self.routed {
+            return Action::Continue;
+        }
+        let config = self.config();
+        self.status = host::header(MapType::HttpResponseHeaders, ":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let streaming = host::header(MapType::HttpResponseHeaders, "content-type")
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
+        self.meter = Some(ResponseMeter::new(streaming, self.forwarded_ns, config.max_response_parse_bytes));
+        if config.debug_headers {
+            if let Some(c) = &self.choice {
+                let _ = host::set_header(MapType::HttpResponseHeaders, DEBUG_ENDPOINT, &c.endpoint);
+                let source = match c.source {
+                    RouteSource::PredictedPositive => "positive",
+                    RouteSource::PredictedNegative => "negative",
+                    RouteSource::Fallback => "fallback",
+                    RouteSource::Envoy => "envoy",
+                };
+                let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-tier", source);
+                if let Some(t) = c.predicted_ttft_ms {
+                    let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-predicted-ttft-ms", &format!("{t:.1}"));
+                }
+                if let Some(t) = c.predicted_tpot_ms {
+                    let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-predicted-tpot-ms", &format!("{t:.2}"));
+                }
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _: bool) -> Action {
+        if let Some(meter) = self.meter.as_mut() {
+            if body_size > 0 {
+                if let Ok(Some(chunk)) = host::buffer(BufferType::HttpResponseBody, body_size) {
+                    meter.on_chunk(&chunk, host::now_ns());
+                }
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if !self.routed || self.forwarded_ns == 0 {
+            return;
+        }
+        let now = host::now_ns();
+        let measured = match self.meter.take() {
+            Some(m) => m.finish(now),
+            None => headroom_filter_core::meter::Measurement {
+                e2e_ms: now.saturating_sub(self.forwarded_ns) as f64 / 1e6,
+                ..Default::default()
+            },
+        };
+        let served = host::property(&["upstream", "address"]).map(|b| String::from_utf8_lossy(&b).into_owned());
+        let choice = self.choice.take();
+        let endpoint = served.or_else(|| choice.as_ref().map(|c| c.endpoint.clone())).unwrap_or_default();
+        let mut request = std::mem::take(&mut self.features);
+        request.prefix_hashes = Vec::new();
+        let mut vm = self.vm.borrow_mut();
+        let pool = vm.config.pool.clone();
+        vm.observations.push(Observation {
+            pool,
+            request_id: std::mem::take(&mut self.request_id),
+            endpoint,
+            request,
+            state_at_dispatch: choice.as_ref().and_then(|c| c.state.clone()),
+            predicted_ttft_ms: choice.as_ref().and_then(|c| c.predicted_ttft_ms),
+            predicted_tpot_ms: choice.as_ref().and_then(|c| c.predicted_tpot_ms),
+            source: choice.as_ref().map_or(RouteSource::Envoy, |c| c.source),
+            ttft_ms: measured.ttft_ms,
+            tpot_ms: measured.tpot_ms,
+            e2e_ms: measured.e2e_ms,
+            output_tokens: measured.output_tokens,
+            cached_tokens: measured.cached_tokens,
+            status: self.status,
+        });
+    }
+}

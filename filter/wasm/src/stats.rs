@@ -1,0 +1,121 @@
+//! The filter's Envoy stats (shown in `/stats/prometheus` without the `envoy_` prefix).
+
+use crate::host::{self, MetricKind};
+
+/// Why the filter could not route by prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackCause {
+    /// The callout could not be started (e.g. cluster missing).
+    CallFailed,
+    /// The predictor did not answer within `predictor_timeout_ms` (504).
+    Timeout,
+    /// The predictor was unreachable (503) or answered another non-200.
+    Unavailable,
+    /// The answer could not be decoded.
+    BadAnswer,
+    /// The answer held no prediction for any endpoint.
+    NoPredictions,
+}
+
+impl FallbackCause {
+    fn name(self) -> &'static str {
+        match self {
+            FallbackCause::CallFailed => "call_failed",
+            FallbackCause::Timeout => "timeout",
+            FallbackCause::Unavailable => "unavailable",
+            FallbackCause::BadAnswer => "bad_answer",
+            FallbackCause::NoPredictions => "no_predictions",
+        }
+    }
+
+    const ALL: [FallbackCause; 5] = [
+        FallbackCause::CallFailed,
+        FallbackCause::Timeout,
+        FallbackCause::Unavailable,
+        FallbackCause::BadAnswer,
+        FallbackCause::NoPredictions,
+    ];
+}
+
+/// Stat ids of one VM. A stat the host refused is `None` and simply not recorded.
+#[derive(Debug, Default)]
+pub struct Stats {
+    routed_positive: Option<u32>,
+    routed_negative: Option<u32>,
+    routed_fallback: Option<u32>,
+    routed_envoy: Option<u32>,
+    shed: Option<u32>,
+    bad_request: Option<u32>,
+    fallback: [Option<u32>; 5],
+    predictor_call_ms: Option<u32>,
+    reports_sent: Option<u32>,
+    reports_dropped: Option<u32>,
+    flush_failed: Option<u32>,
+}
+
+impl Stats {
+    /// Defines every stat.
+    pub fn define() -> Stats {
+        let counter = |name: &str| host::define_metric(MetricKind::Counter, &format!("headroom.{name}"));
+        Stats {
+            routed_positive: counter("routed.predicted_positive"),
+            routed_negative: counter("routed.predicted_negative"),
+            routed_fallback: counter("routed.fallback"),
+            routed_envoy: counter("routed.envoy"),
+            shed: counter("shed"),
+            bad_request: counter("bad_request"),
+            fallback: FallbackCause::ALL.map(|c| counter(&format!("fallback.{}", c.name()))),
+            predictor_call_ms: host::define_metric(MetricKind::Histogram, "headroom.predictor_call_ms"),
+            reports_sent: counter("reports.sent"),
+            reports_dropped: counter("reports.dropped"),
+            flush_failed: counter("reports.flush_failed"),
+        }
+    }
+
+    fn inc(id: Option<u32>, by: u64) {
+        if let Some(id) = id {
+            host::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub fn routed(&self, source: headroom_protocol::RouteSource) {
+        use headroom_protocol::RouteSource::*;
+        Self::inc(
+            match source {
+                PredictedPositive => self.routed_positive,
+                PredictedNegative => self.routed_negative,
+                Fallback => self.routed_fallback,
+                Envoy => self.routed_envoy,
+            },
+            1,
+        );
+    }
+
+    pub fn fallback(&self, cause: FallbackCause) {
+        let i = FallbackCause::ALL.iter().position(|c| *c == cause).unwrap_or(0);
+        Self::inc(self.fallback[i], 1);
+    }
+
+    pub fn shed(&self) {
+        Self::inc(self.shed, 1);
+    }
+
+    pub fn bad_request(&self) {
+        Self::inc(self.bad_request, 1);
+    }
+
+    pub fn predictor_call(&self, ms: u64) {
+        if let Some(id) = self.predictor_call_ms {
+            host::record_metric(id, ms);
+        }
+    }
+
+    pub fn reports(&self, sent: u64, dropped: u64) {
+        Self::inc(self.reports_sent, sent);
+        Self::inc(self.reports_dropped, dropped);
+    }
+
+    pub fn flush_failed(&self) {
+        Self::inc(self.flush_failed, 1);
+    }
+}

@@ -1,0 +1,251 @@
+//! The HTTP API: thin handlers that decode, call the domain, encode.
+//!
+//! Bodies are MessagePack or JSON by `content-type`; answers follow `accept`,
+//! else the request's format. Every error is JSON `{"error": {"message", "field"}}`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use headroom_protocol::{
+    codec, paths, BatchAck, DispatchBatch, EndpointPrediction, ErrorBody, Format, PredictRequest, PredictResponse,
+    ReportBatch, Slo,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::pool::Applied;
+use crate::predict::ANALYTIC_PRIOR;
+use crate::state::AppState;
+
+/// Largest request body accepted (a report batch of a few thousand items).
+const MAX_BODY_BYTES: usize = 16 << 20;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route(paths::PREDICT, post(predict))
+        .route(paths::DISPATCH, post(dispatch))
+        .route(paths::REPORT, post(report))
+        .route("/v1/pools", get(pools))
+        .route("/v1/observations", get(observations))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// An API error: status plus the JSON body naming the field at fault.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    fn field(status: StatusCode, field: &str, message: impl Into<String>) -> Self {
+        ApiError { status, body: ErrorBody::field(field, message) }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.body).unwrap_or_default();
+        (self.status, [(header::CONTENT_TYPE, codec::JSON)], body).into_response()
+    }
+}
+
+fn decode_body<T: DeserializeOwned>(headers: &HeaderMap, body: &Bytes) -> Result<(T, Format), ApiError> {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let format = Format::from_content_type(content_type).ok_or_else(|| {
+        ApiError::field(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "content-type",
+            format!("must be {} or {}, got {content_type:?}", codec::MSGPACK, codec::JSON),
+        )
+    })?;
+    let value = codec::decode(format, body).map_err(|e| {
+        ApiError::field(StatusCode::BAD_REQUEST, e.field.as_deref().unwrap_or("body"), e.message)
+    })?;
+    Ok((value, format))
+}
+
+fn reply<T: Serialize>(headers: &HeaderMap, request_format: Format, value: &T) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let format = Format::from_accept(accept, request_format);
+    match codec::encode(format, value) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response(),
+        Err(e) => ApiError::field(StatusCode::INTERNAL_SERVER_ERROR, "response", e.message).into_response(),
+    }
+}
+
+fn check_slo(slo: &Slo, prefix: &str) -> Result<(), ApiError> {
+    for (name, value) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
+        if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+            return Err(ApiError::field(StatusCode::BAD_REQUEST, &format!("{prefix}.slo.{name}"), "must be a number > 0"));
+        }
+    }
+    Ok(())
+}
+
+fn unknown_pool(pool: &str) -> ApiError {
+    ApiError::field(StatusCode::NOT_FOUND, "pool", format!("no pool named {pool:?}"))
+}
+
+async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let (req, format): (PredictRequest, Format) = decode_body(&headers, &body)?;
+    check_slo(&req.request.slo, "request")?;
+    let now = Instant::now();
+    let stale_ms = state.config.stale_after_ms;
+    let endpoints = state
+        .pools
+        .with(&req.pool, |pool| {
+            let states = pool.states_for(&req.request, now);
+            pool.endpoints
+                .iter()
+                .zip(states)
+                .map(|(e, s)| {
+                    // No fresh engine metrics: say nothing rather than guess.
+                    let fresh = s.metrics_age_ms.is_some_and(|age| age <= stale_ms);
+                    let (ttft, tpot) = if fresh { state.prior.predict(&req.request, &s) } else { (f64::NAN, f64::NAN) };
+                    EndpointPrediction {
+                        address: e.address.clone(),
+                        ttft_ms: fresh.then_some(ttft),
+                        tpot_ms: fresh.then_some(tpot),
+                        state: s,
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .ok_or_else(|| unknown_pool(&req.pool))?;
+    let answer = PredictResponse { pool: req.pool, model_version: ANALYTIC_PRIOR.to_string(), endpoints };
+    state.metrics.predicted(started.elapsed().as_secs_f64());
+    Ok(reply(&headers, format, &answer))
+}
+
+async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
+    let now = Instant::now();
+    let mut ack = BatchAck::default();
+    for (i, d) in batch.dispatches.iter().enumerate() {
+        check_slo(&d.request.slo, &format!("dispatches[{i}].request"))?;
+        let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
+        let result = match applied {
+            Some(Applied::Accepted) => "accepted",
+            Some(Applied::AlreadyFinished) => "already_finished",
+            Some(Applied::UnknownEndpoint) => "unknown_endpoint",
+            None => "unknown_pool",
+        };
+        if applied == Some(Applied::Accepted) {
+            ack.accepted += 1;
+        } else {
+            ack.rejected += 1;
+            tracing::debug!(request_id = %d.request_id, pool = %d.pool, endpoint = %d.endpoint, result, "dispatch not tracked");
+        }
+        state.metrics.dispatch(result, 1);
+    }
+    Ok(reply(&headers, format, &ack))
+}
+
+async fn report(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let (batch, format): (ReportBatch, Format) = decode_body(&headers, &body)?;
+    let now = Instant::now();
+    let mut ack = BatchAck::default();
+    for o in batch.observations {
+        if state.pools.with(&o.pool, |p| p.finish(&o.request_id, now)).is_none() {
+            ack.rejected += 1;
+            state.metrics.report("unknown_pool", 1);
+            continue;
+        }
+        ack.accepted += 1;
+        state.metrics.report("accepted", 1);
+        state.metrics.observed(o.ttft_ms, o.tpot_ms, o.request.streaming);
+        state.observations.lock().unwrap_or_else(|p| p.into_inner()).push(o);
+    }
+    Ok(reply(&headers, format, &ack))
+}
+
+#[derive(Serialize)]
+struct EndpointView {
+    address: String,
+    in_flight: usize,
+    running: Option<u32>,
+    waiting: Option<u32>,
+    kv_usage: Option<f64>,
+    metrics_age_ms: Option<u64>,
+    scrape_errors: u64,
+}
+
+#[derive(Serialize)]
+struct PoolView {
+    name: String,
+    endpoints: Vec<EndpointView>,
+}
+
+/// `GET /v1/pools`: every pool's endpoints with scraped metrics and in-flight counts (JSON).
+async fn pools(State(state): State<Arc<AppState>>) -> Response {
+    let now = Instant::now();
+    let views: Vec<PoolView> = state
+        .pools
+        .names()
+        .into_iter()
+        .filter_map(|name| {
+            state.pools.with(&name, |p| PoolView {
+                name: p.name.clone(),
+                endpoints: p
+                    .endpoints
+                    .iter()
+                    .map(|e| EndpointView {
+                        address: e.address.clone(),
+                        in_flight: p.in_flight_on(&e.address),
+                        running: e.metrics.map(|m| m.running),
+                        waiting: e.metrics.map(|m| m.waiting),
+                        kv_usage: e.metrics.map(|m| m.kv_usage),
+                        metrics_age_ms: e.scraped_at.map(|t| now.duration_since(t).as_millis() as u64),
+                        scrape_errors: e.scrape_errors,
+                    })
+                    .collect(),
+            })
+        })
+        .collect();
+    axum::Json(serde_json::json!({ "pools": views })).into_response()
+}
+
+#[derive(Deserialize)]
+struct ObservationQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /v1/observations?limit=N`: the newest observations (JSON).
+async fn observations(State(state): State<Arc<AppState>>, query: Result<Query<ObservationQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "limit", e.body_text()))?;
+    let log = state.observations.lock().unwrap_or_else(|p| p.into_inner());
+    let body = serde_json::json!({ "total": log.total, "observations": log.newest(q.limit.unwrap_or(100)) });
+    Ok(axum::Json(body).into_response())
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    for name in state.pools.names() {
+        state.pools.with(&name, |p| {
+            for e in &p.endpoints {
+                let label = crate::metrics::EndpointLabel { pool: name.clone(), endpoint: e.address.clone() };
+                state.metrics.in_flight.get_or_create(&label).set(p.in_flight_on(&e.address) as i64);
+            }
+        });
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.scraped_once.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first scrape").into_response()
+    }
+}

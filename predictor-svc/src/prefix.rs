@@ -1,0 +1,84 @@
+//! Which prompt prefixes each endpoint probably holds in its KV cache.
+//!
+//! The predictor cannot see a server's cache, so it remembers the block hashes
+//! of the requests it saw dispatched there, least recently used evicted first
+//! (the same approximation the Gateway API Inference Extension uses).
+
+use std::collections::{HashMap, VecDeque};
+
+/// An LRU set of prefix block hashes.
+#[derive(Debug)]
+pub struct PrefixIndex {
+    capacity: usize,
+    clock: u64,
+    last_use: HashMap<u64, u64>,
+    /// (hash, use time) in use order; entries superseded by a later use are skipped on eviction.
+    order: VecDeque<(u64, u64)>,
+}
+
+impl PrefixIndex {
+    pub fn new(capacity: usize) -> Self {
+        PrefixIndex { capacity: capacity.max(1), clock: 0, last_use: HashMap::new(), order: VecDeque::new() }
+    }
+
+    /// Records that the endpoint now holds these blocks.
+    pub fn insert(&mut self, hashes: &[u64]) {
+        for h in hashes {
+            self.clock += 1;
+            self.last_use.insert(*h, self.clock);
+            self.order.push_back((*h, self.clock));
+        }
+        while self.last_use.len() > self.capacity {
+            let Some((h, t)) = self.order.pop_front() else { break };
+            if self.last_use.get(&h) == Some(&t) {
+                self.last_use.remove(&h);
+            }
+        }
+        if self.order.len() > 2 * self.capacity {
+            let live = &self.last_use;
+            self.order.retain(|(h, t)| live.get(h) == Some(t));
+        }
+    }
+
+    /// Share of `hashes` held as an unbroken prefix (0 when `hashes` is empty).
+    pub fn match_fraction(&self, hashes: &[u64]) -> f64 {
+        if hashes.is_empty() {
+            return 0.0;
+        }
+        let held = hashes.iter().take_while(|h| self.last_use.contains_key(h)).count();
+        held as f64 / hashes.len() as f64
+    }
+
+    pub fn len(&self) -> usize {
+        self.last_use.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_match_counts_leading_blocks() {
+        let mut p = PrefixIndex::new(100);
+        p.insert(&[1, 2, 3]);
+        assert_eq!(p.match_fraction(&[1, 2, 3, 4]), 0.75);
+        assert_eq!(p.match_fraction(&[9, 2, 3]), 0.0);
+        assert_eq!(p.match_fraction(&[]), 0.0);
+    }
+
+    #[test]
+    fn evicts_least_recently_used() {
+        let mut p = PrefixIndex::new(3);
+        p.insert(&[1, 2, 3]);
+        p.insert(&[1]); // 1 is fresh again
+        p.insert(&[4]); // evicts 2
+        assert_eq!(p.len(), 3);
+        assert_eq!(p.match_fraction(&[1]), 1.0);
+        assert_eq!(p.match_fraction(&[2]), 0.0);
+        for i in 0..1000 {
+            p.insert(&[i % 5]);
+        }
+        assert!(p.order.len() <= 6 + 1);
+    }
+}

@@ -1,0 +1,130 @@
+//! Scraping vLLM's Prometheus metrics from every endpoint.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::pool::EngineMetrics;
+use crate::state::AppState;
+
+/// Reads the engine metrics from Prometheus text. Series of one name are
+/// summed (one per model/engine) except KV usage, of which the highest is kept.
+/// `None` when no known series is present.
+pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
+    let mut m = EngineMetrics::default();
+    let mut seen = false;
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let (series, rest) = match line.find(['{', ' ']) {
+            Some(i) => line.split_at(i),
+            None => continue,
+        };
+        let value_text = match rest.rfind('}') {
+            Some(close) => &rest[close + 1..],
+            None => rest,
+        };
+        let Some(value) = value_text.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        if !value.is_finite() || value < 0.0 {
+            continue;
+        }
+        match series {
+            "vllm:num_requests_running" => m.running += value as u32,
+            "vllm:num_requests_waiting" => m.waiting += value as u32,
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => m.kv_usage = m.kv_usage.max(value.min(1.0)),
+            _ => continue,
+        }
+        seen = true;
+    }
+    seen.then_some(m)
+}
+
+/// Scrapes every endpoint of every pool forever, one request per endpoint per interval.
+pub async fn run(state: Arc<AppState>) {
+    let interval = Duration::from_millis(state.config.scrape_interval_ms);
+    let client = match reqwest::Client::builder().timeout(Duration::from_millis(state.config.scrape_timeout_ms)).build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the scrape client; endpoint metrics stay unknown");
+            return;
+        }
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let mut jobs = Vec::new();
+        for pool in state.pools.names() {
+            let addresses = state.pools.with(&pool, |p| p.endpoints.iter().map(|e| e.address.clone()).collect::<Vec<_>>());
+            for address in addresses.unwrap_or_default() {
+                let client = client.clone();
+                let pool = pool.clone();
+                jobs.push(async move {
+                    let result = scrape_one(&client, &address).await;
+                    (pool, address, result)
+                });
+            }
+        }
+        let results = futures_util::future::join_all(jobs).await;
+        let now = Instant::now();
+        for (pool, address, result) in results {
+            state.pools.with(&pool, |p| {
+                let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) else { return };
+                match &result {
+                    Ok(m) => {
+                        e.metrics = Some(*m);
+                        e.scraped_at = Some(now);
+                    }
+                    Err(err) => {
+                        e.scrape_errors += 1;
+                        if e.scrape_errors.is_power_of_two() {
+                            tracing::warn!(pool = %pool, endpoint = %address, error = %err, failures = e.scrape_errors, "scrape failed");
+                        }
+                    }
+                }
+            });
+            state.metrics.scrape(result.is_ok());
+        }
+        state.scraped_once.store(true, std::sync::atomic::Ordering::Relaxed);
+        let ttl = Duration::from_secs(state.config.in_flight_ttl_s);
+        for pool in state.pools.names() {
+            let expired = state.pools.with(&pool, |p| p.expire(now, ttl)).unwrap_or(0);
+            if expired > 0 {
+                tracing::warn!(pool = %pool, expired, "in-flight requests never reported were forgotten");
+            }
+        }
+    }
+}
+
+async fn scrape_one(client: &reqwest::Client, address: &str) -> Result<EngineMetrics, String> {
+    let response = client.get(format!("http://{address}/metrics")).send().await.map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("status {}", response.status()));
+    }
+    let text = response.text().await.map_err(|e| e.to_string())?;
+    parse_engine_metrics(&text).ok_or_else(|| "no vllm:* engine metrics in /metrics".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_vllm_metrics() {
+        let text = "# HELP vllm:num_requests_running Running\n\
+            # TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 3.0\n\
+            vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 2.0\n\
+            vllm:num_requests_waiting{model_name=\"m\"} 7\n\
+            vllm:kv_cache_usage_perc{model_name=\"m\"} 0.42\n\
+            vllm:prompt_tokens_total{model_name=\"m\"} 1e6\n";
+        assert_eq!(parse_engine_metrics(text), Some(EngineMetrics { running: 5, waiting: 7, kv_usage: 0.42 }));
+    }
+
+    #[test]
+    fn older_kv_name_and_garbage() {
+        assert_eq!(parse_engine_metrics("vllm:gpu_cache_usage_perc 0.5\n").map(|m| m.kv_usage), Some(0.5));
+        assert_eq!(parse_engine_metrics("up 1\nnonsense\n{}\n"), None);
+        assert_eq!(parse_engine_metrics("vllm:num_requests_running{a=\"}\"} NaN\n"), None);
+    }
+}

@@ -1,0 +1,62 @@
+//! The service's shared state: one `Arc<AppState>` handed to every handler.
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+
+use headroom_protocol::Observation;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pool::Pools;
+use crate::predict::AnalyticPrior;
+
+pub struct AppState {
+    pub config: Config,
+    pub pools: Pools,
+    pub prior: AnalyticPrior,
+    pub observations: Mutex<ObservationLog>,
+    pub metrics: Metrics,
+    /// Set after the first scrape round; `/readyz` waits for it.
+    pub scraped_once: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> AppState {
+        AppState {
+            pools: Pools::from_config(&config),
+            prior: AnalyticPrior::default(),
+            observations: Mutex::new(ObservationLog::new(config.observations_kept)),
+            metrics: Metrics::new(),
+            scraped_once: AtomicBool::new(false),
+            config,
+        }
+    }
+}
+
+/// The most recent observations, newest last.
+pub struct ObservationLog {
+    kept: VecDeque<Observation>,
+    capacity: usize,
+    pub total: u64,
+}
+
+impl ObservationLog {
+    pub fn new(capacity: usize) -> Self {
+        ObservationLog { kept: VecDeque::new(), capacity: capacity.max(1), total: 0 }
+    }
+
+    pub fn push(&mut self, o: Observation) {
+        if self.kept.len() == self.capacity {
+            self.kept.pop_front();
+        }
+        self.kept.push_back(o);
+        self.total += 1;
+    }
+
+    /// Up to `limit` of the newest observations, oldest first.
+    pub fn newest(&self, limit: usize) -> Vec<Observation> {
+        let skip = self.kept.len().saturating_sub(limit);
+        self.kept.iter().skip(skip).cloned().collect()
+    }
+}
