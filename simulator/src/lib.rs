@@ -1,0 +1,9 @@
+//! headroom-sim: simulated vLLM-compatible model servers.
+//!
+//! `engine` is the pure continuous-batching model; `profile` its GPU constants;
+//! `server` the OpenAI-compatible HTTP front that runs an engine in real time
+//! (optionally sped up by a time scale).
+
+pub mod engine;
+pub mod profile;
+pub mod server;

@@ -1,0 +1,85 @@
+//! Hardware profiles: the constants of the step-time model.
+//!
+//! ```text
+//! N      = decodes + sum(prefill chunk tokens)
+//! T_step = t0 + max(T_w, N * c_lin) + sum(decode contexts) * k_kv
+//!          + sum over chunks of p * (k + p/2) * k_attn + t_req * (decodes + chunks)
+//! ```
+//! p = chunk tokens, k = tokens of that prompt already in KV. Constants for
+//! Llama-3.1-8B in bf16 on one GPU, from public profiling data (see
+//! `docs/simulator.md`).
+
+/// One GPU type's engine constants.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub name: &'static str,
+    /// Fixed cost per step (ms).
+    pub t0_ms: f64,
+    /// Weight-streaming floor per step (ms).
+    pub weight_floor_ms: f64,
+    /// Cost per batched token (ms).
+    pub per_token_ms: f64,
+    /// Cost per context token read by a decode (ms).
+    pub per_context_token_ms: f64,
+    /// Cost per causal query-key pair of a prefill chunk (ms).
+    pub per_attention_pair_ms: f64,
+    /// Cost per sequence in the step (ms).
+    pub per_sequence_ms: f64,
+    /// Token budget of one step (`max_num_batched_tokens`).
+    pub max_batched_tokens: u32,
+    /// Most sequences in one step (`max_num_seqs`).
+    pub max_num_seqs: u32,
+    /// KV-cache capacity in tokens.
+    pub kv_capacity_tokens: u32,
+    /// Context limit (prompt + output tokens).
+    pub max_model_len: u32,
+    /// Per-request API overhead before the engine sees the request (ms).
+    pub api_overhead_ms: f64,
+}
+
+impl Profile {
+    /// Llama-3.1-8B on one H100 80GB.
+    pub fn h100() -> Profile {
+        Profile {
+            name: "h100",
+            t0_ms: 0.8,
+            weight_floor_ms: 6.0,
+            per_token_ms: 0.024,
+            per_context_token_ms: 65e-6,
+            per_attention_pair_ms: 1.3e-6,
+            per_sequence_ms: 4.4e-3,
+            max_batched_tokens: 8192,
+            max_num_seqs: 1024,
+            kv_capacity_tokens: 400_000,
+            max_model_len: 32_768,
+            api_overhead_ms: 8.0,
+        }
+    }
+
+    /// Llama-3.1-8B on one A100 80GB.
+    pub fn a100() -> Profile {
+        Profile {
+            name: "a100",
+            t0_ms: 0.8,
+            weight_floor_ms: 10.5,
+            per_token_ms: 0.065,
+            per_context_token_ms: 100e-6,
+            per_attention_pair_ms: 3.1e-6,
+            per_sequence_ms: 4.4e-3,
+            max_batched_tokens: 2048,
+            max_num_seqs: 256,
+            kv_capacity_tokens: 400_000,
+            max_model_len: 32_768,
+            api_overhead_ms: 8.0,
+        }
+    }
+
+    /// A profile by name (`h100`, `a100`).
+    pub fn by_name(name: &str) -> Option<Profile> {
+        match name.to_ascii_lowercase().as_str() {
+            "h100" => Some(Profile::h100()),
+            "a100" => Some(Profile::a100()),
+            _ => None,
+        }
+    }
+}
