@@ -69,9 +69,8 @@ fn decode_body<T: DeserializeOwned>(headers: &HeaderMap, body: &Bytes) -> Result
             format!("must be {} or {}, got {content_type:?}", codec::MSGPACK, codec::JSON),
         )
     })?;
-    let value = codec::decode(format, body).map_err(|e| {
-        ApiError::field(StatusCode::BAD_REQUEST, e.field.as_deref().unwrap_or("body"), e.message)
-    })?;
+    let value = codec::decode(format, body)
+        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, e.field.as_deref().unwrap_or("body"), e.message))?;
     Ok((value, format))
 }
 
@@ -87,7 +86,11 @@ fn reply<T: Serialize>(headers: &HeaderMap, request_format: Format, value: &T) -
 fn check_slo(slo: &Slo, prefix: &str) -> Result<(), ApiError> {
     for (name, value) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
         if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
-            return Err(ApiError::field(StatusCode::BAD_REQUEST, &format!("{prefix}.slo.{name}"), "must be a number > 0"));
+            return Err(ApiError::field(
+                StatusCode::BAD_REQUEST,
+                &format!("{prefix}.slo.{name}"),
+                "must be a number > 0",
+            ));
         }
     }
     Ok(())
@@ -223,7 +226,10 @@ struct ObservationQuery {
 }
 
 /// `GET /v1/observations?limit=N`: the newest observations (JSON).
-async fn observations(State(state): State<Arc<AppState>>, query: Result<Query<ObservationQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, ApiError> {
+async fn observations(
+    State(state): State<Arc<AppState>>,
+    query: Result<Query<ObservationQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "limit", e.body_text()))?;
     let log = state.observations.lock().unwrap_or_else(|p| p.into_inner());
     let body = serde_json::json!({ "total": log.total, "observations": log.newest(q.limit.unwrap_or(100)) });

@@ -64,7 +64,10 @@ mod tests {
         let p = AnalyticPrior::default();
         let req = RequestFeatures { input_tokens: 2000, ..Default::default() };
         let idle = p.predict(&req, &EndpointState::default());
-        let busy = p.predict(&req, &EndpointState { running: 64, in_flight: 64, waiting: 4, tokens_in_flight: 131_072, ..Default::default() });
+        let busy = p.predict(
+            &req,
+            &EndpointState { running: 64, in_flight: 64, waiting: 4, tokens_in_flight: 131_072, ..Default::default() },
+        );
         assert!(busy.0 > idle.0 && busy.1 > idle.1);
         // Calibration anchors (H100, 8B): ~6.8 ms TPOT alone, ~15.6 ms at 64 x 2k context.
         assert!((idle.1 - 6.93).abs() < 0.2, "{idle:?}");

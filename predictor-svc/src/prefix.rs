@@ -49,8 +49,13 @@ impl PrefixIndex {
         held as f64 / hashes.len() as f64
     }
 
+    /// Blocks remembered.
     pub fn len(&self) -> usize {
         self.last_use.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.last_use.is_empty()
     }
 }
 

@@ -42,7 +42,8 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
 /// Scrapes every endpoint of every pool forever, one request per endpoint per interval.
 pub async fn run(state: Arc<AppState>) {
     let interval = Duration::from_millis(state.config.scrape_interval_ms);
-    let client = match reqwest::Client::builder().timeout(Duration::from_millis(state.config.scrape_timeout_ms)).build() {
+    let client = match reqwest::Client::builder().timeout(Duration::from_millis(state.config.scrape_timeout_ms)).build()
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the scrape client; endpoint metrics stay unknown");
@@ -55,7 +56,8 @@ pub async fn run(state: Arc<AppState>) {
         ticker.tick().await;
         let mut jobs = Vec::new();
         for pool in state.pools.names() {
-            let addresses = state.pools.with(&pool, |p| p.endpoints.iter().map(|e| e.address.clone()).collect::<Vec<_>>());
+            let addresses =
+                state.pools.with(&pool, |p| p.endpoints.iter().map(|e| e.address.clone()).collect::<Vec<_>>());
             for address in addresses.unwrap_or_default() {
                 let client = client.clone();
                 let pool = pool.clone();

@@ -140,11 +140,19 @@ mod tests {
     #[test]
     fn errors_name_the_field_path() {
         use crate::PredictRequest;
-        let err = decode::<PredictRequest>(Format::Json, br#"{"pool":"p","request_id":"r","request":{"model":"m","input_tokens":"many"}}"#).unwrap_err();
+        let err = decode::<PredictRequest>(
+            Format::Json,
+            br#"{"pool":"p","request_id":"r","request":{"model":"m","input_tokens":"many"}}"#,
+        )
+        .unwrap_err();
         assert_eq!(err.field.as_deref(), Some("request.input_tokens"));
-        let err = decode::<PredictRequest>(Format::Json, br#"{"request_id":"r","request":{"model":"m","input_tokens":1}}"#).unwrap_err();
+        let err =
+            decode::<PredictRequest>(Format::Json, br#"{"request_id":"r","request":{"model":"m","input_tokens":1}}"#)
+                .unwrap_err();
         assert_eq!(err.field.as_deref(), Some("pool"));
-        let err = decode::<PredictRequest>(Format::Json, br#"{"pool":"p","request_id":"r","request":{"input_tokens":1}}"#).unwrap_err();
+        let err =
+            decode::<PredictRequest>(Format::Json, br#"{"pool":"p","request_id":"r","request":{"input_tokens":1}}"#)
+                .unwrap_err();
         assert_eq!(err.field.as_deref(), Some("request.model"));
     }
 

@@ -59,11 +59,8 @@ pub fn parse_inference_body(bytes: &[u8], chat: bool) -> Result<InferenceBody, B
         Some(_) => return Err(bad("model", "must be a non-empty string")),
         None => return Err(bad("model", "is required")),
     };
-    let (prompt_text, pretokenised) = if chat {
-        (render_messages(raw.messages.as_ref())?, None)
-    } else {
-        render_prompt(raw.prompt.as_ref())?
-    };
+    let (prompt_text, pretokenised) =
+        if chat { (render_messages(raw.messages.as_ref())?, None) } else { render_prompt(raw.prompt.as_ref())? };
     let prompt_tokens = pretokenised.unwrap_or_else(|| estimate_tokens(&prompt_text));
     let stream = match raw.stream {
         None | Some(Value::Null) => false,
@@ -122,7 +119,10 @@ fn render_messages(messages: Option<&Value>) -> Result<String, BodyError> {
     }
     let mut text = String::new();
     for (i, message) in messages.iter().enumerate() {
-        let role = message.get("role").and_then(Value::as_str).ok_or_else(|| bad(&format!("messages[{i}].role"), "must be a string"))?;
+        let role = message
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(&format!("messages[{i}].role"), "must be a string"))?;
         text.push_str(role);
         text.push_str(": ");
         match message.get("content") {
@@ -190,7 +190,11 @@ mod tests {
             (br#"{"model":"m","prompt":"x","max_tokens":-3}"#, false, "max_tokens"),
             (br#"{"model":"m","messages":[]}"#, true, "messages"),
             (br#"{"model":"m","messages":[{"content":"x"}]}"#, true, "messages[0].role"),
-            (br#"{"model":"m","prompt":"x","stream_options":{"include_usage":1}}"#, false, "stream_options.include_usage"),
+            (
+                br#"{"model":"m","prompt":"x","stream_options":{"include_usage":1}}"#,
+                false,
+                "stream_options.include_usage",
+            ),
         ];
         for (body, chat, field) in cases {
             let err = parse_inference_body(body, *chat).unwrap_err();

@@ -28,8 +28,10 @@ fn parse_server(spec: &str, model: &str, time_scale: f64) -> anyhow::Result<Serv
         Some((a, p)) => (a, p),
         None => (spec, "h100"),
     };
-    let address: SocketAddr = addr.parse().map_err(|_| anyhow::anyhow!("--server {spec:?}: {addr:?} is not ip:port"))?;
-    let profile = Profile::by_name(profile).ok_or_else(|| anyhow::anyhow!("--server {spec:?}: unknown profile {profile:?} (h100, a100)"))?;
+    let address: SocketAddr =
+        addr.parse().map_err(|_| anyhow::anyhow!("--server {spec:?}: {addr:?} is not ip:port"))?;
+    let profile = Profile::by_name(profile)
+        .ok_or_else(|| anyhow::anyhow!("--server {spec:?}: unknown profile {profile:?} (h100, a100)"))?;
     Ok(ServerConfig { address, profile, model: model.to_string(), time_scale })
 }
 

@@ -62,7 +62,10 @@ struct Shared {
 }
 
 /// Binds `config.address` and serves until `shutdown` resolves.
-pub async fn run(config: ServerConfig, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.address)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.address))?;
@@ -301,7 +304,10 @@ async fn whole_reply(reply: Reply, mut rx: mpsc::UnboundedReceiver<Token>) -> Re
     }
     let text = TOKEN_TEXT.repeat(generated as usize);
     let (object, choice) = if reply.chat {
-        ("chat.completion", json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}))
+        (
+            "chat.completion",
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}),
+        )
     } else {
         ("text_completion", json!({"index": 0, "text": text, "finish_reason": "length"}))
     };

@@ -114,7 +114,9 @@ impl FilterConfig {
                 return Err(bad(field, "must not be empty"));
             }
         }
-        for (field, value) in [("destination_header", &self.destination_header), ("priority_header", &self.priority_header)] {
+        for (field, value) in
+            [("destination_header", &self.destination_header), ("priority_header", &self.priority_header)]
+        {
             if value.chars().any(|c| c.is_ascii_uppercase() || c.is_whitespace()) {
                 return Err(bad(field, "header names must be lower case with no spaces"));
             }

@@ -27,10 +27,7 @@ pub struct HeaderError {
 }
 
 /// Reads the hints; `get` returns a request header's value by lower-case name.
-pub fn parse_hints(
-    get: impl Fn(&str) -> Option<String>,
-    priority_header: &str,
-) -> Result<RoutingHints, HeaderError> {
+pub fn parse_hints(get: impl Fn(&str) -> Option<String>, priority_header: &str) -> Result<RoutingHints, HeaderError> {
     let slo = Slo { ttft_ms: parse_slo(&get, &TTFT_HEADERS)?, tpot_ms: parse_slo(&get, &TPOT_HEADERS)? };
     let priority = match get(priority_header) {
         None => 0,

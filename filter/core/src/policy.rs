@@ -126,25 +126,29 @@ fn pick_negative(
     if !idle.is_empty() {
         return idle[(rng.next_u64() % idle.len() as u64) as usize];
     }
-    let short = |h: Option<f64>| h.is_some_and(|v| v < 0.0);
-    let groups: [Box<dyn Fn(&Headroom) -> bool>; 3] = [
-        Box::new(|h| short(h.tpot) && !short(h.ttft)),
-        Box::new(|h| short(h.ttft) && !short(h.tpot)),
-        Box::new(|h| short(h.ttft) && short(h.tpot)),
-    ];
-    for in_group in groups.iter() {
-        let members: Vec<usize> = tier.iter().copied().filter(|&i| judged[i].is_some_and(|h| in_group(&h))).collect();
-        if members.is_empty() {
-            continue;
-        }
-        let deficit = |f: fn(&Headroom) -> Option<f64>| -> Vec<Option<f64>> {
-            members.iter().map(|&i| judged[i].and_then(|h| f(&h)).map(|v| -v.min(0.0))).collect()
-        };
-        let combined = combine(&min_max(&deficit(|h| h.ttft)), &min_max(&deficit(|h| h.tpot)), ttft_weight);
-        let weights: Vec<f64> = combined.iter().map(|c| (1.0 - c).max(MIN_WEIGHT)).collect();
-        return members[pick_weighted(&weights, rng).unwrap_or(0)];
+    // The first non-empty group wins: only TPOT short, only TTFT short, both short.
+    let group_of = |i: usize| judged[i].and_then(|h| deficit_group(&h));
+    let Some(best) = tier.iter().filter_map(|&i| group_of(i)).min() else {
+        return tier[(rng.next_u64() % tier.len().max(1) as u64) as usize];
+    };
+    let members: Vec<usize> = tier.iter().copied().filter(|&i| group_of(i) == Some(best)).collect();
+    let deficit = |f: fn(&Headroom) -> Option<f64>| -> Vec<Option<f64>> {
+        members.iter().map(|&i| judged[i].and_then(|h| f(&h)).map(|v| -v.min(0.0))).collect()
+    };
+    let combined = combine(&min_max(&deficit(|h| h.ttft)), &min_max(&deficit(|h| h.tpot)), ttft_weight);
+    let weights: Vec<f64> = combined.iter().map(|c| (1.0 - c).max(MIN_WEIGHT)).collect();
+    members[pick_weighted(&weights, rng).unwrap_or(0)]
+}
+
+/// Rank of a negative endpoint: 0 only TPOT short, 1 only TTFT short, 2 both.
+fn deficit_group(h: &Headroom) -> Option<u8> {
+    let short = |v: Option<f64>| v.is_some_and(|v| v < 0.0);
+    match (short(h.ttft), short(h.tpot)) {
+        (false, true) => Some(0),
+        (true, false) => Some(1),
+        (true, true) => Some(2),
+        (false, false) => None,
     }
-    tier[(rng.next_u64() % tier.len().max(1) as u64) as usize]
 }
 
 /// The default profile: lowest predicted latency (weighted TTFT and TPOT), ties at random.
@@ -237,7 +241,8 @@ mod tests {
 
     #[test]
     fn only_positive_tier_is_used() {
-        let eps = [ep("a", Some(500.0), Some(10.0)), ep("b", Some(100.0), Some(10.0)), ep("c", Some(150.0), Some(10.0))];
+        let eps =
+            [ep("a", Some(500.0), Some(10.0)), ep("b", Some(100.0), Some(10.0)), ep("c", Some(150.0), Some(10.0))];
         let s = shares(&req(Some(200.0), None, true, 0), &eps, 2000);
         assert_eq!(s[0], 0.0, "a misses the TTFT SLO");
         assert!(s[1] > 0.0 && s[2] > 0.0);
@@ -266,7 +271,10 @@ mod tests {
         let eps = [ep("a", Some(500.0), Some(10.0)), ep("b", Some(400.0), Some(10.0))];
         let mut rng = Rng::new(1);
         assert_eq!(decide(&req(Some(100.0), None, true, -1), &eps, true, &cfg(), &mut rng), Decision::Shed);
-        assert!(matches!(decide(&req(Some(100.0), None, true, 0), &eps, true, &cfg(), &mut rng), Decision::Route { .. }));
+        assert!(matches!(
+            decide(&req(Some(100.0), None, true, 0), &eps, true, &cfg(), &mut rng),
+            Decision::Route { .. }
+        ));
         let mut idle = eps.clone();
         idle[1].state = EndpointState::default();
         assert_eq!(
@@ -301,7 +309,10 @@ mod tests {
         let mut rng = Rng::new(9);
         let n = 20_000;
         let negative = (0..n)
-            .filter(|_| decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng) == Decision::Route { index: 0, source: RouteSource::PredictedNegative })
+            .filter(|_| {
+                decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng)
+                    == Decision::Route { index: 0, source: RouteSource::PredictedNegative }
+            })
             .count();
         let rate = negative as f64 / n as f64;
         assert!((rate - 0.1).abs() < 0.01, "exploration rate {rate}");

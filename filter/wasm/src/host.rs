@@ -180,7 +180,16 @@ pub fn resume_request() -> HostResult<()> {
 pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
     let headers = serialize_headers(headers);
     check(unsafe {
-        proxy_send_local_response(status, std::ptr::null(), 0, body.as_ptr(), body.len(), headers.as_ptr(), headers.len(), -1)
+        proxy_send_local_response(
+            status,
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
+        )
     })
 }
 

@@ -270,7 +270,8 @@ impl HttpContext for Request {
         if method != "POST" || !config.is_inference_path(&self.path) {
             return Action::Continue;
         }
-        let parsed = hints::parse_hints(|name| host::header(MapType::HttpRequestHeaders, name), &config.priority_header);
+        let parsed =
+            hints::parse_hints(|name| host::header(MapType::HttpRequestHeaders, name), &config.priority_header);
         for name in hints::hint_headers(&config.priority_header) {
             let _ = host::remove_header(MapType::HttpRequestHeaders, name);
         }
@@ -327,10 +328,18 @@ impl HttpContext for Request {
                 };
                 let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-tier", source);
                 if let Some(t) = c.predicted_ttft_ms {
-                    let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-predicted-ttft-ms", &format!("{t:.1}"));
+                    let _ = host::set_header(
+                        MapType::HttpResponseHeaders,
+                        "x-headroom-predicted-ttft-ms",
+                        &format!("{t:.1}"),
+                    );
                 }
                 if let Some(t) = c.predicted_tpot_ms {
-                    let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-predicted-tpot-ms", &format!("{t:.2}"));
+                    let _ = host::set_header(
+                        MapType::HttpResponseHeaders,
+                        "x-headroom-predicted-tpot-ms",
+                        &format!("{t:.2}"),
+                    );
                 }
             }
         }

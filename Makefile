@@ -1,0 +1,54 @@
+# headroom: the two commands that matter are `make demo` and `make test`.
+# Every target that needs tools runs `setup` first; setup installs only what is missing.
+
+CARGO      ?= cargo
+WASM_OUT   := target/wasm32-wasip1/wasm/headroom_filter.wasm
+STACK      := target/release/headroom-stack
+# Native crates (the filter cdylib is built for wasm32 only).
+NATIVE     := --workspace --exclude headroom-filter
+
+.PHONY: setup build wasm up down demo test fmt fmt-check clippy unit e2e clean
+
+setup:
+	@bash scripts/setup.sh
+
+wasm: setup
+	$(CARGO) build -p headroom-filter --target wasm32-wasip1 --profile wasm
+	@ls -l $(WASM_OUT)
+
+build: setup wasm
+	$(CARGO) build --release $(NATIVE) --bins
+
+up: build
+	@$(STACK) up
+
+down:
+	@if [ -x $(STACK) ]; then $(STACK) down; else echo "nothing to stop (not built)"; fi
+
+demo: build
+	@$(STACK) demo
+
+fmt:
+	$(CARGO) fmt --all
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy: setup
+	$(CARGO) clippy --release $(NATIVE) --all-targets -- -D warnings
+	$(CARGO) clippy -p headroom-filter --target wasm32-wasip1 --profile wasm -- -D warnings
+
+# Unit tests: pure logic, natively.
+unit: setup
+	$(CARGO) test --release $(NATIVE) --lib --bins
+
+# End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1.
+# One test at a time: each starts a whole stack on a 2-core machine.
+e2e: build
+	$(CARGO) test --release -p headroom-e2e -- --test-threads=1
+
+test: fmt-check clippy unit e2e
+
+clean:
+	$(CARGO) clean
+	rm -rf .run

@@ -1,0 +1,55 @@
+//! `headroom-loadgen --url http://127.0.0.1:10000 --rate 4 --duration 60 [--out results.jsonl]`
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::Parser;
+use headroom_loadgen::{report, runner, workload};
+
+#[derive(Parser)]
+#[command(about = "Open-loop load with SLO headers against an OpenAI-compatible gateway")]
+struct Args {
+    /// Gateway base URL.
+    #[arg(long)]
+    url: String,
+    /// Model name to request.
+    #[arg(long, default_value = "sim-llama-8b")]
+    model: String,
+    /// Mean requests per second (Poisson arrivals).
+    #[arg(long, default_value_t = 4.0)]
+    rate: f64,
+    /// Seconds of traffic.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Send `x-prediction-based-scheduling: true`.
+    #[arg(long)]
+    slo_routing: bool,
+    /// Write one JSON line per request here.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.rate > 0.0 && args.duration > 0.0, "--rate and --duration must be > 0");
+    let work = workload::mixed(args.seed, args.rate, args.duration);
+    let target = runner::Target {
+        url: args.url.trim_end_matches('/').to_string(),
+        model: args.model,
+        slo_headers: true,
+        prediction_based: args.slo_routing.then_some(true),
+        timeout: Duration::from_secs(120),
+    };
+    let outcomes = runner::run(&target, &work).await?;
+    if let Some(path) = args.out {
+        let mut f = std::fs::File::create(&path)?;
+        for o in &outcomes {
+            writeln!(f, "{}", serde_json::to_string(o)?)?;
+        }
+    }
+    print!("{}", report::table(&outcomes));
+    Ok(())
+}

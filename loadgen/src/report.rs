@@ -1,0 +1,97 @@
+//! Summaries of a run: per-endpoint load and per-class latency and SLO attainment.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::runner::Outcome;
+
+/// The `q` quantile (0..=1) of `values` by nearest rank; `None` if empty.
+pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |x| format!("{x:.0}"))
+}
+
+fn ms1(v: Option<f64>) -> String {
+    v.map_or("-".into(), |x| format!("{x:.1}"))
+}
+
+/// A plain-text table: requests per endpoint, then per SLO class.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    let mut per_endpoint: BTreeMap<String, usize> = BTreeMap::new();
+    for o in outcomes {
+        let key = match (&o.served_by, o.status) {
+            (Some(s), _) => s.clone(),
+            (None, 429) => "(shed: 429)".into(),
+            (None, _) => "(no response)".into(),
+        };
+        *per_endpoint.entry(key).or_default() += 1;
+    }
+    let _ = writeln!(out, "{:<22} {:>8}", "endpoint", "requests");
+    for (e, n) in &per_endpoint {
+        let _ = writeln!(out, "{e:<22} {n:>8}");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<12} {:>6} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>11}",
+        "class", "n", "ok", "shed", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "SLO attain"
+    );
+    let mut classes: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
+    for o in outcomes {
+        classes.entry(o.class.as_str()).or_default().push(o);
+    }
+    let all: Vec<&Outcome> = outcomes.iter().collect();
+    let mut rows: Vec<(&str, Vec<&Outcome>)> = classes.into_iter().collect();
+    rows.push(("all", all));
+    for (name, list) in rows {
+        let ttft: Vec<f64> = list.iter().filter(|o| o.stream && o.status == 200).filter_map(|o| o.ttft_ms).collect();
+        let tpot: Vec<f64> = list.iter().filter(|o| o.status == 200).filter_map(|o| o.tpot_ms).collect();
+        let ok = list.iter().filter(|o| o.status == 200).count();
+        let shed = list.iter().filter(|o| o.shed()).count();
+        let met = list.iter().filter(|o| o.met_slo()).count();
+        let attain = if list.is_empty() { 0.0 } else { 100.0 * met as f64 / list.len() as f64 };
+        let _ = writeln!(
+            out,
+            "{:<12} {:>6} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10.1}%",
+            name,
+            list.len(),
+            ok,
+            shed,
+            ms(quantile(&ttft, 0.5)),
+            ms(quantile(&ttft, 0.9)),
+            ms1(quantile(&tpot, 0.5)),
+            ms1(quantile(&tpot, 0.9)),
+            attain
+        );
+    }
+    let _ = writeln!(out, "\nTTFT/TPOT in ms, streaming requests, as the client measured them. SLO attainment counts");
+    let _ = writeln!(
+        out,
+        "shed and failed requests as misses; non-streaming ones must finish by ttft_slo + tpot_slo x max_tokens."
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), Some(5.0));
+        assert_eq!(quantile(&v, 0.9), Some(9.0));
+        assert_eq!(quantile(&v, 1.0), Some(10.0));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
+}

@@ -1,0 +1,179 @@
+//! Sending a workload open-loop and measuring each request as the client sees it.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use headroom_filter_core::meter::ResponseMeter;
+use serde::{Deserialize, Serialize};
+
+use crate::workload::RequestSpec;
+
+/// Where and how to send.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Gateway base URL, e.g. `http://127.0.0.1:10000`.
+    pub url: String,
+    pub model: String,
+    /// Send the SLO and priority headers.
+    pub slo_headers: bool,
+    /// Value of `x-prediction-based-scheduling` (`None`: header not sent).
+    pub prediction_based: Option<bool>,
+    /// Give up on one request after this long.
+    pub timeout: Duration,
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Outcome {
+    pub index: usize,
+    pub class: String,
+    pub at_s: f64,
+    pub stream: bool,
+    pub prompt_tokens: u32,
+    pub max_tokens: u32,
+    pub slo_ttft_ms: Option<f64>,
+    pub slo_tpot_ms: Option<f64>,
+    pub priority: i32,
+    /// HTTP status (0: no response).
+    pub status: u16,
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2e_ms: f64,
+    pub output_tokens: Option<u32>,
+    /// `x-served-by` of the model server.
+    pub served_by: Option<String>,
+    /// `x-headroom-endpoint` (the filter's choice), when debug headers are on.
+    pub chosen: Option<String>,
+    /// `x-headroom-tier`, when debug headers are on.
+    pub tier: Option<String>,
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    /// Whether the request met its SLOs. Streaming: TTFT and TPOT against
+    /// their SLOs. Non-streaming: the client sees no first token, so the whole
+    /// response must arrive by the deadline the SLOs imply,
+    /// `ttft_slo + tpot_slo * max_tokens`.
+    pub fn met_slo(&self) -> bool {
+        if self.status != 200 {
+            return false;
+        }
+        if self.stream {
+            let ttft_ok = match (self.slo_ttft_ms, self.ttft_ms) {
+                (Some(slo), Some(t)) => t <= slo,
+                (Some(_), None) => false,
+                (None, _) => true,
+            };
+            let tpot_ok = match (self.slo_tpot_ms, self.tpot_ms) {
+                (Some(slo), Some(t)) => t <= slo,
+                _ => true,
+            };
+            ttft_ok && tpot_ok
+        } else {
+            let deadline =
+                self.slo_ttft_ms.unwrap_or(0.0) + self.slo_tpot_ms.unwrap_or(0.0) * f64::from(self.max_tokens);
+            deadline <= 0.0 || self.e2e_ms <= deadline
+        }
+    }
+
+    pub fn shed(&self) -> bool {
+        self.status == 429
+    }
+}
+
+/// Sends every request of `workload` at its time (open loop) and waits for all.
+pub async fn run(target: &Target, workload: &[RequestSpec]) -> anyhow::Result<Vec<Outcome>> {
+    let client = reqwest::Client::builder().timeout(target.timeout).pool_max_idle_per_host(256).build()?;
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(workload.len());
+    for (index, spec) in workload.iter().enumerate() {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(spec.at_s)).await;
+        let client = client.clone();
+        let target = target.clone();
+        let spec = spec.clone();
+        tasks.push(tokio::spawn(async move { send_one(&client, &target, index, &spec).await }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await?);
+    }
+    Ok(out)
+}
+
+async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec: &RequestSpec) -> Outcome {
+    let mut body = serde_json::json!({
+        "model": target.model,
+        "prompt": spec.prompt(index),
+        "max_tokens": spec.max_tokens,
+        "stream": spec.stream,
+    });
+    if spec.stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    let mut req = client.post(format!("{}/v1/completions", target.url)).header("content-type", "application/json");
+    if target.slo_headers {
+        if let Some(t) = spec.class.ttft_ms {
+            req = req.header("x-slo-ttft-ms", t.to_string());
+        }
+        if let Some(t) = spec.class.tpot_ms {
+            req = req.header("x-slo-tpot-ms", t.to_string());
+        }
+        req = req.header("x-request-priority", spec.class.priority.to_string());
+    }
+    if let Some(p) = target.prediction_based {
+        req = req.header("x-prediction-based-scheduling", p.to_string());
+    }
+    let mut outcome = Outcome {
+        index,
+        class: spec.class.name.clone(),
+        at_s: spec.at_s,
+        stream: spec.stream,
+        prompt_tokens: spec.prompt_tokens,
+        max_tokens: spec.max_tokens,
+        slo_ttft_ms: spec.class.ttft_ms,
+        slo_tpot_ms: spec.class.tpot_ms,
+        priority: spec.class.priority,
+        status: 0,
+        ttft_ms: None,
+        tpot_ms: None,
+        e2e_ms: 0.0,
+        output_tokens: None,
+        served_by: None,
+        chosen: None,
+        tier: None,
+        error: None,
+    };
+    let started = Instant::now();
+    let since_start = |at: Instant| at.duration_since(started).as_nanos() as u64;
+    let response = match req.body(body.to_string()).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            outcome.error = Some(e.to_string());
+            outcome.e2e_ms = started.elapsed().as_secs_f64() * 1000.0;
+            return outcome;
+        }
+    };
+    outcome.status = response.status().as_u16();
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    outcome.served_by = header("x-served-by");
+    outcome.chosen = header("x-headroom-endpoint");
+    outcome.tier = header("x-headroom-tier");
+    let streaming = header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
+    let mut meter = ResponseMeter::new(streaming, 0, 4 << 20);
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(bytes) => meter.on_chunk(&bytes, since_start(Instant::now())),
+            Err(e) => {
+                outcome.error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let m = meter.finish(since_start(Instant::now()));
+    outcome.e2e_ms = m.e2e_ms;
+    outcome.ttft_ms = m.ttft_ms;
+    outcome.tpot_ms = m.tpot_ms;
+    outcome.output_tokens = m.output_tokens;
+    outcome
+}

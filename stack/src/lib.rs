@@ -1,0 +1,311 @@
+//! The local headroom stack: simulated model servers, predictor-svc and Envoy
+//! with the headroom filter, all on 127.0.0.1 with free ports.
+//!
+//! Used by `make up` / `make down` / `make demo` (through the `headroom-stack`
+//! binary) and by the end-to-end tests. Every process it starts it stops by
+//! pid; a detached stack records its pids in `<run_dir>/stack.json`.
+
+pub mod http;
+pub mod locate;
+pub mod process;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use process::Proc;
+
+/// How to build a stack.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// One hardware profile per simulated server (`h100`, `a100`).
+    pub profiles: Vec<String>,
+    /// Simulator time scale (1 = real time).
+    pub time_scale: f64,
+    /// Filter configuration fields, over the stack's defaults.
+    pub plugin: Map<String, Value>,
+    /// Where configs, logs and `stack.json` go.
+    pub run_dir: PathBuf,
+    /// Tie the processes' lives to this thread (tests) instead of detaching (`make up`).
+    pub attached: bool,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions {
+            profiles: vec!["h100".into(); 3],
+            time_scale: 1.0,
+            plugin: Map::new(),
+            run_dir: locate::root().join(".run"),
+            attached: true,
+        }
+    }
+}
+
+/// Addresses and processes of a running stack (also its on-disk record).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StackState {
+    pub gateway: SocketAddr,
+    pub admin: SocketAddr,
+    pub predictor: SocketAddr,
+    pub servers: Vec<SocketAddr>,
+    pub procs: Vec<Proc>,
+}
+
+impl StackState {
+    fn file(run_dir: &Path) -> PathBuf {
+        run_dir.join("stack.json")
+    }
+
+    /// The record `make up` left, if any.
+    pub fn load(run_dir: &Path) -> anyhow::Result<Option<StackState>> {
+        let path = Self::file(run_dir);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path)?;
+        Ok(Some(serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?))
+    }
+
+    /// Stops every recorded process still running and removes the record.
+    pub fn stop_all(&self, run_dir: &Path) -> usize {
+        let mut stopped = 0;
+        for p in self.procs.iter().rev() {
+            if process::is_ours(p) {
+                process::stop(p, None, Duration::from_secs(5));
+                stopped += 1;
+            }
+        }
+        let _ = std::fs::remove_file(Self::file(run_dir));
+        stopped
+    }
+}
+
+/// A running stack. Dropping it stops every process it started.
+pub struct Stack {
+    pub state: StackState,
+    pub run_dir: PathBuf,
+    children: Vec<Option<Child>>,
+    predictor_config: PathBuf,
+    attached: bool,
+}
+
+/// The filter configuration of the local stack, before the caller's fields.
+fn default_plugin_config() -> Map<String, Value> {
+    let v = json!({"pool": "default", "predictor_cluster": "headroom_predictor", "debug_headers": true});
+    v.as_object().cloned().unwrap_or_default()
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Polls `ok` every 50 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ok()
+}
+
+/// Renders the Envoy bootstrap template.
+pub fn render_envoy(
+    template: &str,
+    admin: SocketAddr,
+    gateway: SocketAddr,
+    predictor: SocketAddr,
+    servers: &[SocketAddr],
+    wasm: &Path,
+    plugin: &Value,
+) -> anyhow::Result<String> {
+    let endpoints: Vec<String> = servers
+        .iter()
+        .map(|s| {
+            format!(
+                "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}",
+                s.ip(),
+                s.port()
+            )
+        })
+        .collect();
+    // A JSON string is a valid double-quoted YAML scalar.
+    let plugin_text = serde_json::to_string(&serde_json::to_string(plugin)?)?;
+    let out = template
+        .replace("{{ADMIN_PORT}}", &admin.port().to_string())
+        .replace("{{GATEWAY_PORT}}", &gateway.port().to_string())
+        .replace("{{PREDICTOR_HOST}}", &predictor.ip().to_string())
+        .replace("{{PREDICTOR_PORT}}", &predictor.port().to_string())
+        .replace("{{WASM_PATH}}", &wasm.display().to_string())
+        .replace("{{PLUGIN_CONFIG}}", &plugin_text)
+        .replace("{{MODEL_SERVER_ENDPOINTS}}", &endpoints.join("\n"));
+    anyhow::ensure!(!out.contains("{{"), "envoy template has a placeholder the stack does not fill");
+    Ok(out)
+}
+
+impl Stack {
+    /// Starts the simulated servers, the predictor and Envoy, and waits until
+    /// each answers. On failure everything started so far is stopped.
+    pub fn start(opts: StackOptions) -> anyhow::Result<Stack> {
+        std::fs::create_dir_all(&opts.run_dir)?;
+        let run_dir = opts.run_dir.canonicalize()?;
+        let bins = locate::bin_dir()?;
+        let envoy = locate::envoy()?;
+        let wasm = locate::wasm()?;
+        let servers: Vec<SocketAddr> =
+            opts.profiles.iter().map(|_| free_port().map(local)).collect::<Result<_, _>>()?;
+        let state = StackState {
+            gateway: local(free_port()?),
+            admin: local(free_port()?),
+            predictor: local(free_port()?),
+            servers,
+            procs: Vec::new(),
+        };
+        let mut stack = Stack {
+            predictor_config: run_dir.join("predictor.toml"),
+            run_dir: run_dir.clone(),
+            state,
+            children: Vec::new(),
+            attached: opts.attached,
+        };
+
+        // Simulated model servers, one process.
+        let mut args: Vec<String> = vec!["--time-scale".into(), opts.time_scale.to_string()];
+        for (addr, profile) in stack.state.servers.iter().zip(&opts.profiles) {
+            args.push("--server".into());
+            args.push(format!("{addr}={profile}"));
+        }
+        stack.spawn("simulator", &bins.join("headroom-sim"), &args)?;
+        for s in stack.state.servers.clone() {
+            stack.wait_ready("simulator", || http::get(s, "/health").is_ok_and(|(code, _)| code == 200))?;
+        }
+
+        // predictor-svc.
+        let endpoints: Vec<String> = stack.state.servers.iter().map(|s| format!("\"{s}\"")).collect();
+        let toml = format!(
+            "listen = \"{}\"\nscrape_interval_ms = 100\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\n",
+            stack.state.predictor,
+            endpoints.join(", ")
+        );
+        std::fs::write(&stack.predictor_config, toml)?;
+        stack.start_predictor()?;
+
+        // Envoy with the filter.
+        let mut plugin = default_plugin_config();
+        plugin.extend(opts.plugin.clone());
+        let template = std::fs::read_to_string(locate::root().join("envoy/envoy.yaml.tmpl"))?;
+        let s = &stack.state;
+        let yaml = render_envoy(&template, s.admin, s.gateway, s.predictor, &s.servers, &wasm, &Value::Object(plugin))?;
+        let envoy_yaml = run_dir.join("envoy.yaml");
+        std::fs::write(&envoy_yaml, yaml)?;
+        let args: Vec<String> = [
+            "-c",
+            &envoy_yaml.display().to_string(),
+            "--disable-hot-restart",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "warn",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        stack.spawn("envoy", &envoy, &args)?;
+        let (admin, gateway) = (stack.state.admin, stack.state.gateway);
+        stack.wait_ready("envoy", || {
+            http::get(admin, "/ready").is_ok_and(|(c, _)| c == 200)
+                && http::get(gateway, "/v1/models").is_ok_and(|(c, _)| c == 200)
+        })?;
+        std::fs::write(StackState::file(&run_dir), serde_json::to_string_pretty(&stack.state)?)?;
+        Ok(stack)
+    }
+
+    fn spawn(&mut self, name: &str, exe: &Path, args: &[String]) -> anyhow::Result<()> {
+        let log = self.run_dir.join(format!("{name}.log"));
+        let (proc, child) = process::spawn(name, exe, args, &log, self.attached)?;
+        self.state.procs.push(proc);
+        self.children.push(Some(child));
+        Ok(())
+    }
+
+    fn wait_ready(&mut self, name: &str, ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+        if wait_until(Duration::from_secs(30), ok) {
+            return Ok(());
+        }
+        let log = self.run_dir.join(format!("{name}.log"));
+        let tail = process::log_tail(&log, 30);
+        self.stop();
+        anyhow::bail!("{name} did not become ready within 30 s; last lines of {}:\n{tail}", log.display())
+    }
+
+    /// Starts (or restarts) predictor-svc on its port and waits for `/readyz`.
+    pub fn start_predictor(&mut self) -> anyhow::Result<()> {
+        let bins = locate::bin_dir()?;
+        let args = vec!["--config".to_string(), self.predictor_config.display().to_string()];
+        self.spawn("predictor", &bins.join("headroom-predictor"), &args)?;
+        let addr = self.state.predictor;
+        self.wait_ready("predictor", || http::get(addr, "/readyz").is_ok_and(|(c, _)| c == 200))
+    }
+
+    /// Stops the running predictor-svc (the rest keeps running).
+    pub fn stop_predictor(&mut self) {
+        self.stop_named("predictor");
+    }
+
+    fn stop_named(&mut self, name: &str) {
+        for (i, p) in self.state.procs.iter().enumerate() {
+            if p.name == name {
+                process::stop(p, self.children[i].as_mut(), Duration::from_secs(5));
+            }
+        }
+        let keep: Vec<bool> = self.state.procs.iter().map(|p| p.name != name).collect();
+        let mut k = keep.iter();
+        self.children.retain(|_| *k.next().unwrap_or(&true));
+        self.state.procs.retain(|p| p.name != name);
+    }
+
+    /// Stops every process, newest first, and removes the on-disk record.
+    /// A detached stack has no processes left to stop and keeps its record.
+    pub fn stop(&mut self) {
+        if self.state.procs.is_empty() {
+            return;
+        }
+        for (i, p) in self.state.procs.iter().enumerate().rev() {
+            process::stop(p, self.children[i].as_mut(), Duration::from_secs(5));
+        }
+        self.state.procs.clear();
+        self.children.clear();
+        let _ = std::fs::remove_file(StackState::file(&self.run_dir));
+    }
+
+    /// Leaves the processes running (for `make up`); `StackState` can stop them later.
+    pub fn detach(mut self) -> StackState {
+        self.children.clear();
+        let state = self.state.clone();
+        self.state.procs.clear();
+        state
+    }
+
+    /// Envoy's `/stats/prometheus` text.
+    pub fn envoy_stats(&self) -> String {
+        http::get(self.state.admin, "/stats/prometheus").map(|(_, b)| b).unwrap_or_default()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,98 @@
+//! Child processes started by the stack and stopped by pid.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// A process the stack started: enough to find and stop it later, even from
+/// another invocation (`make down`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Proc {
+    pub name: String,
+    pub pid: u32,
+    /// Canonical path of its executable, checked before signalling the pid.
+    pub exe: PathBuf,
+    pub log: PathBuf,
+}
+
+/// Starts `exe args` with output to `log`. `attached`: the child dies with the
+/// thread that started it (for tests); otherwise it runs on in its own
+/// process group (for `make up`).
+pub fn spawn(name: &str, exe: &Path, args: &[String], log: &Path, attached: bool) -> anyhow::Result<(Proc, Child)> {
+    let out = File::create(log).map_err(|e| anyhow::anyhow!("creating {}: {e}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+    if attached {
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    let child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {name} ({}): {e}", exe.display()))?;
+    let exe = exe.canonicalize().unwrap_or_else(|_| exe.to_path_buf());
+    Ok((Proc { name: name.to_string(), pid: child.id(), exe, log: log.to_path_buf() }, child))
+}
+
+/// True while `proc` is alive and still the program we started (pids get reused).
+pub fn is_ours(proc: &Proc) -> bool {
+    let exe = std::fs::read_link(format!("/proc/{}/exe", proc.pid));
+    let alive = std::fs::read_to_string(format!("/proc/{}/stat", proc.pid))
+        .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .unwrap_or(false);
+    alive && exe.is_ok_and(|e| e == proc.exe)
+}
+
+/// Stops `proc`: SIGTERM, then SIGKILL after `grace`. Returns once it is gone.
+pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
+    let pid = proc.pid as libc::pid_t;
+    if !is_ours(proc) {
+        if let Some(c) = child {
+            let _ = c.wait();
+        }
+        return;
+    }
+    // SAFETY: plain kill(2) on a pid verified to be our process just above.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    let mut child = child;
+    loop {
+        let gone = match child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+            None => !is_ours(proc),
+        };
+        if gone {
+            return;
+        }
+        if Instant::now() >= deadline {
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            if let Some(c) = child.as_mut() {
+                let _ = c.wait();
+            } else {
+                while is_ours(proc) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The last `lines` lines of a log, for error messages.
+pub fn log_tail(log: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

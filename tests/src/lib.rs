@@ -1,0 +1,127 @@
+//! Helpers for the end-to-end tests: start a stack, send requests, read the
+//! predictor's view.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use headroom_stack::{wait_until, Stack, StackOptions};
+use serde_json::Value;
+
+/// One stack at a time on a 2-core machine, even if the harness runs tests in parallel.
+static ONE_STACK: Mutex<()> = Mutex::new(());
+
+/// A running stack plus a blocking HTTP client; stops the stack when dropped.
+pub struct Harness {
+    pub stack: Stack,
+    pub http: reqwest::blocking::Client,
+    _turn: MutexGuard<'static, ()>,
+}
+
+/// A finished response: status, headers we look at, body text.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub served_by: Option<String>,
+    pub chosen: Option<String>,
+    pub tier: Option<String>,
+    pub content_type: Option<String>,
+    pub retry_after: Option<String>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+impl Harness {
+    /// Starts a stack with 3 simulated H100 servers and the given filter config fields.
+    pub fn start(plugin: Value) -> anyhow::Result<Harness> {
+        let turn = ONE_STACK.lock().unwrap_or_else(|p| p.into_inner());
+        let run_dir = std::env::temp_dir().join(format!("headroom-e2e-{}", std::process::id()));
+        let opts = StackOptions {
+            plugin: plugin.as_object().cloned().unwrap_or_default(),
+            run_dir,
+            attached: true,
+            ..Default::default()
+        };
+        let stack = Stack::start(opts)?;
+        let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build()?;
+        Ok(Harness { stack, http, _turn: turn })
+    }
+
+    pub fn gateway(&self) -> String {
+        format!("http://{}", self.stack.state.gateway)
+    }
+
+    pub fn predictor(&self) -> String {
+        format!("http://{}", self.stack.state.predictor)
+    }
+
+    /// POSTs `body` (raw) to `path` on the gateway with extra headers.
+    pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> anyhow::Result<Reply> {
+        let mut req = self.http.post(format!("{}{path}", self.gateway())).body(body.to_string());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        Self::reply(req.send()?)
+    }
+
+    pub fn get(&self, url: &str) -> anyhow::Result<Reply> {
+        Self::reply(self.http.get(url).send()?)
+    }
+
+    fn reply(r: reqwest::blocking::Response) -> anyhow::Result<Reply> {
+        let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let (served_by, chosen, tier, content_type, retry_after) =
+            (h("x-served-by"), h("x-headroom-endpoint"), h("x-headroom-tier"), h("content-type"), h("retry-after"));
+        let status = r.status().as_u16();
+        Ok(Reply { status, served_by, chosen, tier, content_type, retry_after, body: r.text()? })
+    }
+
+    /// A completion through the gateway with SLO headers (`stream` adds include_usage).
+    pub fn completion(&self, max_tokens: u32, stream: bool, headers: &[(&str, &str)]) -> anyhow::Result<Reply> {
+        let body = serde_json::json!({
+            "model": "sim-llama-8b",
+            "prompt": "The quick brown fox jumps over the lazy dog. ".repeat(20),
+            "max_tokens": max_tokens,
+            "stream": stream,
+            "stream_options": {"include_usage": stream},
+        });
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.post("/v1/completions", &all, &body.to_string())
+    }
+
+    /// The predictor's newest observations.
+    pub fn observations(&self) -> Vec<Value> {
+        let url = format!("{}/v1/observations?limit=1000", self.predictor());
+        self.get(&url).map(|r| r.json()["observations"].as_array().cloned().unwrap_or_default()).unwrap_or_default()
+    }
+
+    /// In-flight count the predictor holds for `endpoint`.
+    pub fn in_flight(&self, endpoint: &str) -> Option<u64> {
+        let pools = self.get(&format!("{}/v1/pools", self.predictor())).ok()?.json();
+        pools["pools"]
+            .as_array()?
+            .iter()
+            .flat_map(|p| p["endpoints"].as_array().cloned().unwrap_or_default())
+            .find_map(|e| (e["address"].as_str() == Some(endpoint)).then(|| e["in_flight"].as_u64()).flatten())
+    }
+
+    /// Value of an Envoy stat (summed over its series), 0 when absent.
+    pub fn envoy_stat(&self, name: &str) -> f64 {
+        self.stack
+            .envoy_stats()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// The SLO headers most tests send.
+pub const SLO: [(&str, &str); 3] =
+    [("x-slo-ttft-ms", "2000"), ("x-slo-tpot-ms", "100"), ("x-prediction-based-scheduling", "true")];
