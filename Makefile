@@ -38,9 +38,9 @@ clippy: setup
 	$(CARGO) clippy --release $(NATIVE) --all-targets -- -D warnings
 	$(CARGO) clippy -p headroom-filter --target wasm32-wasip1 --profile wasm -- -D warnings
 
-# Unit tests: pure logic, natively.
+# Unit and in-process tests of the native crates (everything but the end-to-end crate).
 unit: setup
-	$(CARGO) test --release $(NATIVE) --lib --bins
+	$(CARGO) test --release $(NATIVE) --exclude headroom-e2e
 
 # End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1.
 # One test at a time: each starts a whole stack on a 2-core machine.

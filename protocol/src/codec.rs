@@ -65,9 +65,10 @@ impl CodecError {
         let message = e.inner().to_string();
         // serde names a missing field in its message, not in the path.
         let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next());
+        // "." is the top level; "?" means the decoder failed before reaching any field.
         let field = match (path.as_str(), missing) {
-            (".", Some(name)) => Some(name.to_string()),
-            (".", None) => None,
+            ("." | "?", Some(name)) => Some(name.to_string()),
+            ("." | "?", None) => None,
             (p, Some(name)) => Some(format!("{p}.{name}")),
             (p, None) => Some(p.to_string()),
         };
