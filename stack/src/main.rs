@@ -28,7 +28,7 @@ enum Cmd {
         #[arg(long, default_value_t = 60.0)]
         duration: f64,
         /// Mean requests per second.
-        #[arg(long, default_value_t = 6.0)]
+        #[arg(long, default_value_t = 20.0)]
         rate: f64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
