@@ -1,5 +1,8 @@
 //! The predictor's HTTP API, driven in-process (no sockets): formats, errors, tracking.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use axum::body::Body;
