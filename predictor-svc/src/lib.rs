@@ -2,8 +2,7 @@
 //! tracks requests in flight, and predicts TTFT/TPOT for every candidate.
 //!
 //! Modules, one job each: `config` (file format), `pool` (endpoint state and
-//! in-flight tracking), `prefix` (which prefixes an endpoint likely caches),
-//! `scrape` (vLLM metrics), `predict` (the prior), `api` (HTTP), `metrics`
+//! in-flight tracking), `scrape` (vLLM metrics), `predict` (the prior), `api` (HTTP), `metrics`
 //! (Prometheus), `state` (what handlers share).
 
 pub mod api;
@@ -11,7 +10,6 @@ pub mod config;
 pub mod metrics;
 pub mod pool;
 pub mod predict;
-pub mod prefix;
 pub mod scrape;
 pub mod state;
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use headroom_protocol::{Dispatch, EndpointState, RequestFeatures};
 
 use crate::config::Config;
-use crate::prefix::PrefixIndex;
+use headroom_protocol::prefix::PrefixCache;
 
 /// Engine metrics read from an endpoint's `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -38,7 +38,7 @@ pub struct Endpoint {
     pub metrics: Option<EngineMetrics>,
     pub scraped_at: Option<Instant>,
     pub scrape_errors: u64,
-    prefix: PrefixIndex,
+    prefix: PrefixCache,
 }
 
 /// Output tokens assumed for a request that gave no `max_tokens`.
@@ -76,7 +76,7 @@ impl Pool {
                     metrics: None,
                     scraped_at: None,
                     scrape_errors: 0,
-                    prefix: PrefixIndex::new(prefix_blocks),
+                    prefix: PrefixCache::new(prefix_blocks),
                 })
                 .collect(),
             in_flight: HashMap::new(),

@@ -1,14 +1,14 @@
-//! Which prompt prefixes each endpoint probably holds in its KV cache.
+//! An LRU set of prefix block hashes ([`crate::tokens::prefix_block_hashes`]).
 //!
-//! The predictor cannot see a server's cache, so it remembers the block hashes
-//! of the requests it saw dispatched there, least recently used evicted first
-//! (the same approximation the Gateway API Inference Extension uses).
+//! The simulated server keeps its prefix cache in one; predictor-svc keeps one
+//! per endpoint to estimate what that server's cache holds (it cannot see it,
+//! so it remembers the blocks of the requests dispatched there).
 
 use std::collections::{HashMap, VecDeque};
 
 /// An LRU set of prefix block hashes.
 #[derive(Debug)]
-pub struct PrefixIndex {
+pub struct PrefixCache {
     capacity: usize,
     clock: u64,
     last_use: HashMap<u64, u64>,
@@ -16,19 +16,24 @@ pub struct PrefixIndex {
     order: VecDeque<(u64, u64)>,
 }
 
-impl PrefixIndex {
+impl PrefixCache {
     pub fn new(capacity: usize) -> Self {
-        PrefixIndex { capacity: capacity.max(1), clock: 0, last_use: HashMap::new(), order: VecDeque::new() }
+        PrefixCache { capacity: capacity.max(1), clock: 0, last_use: HashMap::new(), order: VecDeque::new() }
     }
 
-    /// Records that the endpoint now holds these blocks.
+    /// Records these blocks as held and most recently used.
     pub fn insert(&mut self, hashes: &[u64]) {
         for h in hashes {
             self.clock += 1;
             self.last_use.insert(*h, self.clock);
             self.order.push_back((*h, self.clock));
         }
-        while self.last_use.len() > self.capacity {
+        self.shrink_to(self.capacity);
+    }
+
+    /// Evicts least recently used blocks until at most `blocks` remain.
+    pub fn shrink_to(&mut self, blocks: usize) {
+        while self.last_use.len() > blocks {
             let Some((h, t)) = self.order.pop_front() else { break };
             if self.last_use.get(&h) == Some(&t) {
                 self.last_use.remove(&h);
@@ -40,13 +45,17 @@ impl PrefixIndex {
         }
     }
 
+    /// How many of `hashes`, from the first, are held without a gap.
+    pub fn matched_blocks(&self, hashes: &[u64]) -> usize {
+        hashes.iter().take_while(|h| self.last_use.contains_key(h)).count()
+    }
+
     /// Share of `hashes` held as an unbroken prefix (0 when `hashes` is empty).
     pub fn match_fraction(&self, hashes: &[u64]) -> f64 {
         if hashes.is_empty() {
             return 0.0;
         }
-        let held = hashes.iter().take_while(|h| self.last_use.contains_key(h)).count();
-        held as f64 / hashes.len() as f64
+        self.matched_blocks(hashes) as f64 / hashes.len() as f64
     }
 
     /// Blocks remembered.
@@ -65,7 +74,7 @@ mod tests {
 
     #[test]
     fn prefix_match_counts_leading_blocks() {
-        let mut p = PrefixIndex::new(100);
+        let mut p = PrefixCache::new(100);
         p.insert(&[1, 2, 3]);
         assert_eq!(p.match_fraction(&[1, 2, 3, 4]), 0.75);
         assert_eq!(p.match_fraction(&[9, 2, 3]), 0.0);
@@ -74,7 +83,7 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used() {
-        let mut p = PrefixIndex::new(3);
+        let mut p = PrefixCache::new(3);
         p.insert(&[1, 2, 3]);
         p.insert(&[1]); // 1 is fresh again
         p.insert(&[4]); // evicts 2
@@ -85,5 +94,15 @@ mod tests {
             p.insert(&[i % 5]);
         }
         assert!(p.order.len() <= 6 + 1);
+    }
+
+    #[test]
+    fn shrink_keeps_the_newest() {
+        let mut p = PrefixCache::new(10);
+        p.insert(&[1, 2, 3, 4]);
+        p.shrink_to(2);
+        assert_eq!(p.matched_blocks(&[3, 4]), 2);
+        assert_eq!(p.matched_blocks(&[1]), 0);
+        assert_eq!(p.len(), 2);
     }
 }

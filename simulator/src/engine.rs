@@ -7,9 +7,17 @@
 //! and none are free, the most recently admitted request is preempted: its
 //! blocks are freed and it goes back to the head of the queue to recompute
 //! its prompt and the tokens it had generated.
+//!
+//! Prefix caching: a request's full prompt blocks are keyed by chained hashes
+//! ([`headroom_protocol::tokens::prefix_block_hashes`]). At admission the
+//! leading blocks already cached skip their prefill (and are reported as cached
+//! tokens); when a prefill completes its blocks join the cache. Cached blocks
+//! that no running request holds live in free KV and are evicted least
+//! recently used as running requests need room.
 
 use std::collections::VecDeque;
 
+use headroom_protocol::prefix::PrefixCache;
 use headroom_protocol::tokens::BLOCK_TOKENS;
 
 use crate::profile::Profile;
@@ -18,12 +26,14 @@ use crate::profile::Profile;
 pub type RequestId = u64;
 
 /// A request handed to the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewRequest {
     pub id: RequestId,
     pub prompt_tokens: u32,
     /// Output tokens to produce (the simulator ignores EOS).
     pub max_tokens: u32,
+    /// Chained hashes of the prompt's full 16-token blocks (may be empty).
+    pub block_hashes: Vec<u64>,
 }
 
 /// One output token of a request.
@@ -34,6 +44,8 @@ pub struct Token {
     pub index: u32,
     /// True for the request's last token; the request is done.
     pub last: bool,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: u32,
 }
 
 /// What one step did.
@@ -52,7 +64,9 @@ struct Seq {
     /// Tokens of context computed into KV.
     computed: u32,
     generated: u32,
+    /// Admission order (0: never admitted).
     admitted: u64,
+    cached_tokens: u32,
 }
 
 impl Seq {
@@ -74,6 +88,10 @@ pub struct Counters {
     pub generation_tokens: u64,
     pub preemptions: u64,
     pub finished: u64,
+    /// Prompt tokens looked up in the prefix cache (first admissions).
+    pub prefix_queries: u64,
+    /// Of those, tokens found cached.
+    pub prefix_hits: u64,
 }
 
 /// The engine of one simulated server.
@@ -84,6 +102,7 @@ pub struct Engine {
     running: Vec<Seq>,
     admissions: u64,
     capacity_blocks: u32,
+    prefix: PrefixCache,
     pub counters: Counters,
 }
 
@@ -100,6 +119,7 @@ impl Engine {
             running: Vec::new(),
             admissions: 0,
             capacity_blocks,
+            prefix: PrefixCache::new(capacity_blocks as usize),
             counters: Counters::default(),
         }
     }
@@ -111,7 +131,7 @@ impl Engine {
     /// Queues a request (FCFS).
     pub fn submit(&mut self, req: NewRequest) {
         self.counters.prompt_tokens += u64::from(req.prompt_tokens);
-        self.waiting.push_back(Seq { req, computed: 0, generated: 0, admitted: 0 });
+        self.waiting.push_back(Seq { req, computed: 0, generated: 0, admitted: 0, cached_tokens: 0 });
     }
 
     /// Drops a request wherever it is (client gone). True if it was there.
@@ -168,20 +188,19 @@ impl Engine {
             return None;
         }
         self.preempt_for_decodes();
-        let p = &self.profile;
-        let mut budget = p.max_batched_tokens;
+        let (mut budget, max_seqs) = (self.profile.max_batched_tokens, self.profile.max_num_seqs);
         let mut seqs = 0u32;
         // (index into running, chunk tokens); chunk 0 marks a decode.
         let mut plan: Vec<(usize, u32)> = Vec::new();
         for (i, s) in self.running.iter().enumerate() {
-            if s.is_decoding() && seqs < p.max_num_seqs && budget > 0 {
+            if s.is_decoding() && seqs < max_seqs && budget > 0 {
                 plan.push((i, 0));
                 budget -= 1;
                 seqs += 1;
             }
         }
         for (i, s) in self.running.iter().enumerate() {
-            if !s.is_decoding() && seqs < p.max_num_seqs && budget > 0 {
+            if !s.is_decoding() && seqs < max_seqs && budget > 0 {
                 let chunk = (s.prefill_target() - s.computed).min(budget);
                 plan.push((i, chunk));
                 budget -= chunk;
@@ -189,7 +208,7 @@ impl Engine {
             }
         }
         let mut free = self.capacity_blocks.saturating_sub(self.used_blocks());
-        while seqs < p.max_num_seqs && budget > 0 {
+        while seqs < max_seqs && budget > 0 {
             let Some(front) = self.waiting.front() else { break };
             let need = blocks(front.prefill_target());
             if need > free && !self.running.is_empty() {
@@ -197,6 +216,7 @@ impl Engine {
             }
             let Some(mut s) = self.waiting.pop_front() else { break };
             free = free.saturating_sub(need);
+            self.use_prefix_cache(&mut s);
             self.admissions += 1;
             s.admitted = self.admissions;
             let chunk = (s.prefill_target() - s.computed).min(budget);
@@ -234,15 +254,42 @@ impl Engine {
             s.computed += chunk.max(1);
             // A decode, or a prefill that completed this step, yields one new token.
             if chunk == 0 || s.computed >= s.prefill_target() {
+                if chunk > 0 {
+                    self.prefix.insert(&s.req.block_hashes);
+                }
                 s.generated += 1;
-                tokens.push(Token { id: s.req.id, index: s.generated, last: s.generated >= s.req.max_tokens });
+                tokens.push(Token {
+                    id: s.req.id,
+                    index: s.generated,
+                    last: s.generated >= s.req.max_tokens,
+                    cached_tokens: s.cached_tokens,
+                });
             }
         }
         self.counters.generation_tokens += tokens.len() as u64;
         let finished = tokens.iter().filter(|t| t.last).count() as u64;
         self.counters.finished += finished;
         self.running.retain(|s| s.generated < s.req.max_tokens);
+        // Cached blocks only keep the KV that running requests leave free.
+        let free_blocks = self.capacity_blocks.saturating_sub(self.used_blocks());
+        self.prefix.shrink_to(free_blocks as usize);
         Some(Step { duration_ms, tokens, sequences: seqs, batched_tokens: batched })
+    }
+
+    /// At admission: skip the prefill of the leading cached blocks (at least
+    /// one token is always computed, to produce the next token).
+    fn use_prefix_cache(&mut self, s: &mut Seq) {
+        let hit_blocks = self.prefix.matched_blocks(&s.req.block_hashes);
+        self.prefix.insert(&s.req.block_hashes[..hit_blocks]);
+        let hit_tokens = u32::try_from(hit_blocks * BLOCK_TOKENS).unwrap_or(u32::MAX);
+        let reuse = hit_tokens.min(s.prefill_target().saturating_sub(1));
+        if s.admitted == 0 {
+            let cached = reuse.min(s.req.prompt_tokens);
+            s.cached_tokens = cached;
+            self.counters.prefix_queries += u64::from(s.req.prompt_tokens);
+            self.counters.prefix_hits += u64::from(cached);
+        }
+        s.computed = reuse;
     }
 }
 
@@ -252,7 +299,7 @@ mod tests {
 
     fn run_alone(profile: Profile, prompt: u32, out: u32) -> (f64, f64) {
         let mut e = Engine::new(profile);
-        e.submit(NewRequest { id: 1, prompt_tokens: prompt, max_tokens: out });
+        e.submit(NewRequest { id: 1, prompt_tokens: prompt, max_tokens: out, block_hashes: vec![] });
         let mut t = 0.0;
         let mut first = None;
         let mut last = 0.0;
@@ -283,7 +330,12 @@ mod tests {
     fn every_request_gets_exactly_max_tokens() {
         let mut e = Engine::new(Profile::h100());
         for id in 0..20 {
-            e.submit(NewRequest { id, prompt_tokens: 100 + id as u32 * 37, max_tokens: 5 + id as u32 });
+            e.submit(NewRequest {
+                id,
+                prompt_tokens: 100 + id as u32 * 37,
+                max_tokens: 5 + id as u32,
+                block_hashes: vec![],
+            });
         }
         let mut counts = std::collections::HashMap::new();
         while let Some(step) = e.step() {
@@ -305,7 +357,7 @@ mod tests {
     fn load_slows_decodes() {
         let mut e = Engine::new(Profile::h100());
         for id in 0..64 {
-            e.submit(NewRequest { id, prompt_tokens: 2048, max_tokens: 200 });
+            e.submit(NewRequest { id, prompt_tokens: 2048, max_tokens: 200, block_hashes: vec![] });
         }
         // Run until all are decoding, then measure one step.
         let mut step = e.step().unwrap();
@@ -321,8 +373,8 @@ mod tests {
         let mut profile = Profile::h100();
         profile.kv_capacity_tokens = 1024;
         let mut e = Engine::new(profile);
-        e.submit(NewRequest { id: 1, prompt_tokens: 400, max_tokens: 300 });
-        e.submit(NewRequest { id: 2, prompt_tokens: 400, max_tokens: 300 });
+        e.submit(NewRequest { id: 1, prompt_tokens: 400, max_tokens: 300, block_hashes: vec![] });
+        e.submit(NewRequest { id: 2, prompt_tokens: 400, max_tokens: 300, block_hashes: vec![] });
         let mut produced = 0;
         while let Some(step) = e.step() {
             produced += step.tokens.len();
@@ -331,10 +383,72 @@ mod tests {
         assert_eq!(produced, 600, "preempted requests still finish with all their tokens");
     }
 
+    /// Runs `e` until request `id` yields its first token; returns the time taken.
+    fn time_to_first_token(e: &mut Engine, id: RequestId) -> f64 {
+        let mut t = 0.0;
+        while let Some(step) = e.step() {
+            t += step.duration_ms;
+            if step.tokens.iter().any(|tok| tok.id == id && tok.index == 1) {
+                return t;
+            }
+        }
+        panic!("request {id} never produced a token");
+    }
+
+    #[test]
+    fn prefix_cache_hit_cuts_ttft() {
+        use headroom_protocol::tokens::{estimate_tokens, prefix_block_hashes};
+        let system = "You are a helpful assistant. ".repeat(250); // ~1.8k tokens shared
+        let prompt = |q: &str| format!("{system}{q}");
+        let req = |id, text: &str| NewRequest {
+            id,
+            prompt_tokens: estimate_tokens(text),
+            max_tokens: 2,
+            block_hashes: prefix_block_hashes(text, usize::MAX),
+        };
+        let mut e = Engine::new(Profile::h100());
+        let first = prompt("What is the capital of France?");
+        e.submit(req(1, &first));
+        let cold = time_to_first_token(&mut e, 1);
+        while e.step().is_some() {}
+        let second = prompt("How tall is the Eiffel tower, in metres?");
+        e.submit(req(2, &second));
+        let warm = time_to_first_token(&mut e, 2);
+        assert!(warm < cold / 3.0, "cached system prompt: {warm:.1} ms vs {cold:.1} ms cold");
+        let mut last = None;
+        while let Some(step) = e.step() {
+            last = step.tokens.last().copied().or(last);
+        }
+        let cached = last.map(|t| t.cached_tokens).unwrap_or(0);
+        assert!(cached >= 1700 && cached < estimate_tokens(&second), "cached tokens {cached}");
+        assert_eq!(e.counters.prefix_hits, u64::from(cached));
+        assert_eq!(e.counters.prefix_queries, u64::from(estimate_tokens(&first) + estimate_tokens(&second)));
+    }
+
+    #[test]
+    fn long_prefill_slows_running_decodes() {
+        let mut e = Engine::new(Profile::h100());
+        for id in 0..64 {
+            e.submit(NewRequest { id, prompt_tokens: 2048, max_tokens: 500, block_hashes: vec![] });
+        }
+        let mut step = e.step().unwrap_or_else(|| unreachable!());
+        while step.tokens.len() < 64 {
+            step = e.step().unwrap_or_else(|| unreachable!());
+        }
+        let decode_only = e.step().map(|s| s.duration_ms).unwrap_or(0.0);
+        e.submit(NewRequest { id: 99, prompt_tokens: 2048, max_tokens: 5, block_hashes: vec![] });
+        let shared = e.step().map(|s| s.duration_ms).unwrap_or(0.0);
+        assert!(shared > decode_only * 3.0, "decode step {decode_only:.1} ms, with a 2k prefill {shared:.1} ms");
+        assert!(
+            (shared - 63.0).abs() / 63.0 < 0.15,
+            "calibration: ~63 ms when a 2k chunk joins 64 x 2k decodes, got {shared:.1}"
+        );
+    }
+
     #[test]
     fn abort_removes_request() {
         let mut e = Engine::new(Profile::h100());
-        e.submit(NewRequest { id: 7, prompt_tokens: 10, max_tokens: 100 });
+        e.submit(NewRequest { id: 7, prompt_tokens: 10, max_tokens: 100, block_hashes: vec![] });
         e.step();
         assert!(e.abort(7));
         assert!(e.is_idle());

@@ -5,5 +5,6 @@
 //! (optionally sped up by a time scale).
 
 pub mod engine;
+pub mod histogram;
 pub mod profile;
 pub mod server;

@@ -17,11 +17,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use headroom_protocol::openai::{parse_inference_body, InferenceBody};
+use headroom_protocol::tokens::prefix_block_hashes;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::engine::{Engine, NewRequest, RequestId, Token};
+use crate::histogram::Histogram;
 use crate::profile::Profile;
 
 /// Output tokens produced when a request gives no `max_tokens`.
@@ -48,9 +50,40 @@ struct Gauges {
     running: usize,
     waiting: usize,
     kv_usage: f64,
-    prompt_tokens: u64,
-    generation_tokens: u64,
-    preemptions: u64,
+    counters: crate::engine::Counters,
+}
+
+/// Request latency histograms, in simulated seconds, with vLLM's buckets.
+struct Latencies {
+    ttft: Histogram,
+    inter_token: Histogram,
+    e2e: Histogram,
+}
+
+impl Latencies {
+    fn new() -> Self {
+        Latencies {
+            ttft: Histogram::new(&[
+                0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0,
+            ]),
+            inter_token: Histogram::new(&[
+                0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0,
+            ]),
+            e2e: Histogram::new(&[
+                0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+                960.0, 1920.0, 7680.0,
+            ]),
+        }
+    }
+}
+
+/// A request the engine is working on, as the server tracks it.
+struct Stream {
+    tx: mpsc::UnboundedSender<Token>,
+    arrived: Instant,
+    last_token: Instant,
 }
 
 struct Shared {
@@ -58,6 +91,7 @@ struct Shared {
     served_by: HeaderValue,
     commands: mpsc::UnboundedSender<Command>,
     gauges: Mutex<Gauges>,
+    latencies: Mutex<Latencies>,
     next_id: AtomicU64,
 }
 
@@ -85,6 +119,7 @@ pub async fn serve(
         config: ServerConfig { address, ..config },
         commands: tx,
         gauges: Mutex::new(Gauges::default()),
+        latencies: Mutex::new(Latencies::new()),
         next_id: AtomicU64::new(1),
     });
     let engine = tokio::spawn(drive_engine(shared.clone(), rx));
@@ -112,7 +147,7 @@ pub async fn serve(
 /// divided by the time scale; tokens go to their requests' channels.
 async fn drive_engine(shared: Arc<Shared>, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut engine = Engine::new(shared.config.profile.clone());
-    let mut streams: HashMap<RequestId, mpsc::UnboundedSender<Token>> = HashMap::new();
+    let mut streams: HashMap<RequestId, Stream> = HashMap::new();
     let scale = shared.config.time_scale;
     let mut deadline = Instant::now();
     loop {
@@ -133,12 +168,27 @@ async fn drive_engine(shared: Arc<Shared>, mut commands: mpsc::UnboundedReceiver
             deadline = now; // the host fell behind: do not race to catch up
         }
         tokio::time::sleep_until(deadline).await;
-        for token in step.tokens {
-            let delivered = streams.get(&token.id).is_some_and(|tx| tx.send(token).is_ok());
-            if token.last || !delivered {
-                streams.remove(&token.id);
-                if !delivered {
-                    engine.abort(token.id); // client went away
+        let now = Instant::now();
+        let simulated = |d: Duration| d.as_secs_f64() * scale;
+        {
+            let mut lat = shared.latencies.lock().unwrap_or_else(|p| p.into_inner());
+            for token in step.tokens {
+                let Some(stream) = streams.get_mut(&token.id) else { continue };
+                if token.index == 1 {
+                    lat.ttft.observe(simulated(now - stream.arrived));
+                } else {
+                    lat.inter_token.observe(simulated(now - stream.last_token));
+                }
+                stream.last_token = now;
+                let delivered = stream.tx.send(token).is_ok();
+                if token.last {
+                    lat.e2e.observe(simulated(now - stream.arrived));
+                }
+                if token.last || !delivered {
+                    streams.remove(&token.id);
+                    if !delivered {
+                        engine.abort(token.id); // client went away
+                    }
                 }
             }
         }
@@ -146,10 +196,11 @@ async fn drive_engine(shared: Arc<Shared>, mut commands: mpsc::UnboundedReceiver
     }
 }
 
-fn accept(engine: &mut Engine, streams: &mut HashMap<RequestId, mpsc::UnboundedSender<Token>>, cmd: Command) {
+fn accept(engine: &mut Engine, streams: &mut HashMap<RequestId, Stream>, cmd: Command) {
     match cmd {
         Command::Submit(req, tx) => {
-            streams.insert(req.id, tx);
+            let now = Instant::now();
+            streams.insert(req.id, Stream { tx, arrived: now, last_token: now });
             engine.submit(req);
         }
     }
@@ -161,9 +212,7 @@ fn publish(shared: &Shared, engine: &Engine) {
         running: engine.num_running(),
         waiting: engine.num_waiting(),
         kv_usage: engine.kv_usage(),
-        prompt_tokens: engine.counters.prompt_tokens,
-        generation_tokens: engine.counters.generation_tokens,
-        preemptions: engine.counters.preemptions,
+        counters: engine.counters,
     };
 }
 
@@ -203,7 +252,9 @@ async fn generate(shared: Arc<Shared>, raw: &[u8], chat: bool) -> Response {
     tokio::time::sleep(Duration::from_secs_f64(shared.config.profile.api_overhead_ms / 1000.0 / scale)).await;
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
-    let request = NewRequest { id, prompt_tokens: body.prompt_tokens, max_tokens };
+    let max_blocks = shared.config.profile.max_model_len as usize;
+    let block_hashes = prefix_block_hashes(&body.prompt_text, max_blocks);
+    let request = NewRequest { id, prompt_tokens: body.prompt_tokens, max_tokens, block_hashes };
     if shared.commands.send(Command::Submit(request, tx)).is_err() {
         return openai_error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", None, "engine stopped");
     }
@@ -227,12 +278,12 @@ struct Reply {
 const TOKEN_TEXT: &str = " tok";
 
 impl Reply {
-    fn usage(&self, completion: u32) -> serde_json::Value {
+    fn usage(&self, completion: u32, cached: u32) -> serde_json::Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": cached},
         })
     }
 
@@ -258,9 +309,9 @@ fn stream_reply(reply: Reply, body: InferenceBody, mut rx: mpsc::UnboundedReceiv
                 return;
             }
         }
-        let mut generated = 0;
+        let (mut generated, mut cached) = (0, 0);
         while let Some(token) = rx.recv().await {
-            generated = token.index;
+            (generated, cached) = (token.index, token.cached_tokens);
             if tx.send(event(reply.chunk(Some(TOKEN_TEXT), None))).await.is_err() {
                 return; // client gone: dropping rx aborts the request in the engine
             }
@@ -271,7 +322,7 @@ fn stream_reply(reply: Reply, body: InferenceBody, mut rx: mpsc::UnboundedReceiv
         let _ = tx.send(event(reply.chunk(None, Some("length")))).await;
         if include_usage {
             let usage = json!({"id": reply.id, "object": if reply.chat { "chat.completion.chunk" } else { "text_completion" },
-                "model": reply.model, "choices": [], "usage": reply.usage(generated)});
+                "model": reply.model, "choices": [], "usage": reply.usage(generated, cached)});
             let _ = tx.send(event(usage)).await;
         }
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
@@ -295,9 +346,9 @@ where
 }
 
 async fn whole_reply(reply: Reply, mut rx: mpsc::UnboundedReceiver<Token>) -> Response {
-    let mut generated = 0;
+    let (mut generated, mut cached) = (0, 0);
     while let Some(token) = rx.recv().await {
-        generated = token.index;
+        (generated, cached) = (token.index, token.cached_tokens);
         if token.last {
             break;
         }
@@ -311,7 +362,7 @@ async fn whole_reply(reply: Reply, mut rx: mpsc::UnboundedReceiver<Token>) -> Re
     } else {
         ("text_completion", json!({"index": 0, "text": text, "finish_reason": "length"}))
     };
-    let body = json!({"id": reply.id, "object": object, "model": reply.model, "choices": [choice], "usage": reply.usage(generated)});
+    let body = json!({"id": reply.id, "object": object, "model": reply.model, "choices": [choice], "usage": reply.usage(generated, cached)});
     axum::Json(body).into_response()
 }
 
@@ -323,6 +374,7 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let g = *shared.gauges.lock().unwrap_or_else(|p| p.into_inner());
+    let c = g.counters;
     let labels = format!("model_name=\"{}\"", shared.config.model);
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, value: String| {
@@ -331,8 +383,24 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", g.running.to_string());
     metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", g.waiting.to_string());
     metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = full.", format!("{:.6}", g.kv_usage));
-    metric("vllm:prompt_tokens_total", "counter", "Prompt tokens received.", g.prompt_tokens.to_string());
-    metric("vllm:generation_tokens_total", "counter", "Tokens generated.", g.generation_tokens.to_string());
-    metric("vllm:num_preemptions_total", "counter", "Preemptions.", g.preemptions.to_string());
+    metric(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        c.prefix_queries.to_string(),
+    );
+    metric(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens found in the prefix cache.",
+        c.prefix_hits.to_string(),
+    );
+    metric("vllm:num_preemptions_total", "counter", "Requests preempted (KV full).", c.preemptions.to_string());
+    metric("vllm:prompt_tokens_total", "counter", "Prompt tokens received.", c.prompt_tokens.to_string());
+    metric("vllm:generation_tokens_total", "counter", "Tokens generated.", c.generation_tokens.to_string());
+    let lat = shared.latencies.lock().unwrap_or_else(|p| p.into_inner());
+    lat.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Time to first token (simulated s).", &labels);
+    lat.inter_token.render(&mut out, "vllm:inter_token_latency_seconds", "Time between tokens (simulated s).", &labels);
+    lat.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "End-to-end request latency (simulated s).", &labels);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
