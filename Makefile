@@ -7,7 +7,7 @@ STACK      := target/release/headroom-stack
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm up down demo test fmt fmt-check clippy unit e2e clean
+.PHONY: setup build wasm up down demo test fmt fmt-check clippy unit e2e sim-bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -27,6 +27,10 @@ down:
 
 demo: build
 	@$(STACK) demo
+
+# Calibration checks and load sweep of the simulated engine (docs/simulator.md).
+sim-bench:
+	$(CARGO) run --release -p headroom-sim --bin sim-bench
 
 fmt:
 	$(CARGO) fmt --all

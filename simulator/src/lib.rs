@@ -8,3 +8,4 @@ pub mod engine;
 pub mod histogram;
 pub mod profile;
 pub mod server;
+pub mod virtual_time;
