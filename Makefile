@@ -7,7 +7,7 @@ STACK      := target/release/headroom-stack
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm up down demo test fmt fmt-check clippy unit e2e sim-bench clean
+.PHONY: setup build wasm up down demo test fmt fmt-check clippy unit wasm-test e2e sim-bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -46,12 +46,18 @@ clippy: setup
 unit: setup
 	$(CARGO) test --release $(NATIVE) --exclude headroom-e2e
 
+# The filter core's unit tests again, compiled to wasm32 and run under Node (wasm-bindgen-test):
+# nothing in the decision path may depend on the native target.
+wasm-test: setup
+	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/.tools/bin/wasm-bindgen-test-runner \
+	  $(CARGO) test --release -p headroom-filter-core --target wasm32-unknown-unknown
+
 # End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1.
 # One test at a time: each starts a whole stack on a 2-core machine.
 e2e: build
 	$(CARGO) test --release -p headroom-e2e -- --test-threads=1
 
-test: fmt-check clippy unit e2e
+test: fmt-check clippy unit wasm-test e2e
 
 clean:
 	$(CARGO) clean

@@ -238,6 +238,20 @@ mod tests {
     }
 
     #[test]
+    fn requests_without_a_tpot_slo_never_weaken_the_tightest() {
+        let mut p = pool();
+        let now = Instant::now();
+        p.dispatch(&dispatch("with", "a:1", 10, Some(25.0)), now);
+        p.dispatch(&dispatch("without", "a:1", 10, None), now);
+        let mut non_streaming = dispatch("batch", "a:1", 10, Some(5.0));
+        non_streaming.request.streaming = false; // its TPOT is never observed: it protects nothing
+        p.dispatch(&non_streaming, now);
+        assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].tightest_tpot_slo_ms, Some(25.0));
+        p.finish("with", now);
+        assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].tightest_tpot_slo_ms, None);
+    }
+
+    #[test]
     fn late_dispatch_after_report_is_ignored() {
         let mut p = pool();
         let now = Instant::now();

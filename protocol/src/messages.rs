@@ -130,6 +130,8 @@ pub enum RouteSource {
     PredictedNegative,
     /// From the fallback composite of endpoint state (predictor unavailable).
     Fallback,
+    /// The default profile's composite of endpoint state (no SLO routing asked).
+    Composite,
     /// The filter did not choose: Envoy's load balancer did.
     Envoy,
 }

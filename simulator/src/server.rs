@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -93,6 +93,16 @@ struct Shared {
     gauges: Mutex<Gauges>,
     latencies: Mutex<Latencies>,
     next_id: AtomicU64,
+    /// Requests that arrived still carrying a gateway routing hint header.
+    leaked_hints: AtomicU64,
+}
+
+/// Headers a gateway uses to route and must not forward to model servers.
+fn is_routing_hint(name: &str) -> bool {
+    name.starts_with("x-slo-")
+        || name.starts_with("x-llm-d-slo-")
+        || name == "x-prediction-based-scheduling"
+        || name == "x-request-priority"
 }
 
 /// Binds `config.address` and serves until `shutdown` resolves.
@@ -121,6 +131,7 @@ pub async fn serve(
         gauges: Mutex::new(Gauges::default()),
         latencies: Mutex::new(Latencies::new()),
         next_id: AtomicU64::new(1),
+        leaked_hints: AtomicU64::new(0),
     });
     let engine = tokio::spawn(drive_engine(shared.clone(), rx));
     let served_by = shared.served_by.clone();
@@ -222,12 +233,20 @@ fn openai_error(status: StatusCode, kind: &str, param: Option<&str>, message: &s
     (status, axum::Json(body)).into_response()
 }
 
-async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    count_leaked_hints(&shared, &headers);
     generate(shared, &body, false).await
 }
 
-async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    count_leaked_hints(&shared, &headers);
     generate(shared, &body, true).await
+}
+
+fn count_leaked_hints(shared: &Shared, headers: &HeaderMap) {
+    if headers.keys().any(|k| is_routing_hint(k.as_str())) {
+        shared.leaked_hints.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 async fn generate(shared: Arc<Shared>, raw: &[u8], chat: bool) -> Response {
@@ -398,6 +417,13 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     metric("vllm:num_preemptions_total", "counter", "Requests preempted (KV full).", c.preemptions.to_string());
     metric("vllm:prompt_tokens_total", "counter", "Prompt tokens received.", c.prompt_tokens.to_string());
     metric("vllm:generation_tokens_total", "counter", "Tokens generated.", c.generation_tokens.to_string());
+    let leaked = shared.leaked_hints.load(Ordering::Relaxed).to_string();
+    metric(
+        "sim:requests_with_routing_hints_total",
+        "counter",
+        "Requests that arrived with SLO/priority routing headers (a gateway should strip them).",
+        leaked,
+    );
     let lat = shared.latencies.lock().unwrap_or_else(|p| p.into_inner());
     lat.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Time to first token (simulated s).", &labels);
     lat.inter_token.render(&mut out, "vllm:inter_token_latency_seconds", "Time between tokens (simulated s).", &labels);

@@ -32,6 +32,9 @@ pub struct StackOptions {
     pub run_dir: PathBuf,
     /// Tie the processes' lives to this thread (tests) instead of detaching (`make up`).
     pub attached: bool,
+    /// Use a predictor already listening here instead of starting predictor-svc
+    /// (tests put a misbehaving one there).
+    pub external_predictor: Option<SocketAddr>,
 }
 
 impl Default for StackOptions {
@@ -42,6 +45,7 @@ impl Default for StackOptions {
             plugin: Map::new(),
             run_dir: locate::root().join(".run"),
             attached: true,
+            external_predictor: None,
         }
     }
 }
@@ -169,7 +173,10 @@ impl Stack {
         let state = StackState {
             gateway: local(free_port()?),
             admin: local(free_port()?),
-            predictor: local(free_port()?),
+            predictor: match opts.external_predictor {
+                Some(addr) => addr,
+                None => local(free_port()?),
+            },
             servers,
             procs: Vec::new(),
         };
@@ -200,7 +207,9 @@ impl Stack {
             endpoints.join(", ")
         );
         std::fs::write(&stack.predictor_config, toml)?;
-        stack.start_predictor()?;
+        if opts.external_predictor.is_none() {
+            stack.start_predictor()?;
+        }
 
         // Envoy with the filter.
         let mut plugin = default_plugin_config();

@@ -1,6 +1,9 @@
 //! Helpers for the end-to-end tests: start a stack, send requests, read the
 //! predictor's view.
 
+pub mod fake_predictor;
+
+use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -38,12 +41,18 @@ impl Reply {
 impl Harness {
     /// Starts a stack with 3 simulated H100 servers and the given filter config fields.
     pub fn start(plugin: Value) -> anyhow::Result<Harness> {
+        Self::start_with(plugin, None)
+    }
+
+    /// Like [`Harness::start`], with the filter talking to a predictor already at `predictor`.
+    pub fn start_with(plugin: Value, predictor: Option<SocketAddr>) -> anyhow::Result<Harness> {
         let turn = ONE_STACK.lock().unwrap_or_else(|p| p.into_inner());
         let run_dir = std::env::temp_dir().join(format!("headroom-e2e-{}", std::process::id()));
         let opts = StackOptions {
             plugin: plugin.as_object().cloned().unwrap_or_default(),
             run_dir,
             attached: true,
+            external_predictor: predictor,
             ..Default::default()
         };
         let stack = Stack::start(opts)?;
@@ -92,6 +101,15 @@ impl Harness {
         let mut all = vec![("content-type", "application/json")];
         all.extend_from_slice(headers);
         self.post("/v1/completions", &all, &body.to_string())
+    }
+
+    /// A counter or gauge from a simulated server's `/metrics` (0 when absent).
+    pub fn server_metric(&self, server: SocketAddr, name: &str) -> f64 {
+        let text = self.get(&format!("http://{server}/metrics")).map(|r| r.body).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// The predictor's newest observations.

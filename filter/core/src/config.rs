@@ -3,6 +3,26 @@
 
 use serde::Deserialize;
 
+/// How the positive tier is scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Bin-pack: favour the endpoint with the least sufficient headroom, keeping slack elsewhere.
+    Least,
+    /// Spread: favour the endpoint with the most headroom.
+    Most,
+}
+
+/// How requests that did not ask for SLO routing are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DefaultProfile {
+    /// The lowest predicted latency (TTFT and TPOT weighted by `ttft_weight`).
+    LowestLatency,
+    /// The composite of free KV, relative queue and prefix match.
+    Composite,
+}
+
 /// Everything the filter can be told. Every field has a default, so `{}` is
 /// a valid configuration; `docs/configuration.md` lists them.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -41,6 +61,26 @@ pub struct FilterConfig {
     pub negative_tier_epsilon: f64,
     /// Weight of TTFT headroom in the score (TPOT gets `1 - ttft_weight`).
     pub ttft_weight: f64,
+    /// Scoring within the positive tier.
+    pub strategy: Strategy,
+    /// Placement of requests without `x-prediction-based-scheduling: true`.
+    pub default_profile: DefaultProfile,
+    /// Extra endpoints listed after the chosen one in the destination header
+    /// (`ip:port,ip:port,...`); override_host tries them on retry.
+    pub fallback_endpoints: usize,
+    /// Prefix match at or above which an endpoint is strictly preferred.
+    pub prefix_strict_threshold: f64,
+    /// Prefix match at or above which an endpoint is preferred in a second pass.
+    pub prefix_loose_threshold: f64,
+    /// Affinity is ignored when the best prefix-matching endpoint's predicted TTFT
+    /// is worse than the best other's by more than this (ms).
+    pub prefix_ttft_penalty_ms: f64,
+    /// Probability of skipping prefix affinity for one request (exploration).
+    pub prefix_explore_epsilon: f64,
+    /// An endpoint under this KV usage counts as cold (can absorb a sheddable request).
+    pub cold_kv_usage: f64,
+    /// `retry-after` seconds sent with a 429.
+    pub shed_retry_after_s: u32,
     /// Responses larger than this are not parsed for usage (non-streaming).
     pub max_response_parse_bytes: usize,
 }
@@ -64,6 +104,15 @@ impl Default for FilterConfig {
             tpot_buffer: 1.0,
             negative_tier_epsilon: 0.01,
             ttft_weight: 0.8,
+            strategy: Strategy::Least,
+            default_profile: DefaultProfile::LowestLatency,
+            fallback_endpoints: 0,
+            prefix_strict_threshold: 0.99,
+            prefix_loose_threshold: 0.80,
+            prefix_ttft_penalty_ms: 5000.0,
+            prefix_explore_epsilon: 0.01,
+            cold_kv_usage: 0.02,
+            shed_retry_after_s: 1,
             max_response_parse_bytes: 1 << 20,
         }
     }
@@ -92,9 +141,14 @@ impl FilterConfig {
         let config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
             FilterConfig::default()
         } else {
-            serde_json::from_slice(bytes).map_err(|e| {
-                let field = field_of_serde_error(&e.to_string());
-                bad(&field, e.to_string())
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                let message = e.inner().to_string();
+                let field = match e.path().to_string().as_str() {
+                    "." | "?" => field_of_serde_error(&message),
+                    path => path.to_string(),
+                };
+                bad(&field, message)
             })?
         };
         config.validate()?;
@@ -142,8 +196,26 @@ impl FilterConfig {
         if !(0.0..=1.0).contains(&self.negative_tier_epsilon) {
             return Err(bad("negative_tier_epsilon", "must be within 0..=1"));
         }
-        if !(0.0..=1.0).contains(&self.ttft_weight) {
-            return Err(bad("ttft_weight", "must be within 0..=1"));
+        let unit_fields = [
+            ("ttft_weight", self.ttft_weight),
+            ("prefix_strict_threshold", self.prefix_strict_threshold),
+            ("prefix_loose_threshold", self.prefix_loose_threshold),
+            ("prefix_explore_epsilon", self.prefix_explore_epsilon),
+            ("cold_kv_usage", self.cold_kv_usage),
+        ];
+        for (field, value) in unit_fields {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(bad(field, "must be within 0..=1"));
+            }
+        }
+        if self.prefix_loose_threshold > self.prefix_strict_threshold {
+            return Err(bad("prefix_loose_threshold", "must not exceed prefix_strict_threshold"));
+        }
+        if !(self.prefix_ttft_penalty_ms.is_finite() && self.prefix_ttft_penalty_ms >= 0.0) {
+            return Err(bad("prefix_ttft_penalty_ms", "must be a number >= 0"));
+        }
+        if self.fallback_endpoints > 16 {
+            return Err(bad("fallback_endpoints", "must be within 0..=16"));
         }
         Ok(())
     }
@@ -155,8 +227,8 @@ impl FilterConfig {
     }
 }
 
-/// serde_json names an unknown field as "unknown field `x`" and a mistyped one
-/// only by position; pull out the name when it is there.
+/// At the top level serde names an unknown or missing field only in its
+/// message ("unknown field `x`"); pull out the name when it is there.
 fn field_of_serde_error(message: &str) -> String {
     message
         .split('`')
@@ -169,6 +241,9 @@ fn field_of_serde_error(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn empty_is_defaults() {
@@ -195,6 +270,12 @@ mod tests {
             (br#"{"destination_header":"X-Dest"}"#, "destination_header"),
             (br#"{"inference_paths":["v1/x"]}"#, "inference_paths"),
             (br#"{"tpot_buffer":-1}"#, "tpot_buffer"),
+            (br#"{"strategy":"random"}"#, "strategy"),
+            (br#"{"predictor_timeout_ms":"fast"}"#, "predictor_timeout_ms"),
+            (br#"{"prefix_loose_threshold":0.995}"#, "prefix_loose_threshold"),
+            (br#"{"prefix_ttft_penalty_ms":-1}"#, "prefix_ttft_penalty_ms"),
+            (br#"{"cold_kv_usage":1.5}"#, "cold_kv_usage"),
+            (br#"{"fallback_endpoints":99}"#, "fallback_endpoints"),
         ];
         for (json, field) in cases {
             let err = FilterConfig::parse(json).unwrap_err();

@@ -33,9 +33,11 @@ impl StateCache {
 
 /// Index of the endpoint with the best composite score, or `None` if there are none.
 pub fn pick_composite(states: &[&EndpointState], rng: &mut Rng) -> Option<usize> {
-    if states.is_empty() {
-        return None;
-    }
+    rank_composite(states, rng).first().copied()
+}
+
+/// Every endpoint's index, best composite score first, ties in random order.
+pub fn rank_composite(states: &[&EndpointState], rng: &mut Rng) -> Vec<usize> {
     let max_waiting = states.iter().map(|s| s.waiting).max().unwrap_or(0) as f64;
     let scores: Vec<f64> = states
         .iter()
@@ -45,14 +47,17 @@ pub fn pick_composite(states: &[&EndpointState], rng: &mut Rng) -> Option<usize>
             (free_kv + queue + s.prefix_match.clamp(0.0, 1.0)) / 3.0
         })
         .collect();
-    let best = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let ties: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] >= best - 1e-9).collect();
-    Some(ties[(rng.next_u64() % ties.len() as u64) as usize])
+    let mut keyed: Vec<(f64, u64, usize)> = scores.iter().enumerate().map(|(i, &s)| (s, rng.next_u64(), i)).collect();
+    keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    keyed.into_iter().map(|(_, _, i)| i).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn st(kv: f64, waiting: u32, prefix: f64) -> EndpointState {
         EndpointState { kv_usage: kv, waiting, prefix_match: prefix, ..Default::default() }
@@ -67,6 +72,7 @@ mod tests {
         let c = st(0.2, 0, 1.0);
         assert_eq!(pick_composite(&[&a, &b, &c], &mut rng), Some(2));
         assert_eq!(pick_composite(&[], &mut rng), None);
+        assert_eq!(rank_composite(&[&a, &b, &c], &mut rng), vec![2, 1, 0]);
     }
 
     #[test]

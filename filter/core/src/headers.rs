@@ -80,6 +80,9 @@ pub fn hint_headers(priority_header: &str) -> Vec<&str> {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
     fn hints(pairs: &[(&str, &str)]) -> Result<RoutingHints, HeaderError> {
         let map: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         parse_hints(|name| map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()), "x-request-priority")

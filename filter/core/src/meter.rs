@@ -159,6 +159,9 @@ fn carries_text(chunk: &Value) -> bool {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
     const MS: u64 = 1_000_000;
 
     fn event(text: &str) -> String {

@@ -6,22 +6,35 @@
 //! predicted_tpot`. Only the SLOs the request stated are judged. Endpoints
 //! where every judged headroom is >= 0 form the positive tier; the rest (and
 //! endpoints without a prediction) the negative tier.
+//!
+//! Pipeline for a request that asked for SLO routing:
+//! 1. tiers; with probability `negative_tier_epsilon` explore the negative tier;
+//! 2. within the chosen positive tier, prefix affinity (strict, then loose
+//!    threshold), unless the affine endpoints' best predicted TTFT is worse than
+//!    the others' by more than `prefix_ttft_penalty_ms`. Unlike the reference,
+//!    affinity runs inside the tier, so it can never move a request from an
+//!    endpoint predicted to meet its SLO to one predicted to miss it;
+//! 3. score (`least` bin-packs, `most` spreads) and weighted random pick (A-Res);
+//! 4. nothing positive: shed a sheddable request (priority < 0) when every
+//!    endpoint has a prediction and none is idle or cold; otherwise idle
+//!    endpoints first, then the smallest deficit (only TPOT short, only TTFT
+//!    short, both short).
 
-use headroom_protocol::{EndpointPrediction, RequestFeatures, RouteSource};
+use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
 
-use crate::config::FilterConfig;
+use crate::config::{DefaultProfile, FilterConfig, Strategy};
+use crate::fallback;
 use crate::rng::Rng;
 
-/// KV usage under which an endpoint counts as cold (has room to absorb a request).
-pub const COLD_KV_USAGE: f64 = 0.02;
 /// Smallest weight an eligible endpoint gets, so none is starved outright.
 const MIN_WEIGHT: f64 = 0.01;
 
 /// What the policy decided for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// Route to `endpoints[index]`.
-    Route { index: usize, source: RouteSource },
+    /// Route to `endpoints[ranked[0]]`; the rest are fallbacks for retries
+    /// (at most `fallback_endpoints` of them).
+    Route { ranked: Vec<usize>, source: RouteSource },
     /// Reject with 429: sheddable and no endpoint can serve it in time.
     Shed,
     /// No endpoint has a prediction: the caller falls back.
@@ -50,6 +63,8 @@ pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_b
     // A non-streaming caller never sees tokens one by one: TPOT is not judged.
     let tpot = match request.slo.tpot_ms {
         Some(slo) if request.streaming => {
+            // Only a real (positive) running SLO tightens the target; a missing
+            // one never weakens it (the reference let "no SLO" enter as 0).
             let target = match endpoint.state.tightest_tpot_slo_ms {
                 Some(running) if running > 0.0 => slo.min(running),
                 _ => slo,
@@ -64,7 +79,7 @@ pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_b
 /// Decides where `request` goes among `endpoints`.
 ///
 /// `slo_routing` is true when the caller asked for prediction-based
-/// scheduling; otherwise the lowest predicted latency wins.
+/// scheduling; otherwise the default profile places it.
 pub fn decide(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],
@@ -76,7 +91,7 @@ pub fn decide(
         return Decision::NoPrediction;
     }
     if !(slo_routing && request.slo.is_set()) {
-        return lowest_latency(endpoints, config.ttft_weight, rng);
+        return default_profile(endpoints, config, rng);
     }
     let judged: Vec<Option<Headroom>> = endpoints.iter().map(|e| headroom(request, e, config.tpot_buffer)).collect();
     let positive: Vec<usize> = (0..endpoints.len()).filter(|&i| judged[i].is_some_and(|h| h.is_positive())).collect();
@@ -84,32 +99,67 @@ pub fn decide(
 
     let explore = !negative.is_empty() && rng.next_f64() < config.negative_tier_epsilon;
     if !positive.is_empty() && !explore {
-        let index = pick_least_headroom(&positive, &judged, config.ttft_weight, rng);
-        return Decision::Route { index, source: RouteSource::PredictedPositive };
+        let tier = prefix_affinity(&positive, endpoints, config, rng);
+        let weights = score(&tier, &judged, config.strategy, config.ttft_weight);
+        let ranked = with_fallbacks(order_weighted(&tier, &weights, rng), endpoints, config.fallback_endpoints);
+        return Decision::Route { ranked, source: RouteSource::PredictedPositive };
     }
-    if request.priority < 0 && positive.is_empty() && !has_idle_or_cold(endpoints) {
+    let all_predicted = judged.iter().all(Option::is_some);
+    if request.priority < 0 && positive.is_empty() && all_predicted && !has_idle_or_cold(endpoints, config) {
         return Decision::Shed;
     }
-    let index = pick_negative(&negative, &judged, endpoints, config.ttft_weight, rng);
-    Decision::Route { index, source: RouteSource::PredictedNegative }
+    let choice = pick_negative(&negative, &judged, endpoints, config.ttft_weight, rng);
+    let ranked = with_fallbacks(vec![choice], endpoints, config.fallback_endpoints);
+    Decision::Route { ranked, source: RouteSource::PredictedNegative }
 }
 
-fn is_idle(e: &EndpointPrediction) -> bool {
-    e.state.in_flight == 0 && e.state.running == 0 && e.state.waiting == 0
+fn is_idle(s: &EndpointState) -> bool {
+    s.in_flight == 0 && s.running == 0 && s.waiting == 0
 }
 
-fn has_idle_or_cold(endpoints: &[EndpointPrediction]) -> bool {
-    endpoints.iter().any(|e| is_idle(e) || e.state.kv_usage < COLD_KV_USAGE)
+fn has_idle_or_cold(endpoints: &[EndpointPrediction], config: &FilterConfig) -> bool {
+    endpoints.iter().any(|e| is_idle(&e.state) || e.state.kv_usage < config.cold_kv_usage)
 }
 
-/// Bin-packing within the positive tier: the least headroom gets the most
-/// weight, so slack stays free on other endpoints for tighter requests.
-fn pick_least_headroom(tier: &[usize], judged: &[Option<Headroom>], ttft_weight: f64, rng: &mut Rng) -> usize {
+/// Prefix affinity within `tier`: strict, then loose threshold, each behind the
+/// TTFT penalty gate; skipped with probability `prefix_explore_epsilon`.
+fn prefix_affinity(
+    tier: &[usize],
+    endpoints: &[EndpointPrediction],
+    config: &FilterConfig,
+    rng: &mut Rng,
+) -> Vec<usize> {
+    if rng.next_f64() < config.prefix_explore_epsilon {
+        return tier.to_vec();
+    }
+    let strict = affinity_pass(tier, endpoints, config.prefix_strict_threshold, config.prefix_ttft_penalty_ms);
+    affinity_pass(&strict, endpoints, config.prefix_loose_threshold, config.prefix_ttft_penalty_ms)
+}
+
+fn affinity_pass(set: &[usize], endpoints: &[EndpointPrediction], threshold: f64, penalty_ms: f64) -> Vec<usize> {
+    let (affine, other): (Vec<usize>, Vec<usize>) =
+        set.iter().partition(|&&i| endpoints[i].state.prefix_match >= threshold && threshold > 0.0);
+    if affine.is_empty() || other.is_empty() {
+        return set.to_vec();
+    }
+    let best = |s: &[usize]| s.iter().filter_map(|&i| endpoints[i].ttft_ms).fold(f64::INFINITY, f64::min);
+    if best(&affine) - best(&other) > penalty_ms {
+        return set.to_vec();
+    }
+    affine
+}
+
+/// Weights over the positive tier from min-max normalised headroom.
+fn score(tier: &[usize], judged: &[Option<Headroom>], strategy: Strategy, ttft_weight: f64) -> Vec<f64> {
     let ttft: Vec<Option<f64>> = tier.iter().map(|&i| judged[i].and_then(|h| h.ttft)).collect();
     let tpot: Vec<Option<f64>> = tier.iter().map(|&i| judged[i].and_then(|h| h.tpot)).collect();
-    let combined = combine(&min_max(&ttft), &min_max(&tpot), ttft_weight);
-    let weights: Vec<f64> = combined.iter().map(|c| (1.0 - c).max(MIN_WEIGHT)).collect();
-    tier[pick_weighted(&weights, rng).unwrap_or(0)]
+    combine(&min_max(&ttft), &min_max(&tpot), ttft_weight)
+        .into_iter()
+        .map(|c| match strategy {
+            Strategy::Least => (1.0 - c).max(MIN_WEIGHT),
+            Strategy::Most => c.max(MIN_WEIGHT),
+        })
+        .collect()
 }
 
 /// All candidates short: an idle endpoint if any, else the first non-empty
@@ -122,11 +172,10 @@ fn pick_negative(
     ttft_weight: f64,
     rng: &mut Rng,
 ) -> usize {
-    let idle: Vec<usize> = tier.iter().copied().filter(|&i| is_idle(&endpoints[i])).collect();
+    let idle: Vec<usize> = tier.iter().copied().filter(|&i| is_idle(&endpoints[i].state)).collect();
     if !idle.is_empty() {
         return idle[(rng.next_u64() % idle.len() as u64) as usize];
     }
-    // The first non-empty group wins: only TPOT short, only TTFT short, both short.
     let group_of = |i: usize| judged[i].and_then(|h| deficit_group(&h));
     let Some(best) = tier.iter().filter_map(|&i| group_of(i)).min() else {
         return tier[(rng.next_u64() % tier.len().max(1) as u64) as usize];
@@ -151,16 +200,42 @@ fn deficit_group(h: &Headroom) -> Option<u8> {
     }
 }
 
-/// The default profile: lowest predicted latency (weighted TTFT and TPOT), ties at random.
-fn lowest_latency(endpoints: &[EndpointPrediction], ttft_weight: f64, rng: &mut Rng) -> Decision {
-    let predicted: Vec<usize> = (0..endpoints.len()).filter(|&i| endpoints[i].ttft_ms.is_some()).collect();
-    let ttft: Vec<Option<f64>> = predicted.iter().map(|&i| endpoints[i].ttft_ms).collect();
-    let tpot: Vec<Option<f64>> = predicted.iter().map(|&i| endpoints[i].tpot_ms).collect();
-    let cost = combine(&min_max(&ttft), &min_max(&tpot), ttft_weight);
-    let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
-    let ties: Vec<usize> = predicted.iter().zip(&cost).filter(|(_, c)| **c <= best + 1e-12).map(|(i, _)| *i).collect();
-    let index = ties[(rng.next_u64() % ties.len().max(1) as u64) as usize];
-    Decision::Route { index, source: RouteSource::PredictedPositive }
+/// Requests without SLO routing: lowest predicted latency, or the composite.
+fn default_profile(endpoints: &[EndpointPrediction], config: &FilterConfig, rng: &mut Rng) -> Decision {
+    match config.default_profile {
+        DefaultProfile::Composite => {
+            let states: Vec<&EndpointState> = endpoints.iter().map(|e| &e.state).collect();
+            let ranked = fallback::rank_composite(&states, rng);
+            let ranked = ranked.into_iter().take(1 + config.fallback_endpoints).collect();
+            Decision::Route { ranked, source: RouteSource::Composite }
+        }
+        DefaultProfile::LowestLatency => {
+            let predicted: Vec<usize> = (0..endpoints.len()).filter(|&i| endpoints[i].ttft_ms.is_some()).collect();
+            let ttft: Vec<Option<f64>> = predicted.iter().map(|&i| endpoints[i].ttft_ms).collect();
+            let tpot: Vec<Option<f64>> = predicted.iter().map(|&i| endpoints[i].tpot_ms).collect();
+            let cost = combine(&min_max(&ttft), &min_max(&tpot), config.ttft_weight);
+            // Lowest cost first; ties broken at random.
+            let mut keyed: Vec<(f64, u64, usize)> =
+                predicted.iter().zip(&cost).map(|(&i, &c)| (c, rng.next_u64(), i)).collect();
+            keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let order = keyed.into_iter().map(|(_, _, i)| i).collect();
+            let ranked = with_fallbacks(order, endpoints, config.fallback_endpoints);
+            Decision::Route { ranked, source: RouteSource::PredictedPositive }
+        }
+    }
+}
+
+/// `order` (choice first) extended by the other endpoints, fastest predicted
+/// TTFT first, cut to the choice plus `fallbacks`.
+fn with_fallbacks(mut order: Vec<usize>, endpoints: &[EndpointPrediction], fallbacks: usize) -> Vec<usize> {
+    let mut rest: Vec<usize> = (0..endpoints.len()).filter(|i| !order.contains(i)).collect();
+    rest.sort_by(|&a, &b| {
+        let t = |i: usize| endpoints[i].ttft_ms.unwrap_or(f64::INFINITY);
+        t(a).total_cmp(&t(b))
+    });
+    order.extend(rest);
+    order.truncate(1 + fallbacks);
+    order
 }
 
 /// Min-max normalisation to 0..=1; missing values and a zero range give 0.
@@ -181,160 +256,37 @@ fn combine(ttft: &[f64], tpot: &[f64], ttft_weight: f64) -> Vec<f64> {
     ttft.iter().zip(tpot).map(|(a, b)| ttft_weight * a + (1.0 - ttft_weight) * b).collect()
 }
 
+/// `items` in weighted random order (A-Res keys, highest first): the first is a
+/// weighted pick, the rest follow in the order further picks would come.
+fn order_weighted(items: &[usize], weights: &[f64], rng: &mut Rng) -> Vec<usize> {
+    let mut keyed: Vec<(f64, usize)> = items.iter().zip(weights).map(|(&i, &w)| (a_res_key(w, rng), i)).collect();
+    keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    keyed.into_iter().map(|(_, i)| i).collect()
+}
+
+/// A-Res key `ln(u) / w` (orders like `u^(1/w)` without underflow); weights
+/// <= 0 get -inf, so they come last.
+fn a_res_key(weight: f64, rng: &mut Rng) -> f64 {
+    let u = rng.next_f64();
+    if weight > 0.0 && weight.is_finite() {
+        u.ln() / weight
+    } else {
+        f64::NEG_INFINITY
+    }
+}
+
 /// Weighted random pick (A-Res: key = u^(1/w), highest key wins). Weights
 /// <= 0 are never picked unless all are, then the pick is uniform.
 pub fn pick_weighted(weights: &[f64], rng: &mut Rng) -> Option<usize> {
     if weights.is_empty() {
         return None;
     }
-    if !weights.iter().any(|w| *w > 0.0) {
+    if !weights.iter().any(|w| *w > 0.0 && w.is_finite()) {
         return Some((rng.next_u64() % weights.len() as u64) as usize);
     }
-    let mut best = None;
-    let mut best_key = f64::NEG_INFINITY;
-    for (i, w) in weights.iter().enumerate() {
-        if *w <= 0.0 || !w.is_finite() {
-            continue;
-        }
-        // ln(u)/w orders the same as u^(1/w) and does not underflow.
-        let key = rng.next_f64().ln() / w;
-        if key > best_key {
-            best_key = key;
-            best = Some(i);
-        }
-    }
-    best
+    let items: Vec<usize> = (0..weights.len()).collect();
+    order_weighted(&items, weights, rng).first().copied()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use headroom_protocol::{EndpointState, Slo};
-
-    fn ep(addr: &str, ttft: Option<f64>, tpot: Option<f64>) -> EndpointPrediction {
-        EndpointPrediction {
-            address: addr.into(),
-            ttft_ms: ttft,
-            tpot_ms: tpot,
-            state: EndpointState { running: 4, in_flight: 4, kv_usage: 0.5, ..Default::default() },
-        }
-    }
-
-    fn req(ttft: Option<f64>, tpot: Option<f64>, streaming: bool, priority: i32) -> RequestFeatures {
-        RequestFeatures { slo: Slo { ttft_ms: ttft, tpot_ms: tpot }, streaming, priority, ..Default::default() }
-    }
-
-    fn cfg() -> FilterConfig {
-        FilterConfig { negative_tier_epsilon: 0.0, ..FilterConfig::default() }
-    }
-
-    fn shares(request: &RequestFeatures, endpoints: &[EndpointPrediction], draws: usize) -> Vec<f64> {
-        let mut rng = Rng::new(42);
-        let mut counts = vec![0usize; endpoints.len()];
-        for _ in 0..draws {
-            if let Decision::Route { index, .. } = decide(request, endpoints, true, &cfg(), &mut rng) {
-                counts[index] += 1;
-            }
-        }
-        counts.iter().map(|c| *c as f64 / draws as f64).collect()
-    }
-
-    #[test]
-    fn only_positive_tier_is_used() {
-        let eps =
-            [ep("a", Some(500.0), Some(10.0)), ep("b", Some(100.0), Some(10.0)), ep("c", Some(150.0), Some(10.0))];
-        let s = shares(&req(Some(200.0), None, true, 0), &eps, 2000);
-        assert_eq!(s[0], 0.0, "a misses the TTFT SLO");
-        assert!(s[1] > 0.0 && s[2] > 0.0);
-        assert!(s[2] > s[1], "bin-packing favours the smaller headroom: {s:?}");
-    }
-
-    #[test]
-    fn tpot_not_judged_without_stream_or_slo() {
-        let r = req(Some(200.0), Some(5.0), false, 0);
-        let h = headroom(&r, &ep("a", Some(100.0), Some(50.0)), 1.0).unwrap();
-        assert_eq!(h.tpot, None, "non-streaming requests are not judged on TPOT");
-        let r = req(Some(200.0), None, true, 0);
-        assert_eq!(headroom(&r, &ep("a", Some(100.0), Some(50.0)), 1.0).unwrap().tpot, None);
-    }
-
-    #[test]
-    fn tpot_uses_tightest_running_slo() {
-        let mut e = ep("a", Some(10.0), Some(20.0));
-        e.state.tightest_tpot_slo_ms = Some(15.0);
-        let h = headroom(&req(None, Some(50.0), true, 0), &e, 1.0).unwrap();
-        assert_eq!(h.tpot, Some(-5.0));
-    }
-
-    #[test]
-    fn sheddable_shed_only_when_nothing_can_serve() {
-        let eps = [ep("a", Some(500.0), Some(10.0)), ep("b", Some(400.0), Some(10.0))];
-        let mut rng = Rng::new(1);
-        assert_eq!(decide(&req(Some(100.0), None, true, -1), &eps, true, &cfg(), &mut rng), Decision::Shed);
-        assert!(matches!(
-            decide(&req(Some(100.0), None, true, 0), &eps, true, &cfg(), &mut rng),
-            Decision::Route { .. }
-        ));
-        let mut idle = eps.clone();
-        idle[1].state = EndpointState::default();
-        assert_eq!(
-            decide(&req(Some(100.0), None, true, -1), &idle, true, &cfg(), &mut rng),
-            Decision::Route { index: 1, source: RouteSource::PredictedNegative }
-        );
-    }
-
-    #[test]
-    fn missing_predictions_never_shed() {
-        let eps = [ep("a", None, None), ep("b", None, None)];
-        let mut rng = Rng::new(1);
-        assert_eq!(decide(&req(Some(100.0), None, true, -1), &eps, true, &cfg(), &mut rng), Decision::NoPrediction);
-    }
-
-    #[test]
-    fn without_slo_lowest_latency_wins() {
-        let eps = [ep("a", Some(300.0), Some(10.0)), ep("b", Some(100.0), Some(10.0))];
-        let mut rng = Rng::new(3);
-        for _ in 0..50 {
-            assert_eq!(
-                decide(&req(None, None, true, 0), &eps, true, &cfg(), &mut rng),
-                Decision::Route { index: 1, source: RouteSource::PredictedPositive }
-            );
-        }
-    }
-
-    #[test]
-    fn exploration_rate_matches_epsilon() {
-        let eps = [ep("a", Some(500.0), Some(10.0)), ep("b", Some(100.0), Some(10.0))];
-        let config = FilterConfig { negative_tier_epsilon: 0.1, ..FilterConfig::default() };
-        let mut rng = Rng::new(9);
-        let n = 20_000;
-        let negative = (0..n)
-            .filter(|_| {
-                decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng)
-                    == Decision::Route { index: 0, source: RouteSource::PredictedNegative }
-            })
-            .count();
-        let rate = negative as f64 / n as f64;
-        assert!((rate - 0.1).abs() < 0.01, "exploration rate {rate}");
-    }
-
-    #[test]
-    fn weighted_pick_follows_weights() {
-        let weights = [1.0, 2.0, 3.0, 0.0];
-        let mut rng = Rng::new(5);
-        let mut counts = [0usize; 4];
-        let n = 60_000;
-        for _ in 0..n {
-            counts[pick_weighted(&weights, &mut rng).unwrap()] += 1;
-        }
-        for (i, w) in weights.iter().enumerate() {
-            let share = counts[i] as f64 / n as f64;
-            assert!((share - w / 6.0).abs() < 0.01, "endpoint {i}: share {share}, weight {w}");
-        }
-        assert_eq!(pick_weighted(&[], &mut rng), None);
-        let uniform: Vec<usize> = (0..3000).map(|_| pick_weighted(&[0.0, 0.0, 0.0], &mut rng).unwrap()).collect();
-        for i in 0..3 {
-            assert!(uniform.iter().filter(|x| **x == i).count() > 800);
-        }
-    }
-}
+mod tests;

@@ -64,6 +64,9 @@ impl<T> BoundedQueue<T> {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
     #[test]
     fn drops_oldest_and_counts() {
         let mut q = BoundedQueue::new(3);

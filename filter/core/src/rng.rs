@@ -35,6 +35,9 @@ impl Rng {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
     #[test]
     fn uniform_in_open_unit_interval() {
         let mut rng = Rng::new(0);

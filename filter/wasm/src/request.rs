@@ -22,12 +22,12 @@ use crate::stats::FallbackCause;
 
 /// Debug response header naming the chosen endpoint.
 const DEBUG_ENDPOINT: &str = "x-headroom-endpoint";
-/// Seconds a shed client is told to wait before retrying.
-const RETRY_AFTER_S: &str = "1";
 
 /// The endpoint chosen and what was known about it.
 struct Choice {
     endpoint: String,
+    /// Endpoints to try next on retry, in order.
+    fallbacks: Vec<String>,
     source: RouteSource,
     predicted_ttft_ms: Option<f64>,
     predicted_tpot_ms: Option<f64>,
@@ -135,16 +135,18 @@ impl Request {
             let max_age = vm.config.fallback_state_max_age_ms;
             let vm = &mut *vm;
             let fresh = vm.states.fresh(now, max_age).map(|s| s.to_vec());
+            let fallbacks = vm.config.fallback_endpoints;
             fresh.and_then(|states| {
                 let refs: Vec<&EndpointState> = states.iter().map(|(_, s)| s).collect();
-                let i = fallback::pick_composite(&refs, &mut vm.rng)?;
-                let (endpoint, state) = states.into_iter().nth(i)?;
+                let ranked = fallback::rank_composite(&refs, &mut vm.rng);
+                let (&first, rest) = ranked.split_first()?;
                 Some(Choice {
-                    endpoint,
+                    endpoint: states[first].0.clone(),
+                    fallbacks: rest.iter().take(fallbacks).map(|&i| states[i].0.clone()).collect(),
                     source: RouteSource::Fallback,
                     predicted_ttft_ms: None,
                     predicted_tpot_ms: None,
-                    state: Some(state),
+                    state: Some(states[first].1.clone()),
                 })
             })
         };
@@ -156,7 +158,8 @@ impl Request {
         let config = self.config();
         let source = choice.as_ref().map_or(RouteSource::Envoy, |c| c.source);
         if let Some(c) = &choice {
-            if host::set_header(MapType::HttpRequestHeaders, &config.destination_header, &c.endpoint).is_err() {
+            let destination = std::iter::once(&c.endpoint).chain(&c.fallbacks).cloned().collect::<Vec<_>>().join(",");
+            if host::set_header(MapType::HttpRequestHeaders, &config.destination_header, &destination).is_err() {
                 host::log(Level::Warn, "headroom: could not set the destination header");
             }
             let mut vm = self.vm.borrow_mut();
@@ -219,17 +222,24 @@ impl Request {
             policy::decide(&self.features, &answer.endpoints, self.prediction_based, &config, &mut vm.rng)
         };
         match decision {
-            policy::Decision::Route { index, source } => {
-                let Some(e) = answer.endpoints.into_iter().nth(index) else {
+            policy::Decision::Route { ranked, source } => {
+                let Some((e, rest)) =
+                    ranked.split_first().and_then(|(&i, rest)| Some((answer.endpoints.get(i)?, rest)))
+                else {
                     self.fall_back(FallbackCause::BadAnswer, true);
                     return;
                 };
                 let choice = Choice {
-                    endpoint: e.address,
+                    endpoint: e.address.clone(),
+                    fallbacks: rest
+                        .iter()
+                        .filter_map(|&i| answer.endpoints.get(i))
+                        .map(|f| f.address.clone())
+                        .collect(),
                     source,
                     predicted_ttft_ms: e.ttft_ms,
                     predicted_tpot_ms: e.tpot_ms,
-                    state: Some(e.state),
+                    state: Some(e.state.clone()),
                 };
                 self.route(Some(choice), true);
             }
@@ -239,8 +249,10 @@ impl Request {
             policy::Decision::Shed => {
                 self.vm.borrow().stats.shed();
                 self.routed = false;
-                let body = error_json("x-request-priority", "sheddable request: no endpoint can meet its SLO now");
-                let headers = [("content-type", "application/json"), ("retry-after", RETRY_AFTER_S)];
+                let config = self.config();
+                let body = error_json(&config.priority_header, "sheddable request: no endpoint can meet its SLO now");
+                let retry_after = config.shed_retry_after_s.to_string();
+                let headers = [("content-type", "application/json"), ("retry-after", retry_after.as_str())];
                 if host::send_response(429, &headers, &body).is_err() {
                     host::log(Level::Warn, "headroom: could not send 429");
                 }
@@ -324,6 +336,7 @@ impl HttpContext for Request {
                     RouteSource::PredictedPositive => "positive",
                     RouteSource::PredictedNegative => "negative",
                     RouteSource::Fallback => "fallback",
+                    RouteSource::Composite => "composite",
                     RouteSource::Envoy => "envoy",
                 };
                 let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-tier", source);
@@ -375,6 +388,13 @@ impl HttpContext for Request {
         let mut request = std::mem::take(&mut self.features);
         request.prefix_hashes = Vec::new();
         let mut vm = self.vm.borrow_mut();
+        if self.status == 200 && request.streaming {
+            let missed = |slo: Option<f64>, seen: Option<f64>| matches!((slo, seen), (Some(s), Some(v)) if v > s);
+            vm.stats.slo_violations(
+                missed(request.slo.ttft_ms, measured.ttft_ms),
+                missed(request.slo.tpot_ms, measured.tpot_ms),
+            );
+        }
         let pool = vm.config.pool.clone();
         vm.observations.push(Observation {
             pool,

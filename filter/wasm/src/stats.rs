@@ -43,6 +43,7 @@ pub struct Stats {
     routed_positive: Option<u32>,
     routed_negative: Option<u32>,
     routed_fallback: Option<u32>,
+    routed_composite: Option<u32>,
     routed_envoy: Option<u32>,
     shed: Option<u32>,
     bad_request: Option<u32>,
@@ -51,6 +52,8 @@ pub struct Stats {
     reports_sent: Option<u32>,
     reports_dropped: Option<u32>,
     flush_failed: Option<u32>,
+    slo_violation_ttft: Option<u32>,
+    slo_violation_tpot: Option<u32>,
 }
 
 impl Stats {
@@ -61,6 +64,7 @@ impl Stats {
             routed_positive: counter("routed.predicted_positive"),
             routed_negative: counter("routed.predicted_negative"),
             routed_fallback: counter("routed.fallback"),
+            routed_composite: counter("routed.composite"),
             routed_envoy: counter("routed.envoy"),
             shed: counter("shed"),
             bad_request: counter("bad_request"),
@@ -69,6 +73,8 @@ impl Stats {
             reports_sent: counter("reports.sent"),
             reports_dropped: counter("reports.dropped"),
             flush_failed: counter("reports.flush_failed"),
+            slo_violation_ttft: counter("slo_violation.ttft"),
+            slo_violation_tpot: counter("slo_violation.tpot"),
         }
     }
 
@@ -85,6 +91,7 @@ impl Stats {
                 PredictedPositive => self.routed_positive,
                 PredictedNegative => self.routed_negative,
                 Fallback => self.routed_fallback,
+                Composite => self.routed_composite,
                 Envoy => self.routed_envoy,
             },
             1,
@@ -117,5 +124,15 @@ impl Stats {
 
     pub fn flush_failed(&self) {
         Self::inc(self.flush_failed, 1);
+    }
+
+    /// Counts observed SLO misses of a finished streaming request.
+    pub fn slo_violations(&self, ttft: bool, tpot: bool) {
+        if ttft {
+            Self::inc(self.slo_violation_ttft, 1);
+        }
+        if tpot {
+            Self::inc(self.slo_violation_tpot, 1);
+        }
     }
 }

@@ -1,0 +1,306 @@
+//! Table-driven tests of every policy rule, including each known flaw of the
+//! reference system shown not to happen here.
+
+use super::*;
+use headroom_protocol::{EndpointState, Slo};
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+/// An endpoint that is busy (not idle, not cold) with the given predictions.
+fn ep(ttft: Option<f64>, tpot: Option<f64>) -> EndpointPrediction {
+    EndpointPrediction {
+        address: String::new(),
+        ttft_ms: ttft,
+        tpot_ms: tpot,
+        state: EndpointState { running: 4, in_flight: 4, kv_usage: 0.5, ..Default::default() },
+    }
+}
+
+fn idle(mut e: EndpointPrediction) -> EndpointPrediction {
+    e.state = EndpointState::default();
+    e.state.kv_usage = 0.3;
+    e
+}
+
+fn with_prefix(mut e: EndpointPrediction, prefix: f64) -> EndpointPrediction {
+    e.state.prefix_match = prefix;
+    e
+}
+
+fn req(ttft: Option<f64>, tpot: Option<f64>, streaming: bool, priority: i32) -> RequestFeatures {
+    RequestFeatures { slo: Slo { ttft_ms: ttft, tpot_ms: tpot }, streaming, priority, ..Default::default() }
+}
+
+fn cfg() -> FilterConfig {
+    FilterConfig { negative_tier_epsilon: 0.0, prefix_explore_epsilon: 0.0, ..FilterConfig::default() }
+}
+
+fn primary(d: &Decision) -> Option<(usize, RouteSource)> {
+    match d {
+        Decision::Route { ranked, source } => ranked.first().map(|&i| (i, *source)),
+        _ => None,
+    }
+}
+
+/// Share of `draws` decisions that went to each endpoint.
+fn shares(
+    request: &RequestFeatures,
+    endpoints: &[EndpointPrediction],
+    config: &FilterConfig,
+    draws: usize,
+) -> Vec<f64> {
+    let mut rng = Rng::new(42);
+    let mut counts = vec![0usize; endpoints.len()];
+    for _ in 0..draws {
+        if let Some((i, _)) = primary(&decide(request, endpoints, true, config, &mut rng)) {
+            counts[i] += 1;
+        }
+    }
+    counts.iter().map(|c| *c as f64 / draws as f64).collect()
+}
+
+/// One routing case: endpoints, request, and where it must (or must not) go.
+struct Case {
+    name: &'static str,
+    endpoints: Vec<EndpointPrediction>,
+    request: RequestFeatures,
+    expect: Expect,
+}
+
+enum Expect {
+    Only(usize, RouteSource),
+    Never(usize),
+    Shed,
+    NoPrediction,
+}
+
+#[test]
+fn routing_rules() {
+    let cases = vec![
+        Case {
+            name: "positive tier only: an endpoint missing the TTFT SLO is never picked",
+            endpoints: vec![ep(Some(500.0), Some(10.0)), ep(Some(100.0), Some(10.0))],
+            request: req(Some(200.0), None, true, 0),
+            expect: Expect::Only(1, RouteSource::PredictedPositive),
+        },
+        Case {
+            name: "TPOT judged for streaming requests with a TPOT SLO",
+            endpoints: vec![ep(Some(100.0), Some(50.0)), ep(Some(150.0), Some(10.0))],
+            request: req(Some(200.0), Some(20.0), true, 0),
+            expect: Expect::Only(1, RouteSource::PredictedPositive),
+        },
+        Case {
+            name: "non-streaming requests are not judged on TPOT",
+            endpoints: vec![ep(Some(100.0), Some(50.0)), ep(Some(900.0), Some(10.0))],
+            request: req(Some(200.0), Some(20.0), false, 0),
+            expect: Expect::Only(0, RouteSource::PredictedPositive),
+        },
+        Case {
+            name: "reference flaw: a TTFT-only streaming request is never failed on TPOT (nor shed)",
+            endpoints: vec![ep(Some(100.0), Some(500.0)), ep(Some(120.0), Some(900.0))],
+            request: req(Some(200.0), None, true, -1),
+            expect: Expect::Never(usize::MAX),
+        },
+        Case {
+            name: "unpredicted endpoints join the negative tier",
+            endpoints: vec![ep(None, None), ep(Some(100.0), Some(10.0))],
+            request: req(Some(200.0), None, true, 0),
+            expect: Expect::Only(1, RouteSource::PredictedPositive),
+        },
+        Case {
+            name: "sheddable and nothing can serve: shed",
+            endpoints: vec![ep(Some(500.0), Some(10.0)), ep(Some(400.0), Some(10.0))],
+            request: req(Some(100.0), None, true, -1),
+            expect: Expect::Shed,
+        },
+        Case {
+            name: "the same request, not sheddable: served from the negative tier",
+            endpoints: vec![ep(Some(500.0), Some(10.0)), ep(Some(400.0), Some(10.0))],
+            request: req(Some(100.0), None, true, 0),
+            expect: Expect::Never(usize::MAX),
+        },
+        Case {
+            name: "sheddable but an endpoint is idle: sent there, not shed",
+            endpoints: vec![ep(Some(500.0), Some(10.0)), idle(ep(Some(400.0), Some(10.0)))],
+            request: req(Some(100.0), None, true, -1),
+            expect: Expect::Only(1, RouteSource::PredictedNegative),
+        },
+        Case {
+            name: "sheddable but an endpoint is cold (KV < 2%): not shed",
+            endpoints: vec![ep(Some(500.0), Some(10.0)), {
+                let mut e = ep(Some(400.0), Some(10.0));
+                e.state.kv_usage = 0.01;
+                e
+            }],
+            request: req(Some(100.0), None, true, -1),
+            expect: Expect::Never(usize::MAX),
+        },
+        Case {
+            name: "no predictions at all: fail open, never shed",
+            endpoints: vec![ep(None, None), ep(None, None)],
+            request: req(Some(100.0), None, true, -1),
+            expect: Expect::NoPrediction,
+        },
+        Case {
+            name: "some predictions missing: never shed for it",
+            endpoints: vec![ep(Some(500.0), Some(10.0)), ep(None, None)],
+            request: req(Some(100.0), None, true, -1),
+            expect: Expect::Never(usize::MAX),
+        },
+        Case {
+            name: "all short: only-TPOT-short beats only-TTFT-short",
+            endpoints: vec![ep(Some(300.0), Some(10.0)), ep(Some(100.0), Some(90.0))],
+            request: req(Some(200.0), Some(50.0), true, 0),
+            expect: Expect::Only(1, RouteSource::PredictedNegative),
+        },
+        Case {
+            name: "all short: only-TTFT-short beats both-short",
+            endpoints: vec![ep(Some(300.0), Some(90.0)), ep(Some(300.0), Some(10.0))],
+            request: req(Some(200.0), Some(50.0), true, 0),
+            expect: Expect::Only(1, RouteSource::PredictedNegative),
+        },
+        Case {
+            name: "prefix affinity: a cached endpoint within the tier wins",
+            endpoints: vec![ep(Some(150.0), Some(10.0)), with_prefix(ep(Some(120.0), Some(10.0)), 1.0)],
+            request: req(Some(1000.0), None, true, 0),
+            expect: Expect::Only(1, RouteSource::PredictedPositive),
+        },
+        Case {
+            name: "prefix affinity never moves a request to an endpoint that misses its SLO",
+            endpoints: vec![ep(Some(150.0), Some(10.0)), with_prefix(ep(Some(400.0), Some(10.0)), 1.0)],
+            request: req(Some(200.0), None, true, 0),
+            expect: Expect::Only(0, RouteSource::PredictedPositive),
+        },
+    ];
+    for case in cases {
+        let mut rng = Rng::new(11);
+        for _ in 0..300 {
+            let d = decide(&case.request, &case.endpoints, true, &cfg(), &mut rng);
+            match case.expect {
+                Expect::Only(i, source) => assert_eq!(primary(&d), Some((i, source)), "{}", case.name),
+                Expect::Never(i) => {
+                    assert!(matches!(d, Decision::Route { .. }), "{}: {d:?}", case.name);
+                    assert_ne!(primary(&d).map(|p| p.0), Some(i), "{}", case.name);
+                }
+                Expect::Shed => assert_eq!(d, Decision::Shed, "{}", case.name),
+                Expect::NoPrediction => assert_eq!(d, Decision::NoPrediction, "{}", case.name),
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_flaw_missing_tpot_slo_never_switches_protection_off() {
+    // A running request without a TPOT SLO shows as none (or, in the reference, 0):
+    // the new request must still be protected by its own SLO, and a real running
+    // SLO must still tighten it.
+    for running in [None, Some(0.0)] {
+        let mut e = ep(Some(10.0), Some(40.0));
+        e.state.tightest_tpot_slo_ms = running;
+        let h = headroom(&req(None, Some(30.0), true, 0), &e, 1.0).unwrap_or_else(|| unreachable!());
+        assert_eq!(h.tpot, Some(-10.0), "running {running:?}");
+    }
+    let mut e = ep(Some(10.0), Some(20.0));
+    e.state.tightest_tpot_slo_ms = Some(15.0);
+    assert_eq!(headroom(&req(None, Some(50.0), true, 0), &e, 1.0).map(|h| h.tpot), Some(Some(-5.0)));
+    assert_eq!(headroom(&req(None, Some(50.0), true, 0), &e, 2.0).map(|h| h.tpot), Some(Some(10.0)), "buffer");
+}
+
+#[test]
+fn least_bin_packs_and_most_spreads() {
+    let eps = [ep(Some(190.0), Some(10.0)), ep(Some(100.0), Some(10.0)), ep(Some(20.0), Some(10.0))];
+    let r = req(Some(200.0), None, true, 0);
+    let least = shares(&r, &eps, &cfg(), 4000);
+    assert!(least[0] > least[1] && least[1] > least[2], "least favours the smallest headroom: {least:?}");
+    let most = shares(&r, &eps, &FilterConfig { strategy: Strategy::Most, ..cfg() }, 4000);
+    assert!(most[2] > most[1] && most[1] > most[0], "most favours the largest headroom: {most:?}");
+}
+
+#[test]
+fn prefix_gate_ignores_affinity_that_costs_too_much() {
+    let r = req(Some(10_000.0), None, true, 0);
+    let within = [ep(Some(100.0), Some(10.0)), with_prefix(ep(Some(4000.0), Some(10.0)), 1.0)];
+    assert_eq!(shares(&r, &within, &cfg(), 2000)[0], 0.0, "3.9 s slower is within the 5 s gate: affinity holds");
+    let beyond = [ep(Some(100.0), Some(10.0)), with_prefix(ep(Some(7000.0), Some(10.0)), 1.0)];
+    let s = shares(&r, &beyond, &cfg(), 2000);
+    assert!(s[0] > 0.05, "6.9 s slower exceeds the gate: both stay candidates: {s:?}");
+    let loose = [ep(Some(100.0), Some(10.0)), with_prefix(ep(Some(120.0), Some(10.0)), 0.85)];
+    assert_eq!(shares(&r, &loose, &cfg(), 500)[1], 1.0, "loose threshold 0.80 applies");
+    let explore = FilterConfig { prefix_explore_epsilon: 0.2, ..cfg() };
+    let s = shares(&r, &loose, &explore, 10_000);
+    assert!(s[0] > 0.02 && s[0] < 0.2, "affinity skipped on exploration only: {s:?}");
+}
+
+#[test]
+fn without_slo_routing_the_default_profile_places_the_request() {
+    let mut eps = vec![ep(Some(300.0), Some(10.0)), ep(Some(100.0), Some(10.0))];
+    let mut rng = Rng::new(3);
+    for slo_routing in [false, true] {
+        let r = if slo_routing { req(None, None, true, 0) } else { req(Some(50.0), None, true, 0) };
+        let d = decide(&r, &eps, slo_routing, &cfg(), &mut rng);
+        assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)), "lowest latency wins");
+    }
+    eps[0].state.kv_usage = 0.0;
+    eps[0].state.waiting = 0;
+    eps[1].state.waiting = 9;
+    let composite = FilterConfig { default_profile: DefaultProfile::Composite, ..cfg() };
+    let d = decide(&req(Some(50.0), None, true, 0), &eps, false, &composite, &mut rng);
+    assert_eq!(primary(&d), Some((0, RouteSource::Composite)));
+}
+
+#[test]
+fn fallback_list_is_ranked_and_distinct() {
+    let eps: Vec<EndpointPrediction> = (0..5).map(|i| ep(Some(50.0 + 10.0 * f64::from(i)), Some(10.0))).collect();
+    let config = FilterConfig { fallback_endpoints: 2, ..cfg() };
+    let mut rng = Rng::new(8);
+    for _ in 0..200 {
+        let Decision::Route { ranked, .. } = decide(&req(Some(1000.0), None, true, 0), &eps, true, &config, &mut rng)
+        else {
+            unreachable!()
+        };
+        assert_eq!(ranked.len(), 3);
+        let mut unique = ranked.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), 3, "{ranked:?}");
+    }
+    let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, &cfg(), &mut rng);
+    assert!(matches!(d, Decision::Route { ref ranked, .. } if ranked.len() == 1), "no fallbacks by default");
+}
+
+#[test]
+fn exploration_rate_matches_epsilon() {
+    let eps = [ep(Some(500.0), Some(10.0)), ep(Some(100.0), Some(10.0))];
+    let config = FilterConfig { negative_tier_epsilon: 0.1, ..cfg() };
+    let mut rng = Rng::new(9);
+    let n = 20_000;
+    let negative = (0..n)
+        .filter(|_| {
+            primary(&decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng))
+                == Some((0, RouteSource::PredictedNegative))
+        })
+        .count();
+    let rate = negative as f64 / n as f64;
+    assert!((rate - 0.1).abs() < 0.01, "exploration rate {rate}");
+}
+
+#[test]
+fn weighted_pick_follows_weights() {
+    let weights = [1.0, 2.0, 3.0, 0.0];
+    let mut rng = Rng::new(5);
+    let mut counts = [0usize; 4];
+    let n = 60_000;
+    for _ in 0..n {
+        counts[pick_weighted(&weights, &mut rng).unwrap_or(0)] += 1;
+    }
+    for (i, w) in weights.iter().enumerate() {
+        let share = counts[i] as f64 / n as f64;
+        assert!((share - w / 6.0).abs() < 0.01, "endpoint {i}: share {share}, weight {w}");
+    }
+    assert_eq!(pick_weighted(&[], &mut rng), None);
+    let uniform: Vec<usize> = (0..3000).filter_map(|_| pick_weighted(&[0.0, 0.0, 0.0], &mut rng)).collect();
+    for i in 0..3 {
+        assert!(uniform.iter().filter(|x| **x == i).count() > 800);
+    }
+}
