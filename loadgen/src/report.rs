@@ -43,8 +43,8 @@ pub fn table(outcomes: &[Outcome]) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<12} {:>6} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>11}",
-        "class", "n", "ok", "shed", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "SLO attain"
+        "{:<12} {:>6} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
+        "class", "n", "ok", "shed", "positive", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "SLO attain"
     );
     let mut classes: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
     for o in outcomes {
@@ -59,14 +59,19 @@ pub fn table(outcomes: &[Outcome]) -> String {
         let ok = list.iter().filter(|o| o.status == 200).count();
         let shed = list.iter().filter(|o| o.shed()).count();
         let met = list.iter().filter(|o| o.met_slo()).count();
+        let tiered = list.iter().filter(|o| o.tier.is_some()).count();
+        let positive = list.iter().filter(|o| o.tier.as_deref() == Some("positive")).count();
+        let positive =
+            if tiered == 0 { "-".to_string() } else { format!("{:.0}%", 100.0 * positive as f64 / tiered as f64) };
         let attain = if list.is_empty() { 0.0 } else { 100.0 * met as f64 / list.len() as f64 };
         let _ = writeln!(
             out,
-            "{:<12} {:>6} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10.1}%",
+            "{:<12} {:>6} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10.1}%",
             name,
             list.len(),
             ok,
             shed,
+            positive,
             ms(quantile(&ttft, 0.5)),
             ms(quantile(&ttft, 0.9)),
             ms1(quantile(&tpot, 0.5)),
@@ -74,7 +79,12 @@ pub fn table(outcomes: &[Outcome]) -> String {
             attain
         );
     }
-    let _ = writeln!(out, "\nTTFT/TPOT in ms, streaming requests, as the client measured them. SLO attainment counts");
+    let _ =
+        writeln!(out, "\npositive: share of routed requests the filter placed where every SLO was predicted to hold");
+    let _ = writeln!(
+        out,
+        "(x-headroom-tier). TTFT/TPOT in ms, streaming requests, as the client measured them. SLO attainment counts"
+    );
     let _ = writeln!(
         out,
         "shed and failed requests as misses; non-streaming ones must finish by ttft_slo + tpot_slo x max_tokens."
