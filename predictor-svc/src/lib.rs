@@ -8,6 +8,7 @@
 pub mod api;
 pub mod config;
 pub mod metrics;
+pub mod model;
 pub mod pool;
 pub mod predict;
 pub mod scrape;

@@ -76,6 +76,9 @@ pub struct EndpointState {
     /// Age of the scraped metrics in milliseconds (`None`: never scraped).
     #[serde(default)]
     pub metrics_age_ms: Option<u64>,
+    /// The endpoint's hardware class from the pool configuration (0: unknown).
+    #[serde(default)]
+    pub hardware_class: u32,
 }
 
 /// One candidate endpoint with its predictions.

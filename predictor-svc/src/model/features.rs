@@ -1,0 +1,74 @@
+//! The model's input features: defined once, used by prediction and training.
+//!
+//! At predict time the vector is built from the request and the endpoint's
+//! [`EndpointState`] the predictor computes. The filter echoes that state back
+//! in its report (`state_at_dispatch`), and training builds the vector from it
+//! with this same function: prediction and training cannot disagree on what a
+//! feature means (no train/serve skew).
+
+use headroom_protocol::{EndpointState, RequestFeatures};
+
+/// Number of features.
+pub const COUNT: usize = 10;
+
+/// Feature names, in column order (also written into exported ONNX models).
+pub const NAMES: [&str; COUNT] = [
+    "kv_usage",
+    "input_tokens",
+    "waiting",
+    "running",
+    "prefix_match",
+    "uncached_tokens_in_flight",
+    "effective_input_tokens",
+    "in_flight",
+    "tokens_in_flight",
+    "hardware_class",
+];
+
+/// One row of features.
+pub type Row = [f32; COUNT];
+
+/// The features of `request` on an endpoint in `state`.
+///
+/// | column | from |
+/// | --- | --- |
+/// | kv_usage | `vllm:kv_cache_usage_perc` at the last scrape |
+/// | input_tokens | the request's prompt tokens (shared approximation) |
+/// | waiting, running | `vllm:num_requests_waiting` / `_running` at the last scrape |
+/// | prefix_match | share of the prompt's blocks the endpoint likely caches |
+/// | uncached_tokens_in_flight | uncached prompt tokens dispatched there, not yet past predicted TTFT |
+/// | effective_input_tokens | `(1 - prefix_match) * input_tokens`: prompt tokens left to prefill |
+/// | in_flight | requests dispatched there and not yet reported |
+/// | tokens_in_flight | prompt + expected output tokens of those requests (KV they will read) |
+/// | hardware_class | the endpoint's class from the pool config (0: unknown), so one pool can mix GPUs |
+pub fn row(request: &RequestFeatures, state: &EndpointState) -> Row {
+    let prefix = state.prefix_match.clamp(0.0, 1.0);
+    let input = request.input_tokens as f32;
+    [
+        state.kv_usage as f32,
+        input,
+        state.waiting as f32,
+        state.running as f32,
+        prefix as f32,
+        state.uncached_tokens_in_flight as f32,
+        (1.0 - prefix as f32) * input,
+        state.in_flight as f32,
+        state.tokens_in_flight as f32,
+        state.hardware_class as f32,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_tokens_follow_prefix() {
+        let req = RequestFeatures { input_tokens: 1000, ..Default::default() };
+        let state = EndpointState { prefix_match: 0.25, hardware_class: 2, ..Default::default() };
+        let r = row(&req, &state);
+        assert_eq!(r[6], 750.0);
+        assert_eq!(r[9], 2.0);
+        assert_eq!(NAMES.len(), r.len());
+    }
+}

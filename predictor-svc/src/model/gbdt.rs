@@ -1,0 +1,322 @@
+//! Gradient-boosted regression trees, small and dependency-free.
+//!
+//! Targets are latencies, trained in log space (errors are relative, as MAPE
+//! is, and a quantile of the log is the log of the quantile). Splits are found
+//! on per-feature histograms (at most [`MAX_BINS`] thresholds, from quantiles
+//! of the training data); a split sends `x <= threshold` left, exactly as an
+//! ONNX `TreeEnsembleRegressor` node in `BRANCH_LEQ` mode does. Leaves hold the
+//! mean residual (mean objective) or the residuals' quantile (quantile
+//! objective, Friedman's gradient boosting for quantiles), times the learning rate.
+
+use serde::{Deserialize, Serialize};
+
+/// Most split thresholds per feature.
+pub const MAX_BINS: usize = 64;
+
+/// What a model predicts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Objective {
+    /// The mean (L2 in log space).
+    Mean,
+    /// The `q` quantile, e.g. 0.9.
+    Quantile { q: f64 },
+}
+
+/// Training knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    pub trees: usize,
+    pub max_depth: usize,
+    pub learning_rate: f64,
+    pub min_samples_leaf: usize,
+    /// L2 regularisation of split gains.
+    pub lambda: f64,
+    pub objective: Objective,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            trees: 100,
+            max_depth: 6,
+            learning_rate: 0.1,
+            min_samples_leaf: 10,
+            lambda: 1.0,
+            objective: Objective::Mean,
+        }
+    }
+}
+
+/// A tree node. Children are indices into the tree's node list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Node {
+    Split { feature: usize, threshold: f32, left: usize, right: usize },
+    Leaf { value: f64 },
+}
+
+/// A fitted ensemble predicting one target (in log space; [`Ensemble::predict`] undoes it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ensemble {
+    pub base: f64,
+    pub trees: Vec<Vec<Node>>,
+}
+
+impl Ensemble {
+    /// The prediction in log space.
+    pub fn predict_log(&self, row: &[f32]) -> f64 {
+        let mut sum = self.base;
+        for tree in &self.trees {
+            let mut i = 0;
+            loop {
+                match tree.get(i) {
+                    Some(Node::Split { feature, threshold, left, right }) => {
+                        i = if row.get(*feature).copied().unwrap_or(0.0) <= *threshold { *left } else { *right };
+                    }
+                    Some(Node::Leaf { value }) => {
+                        sum += value;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        sum
+    }
+
+    /// The prediction in the target's units.
+    pub fn predict(&self, row: &[f32]) -> f64 {
+        self.predict_log(row).exp()
+    }
+}
+
+/// Fits an ensemble to `rows` -> `targets` (> 0). `None` when there is nothing to fit.
+pub fn fit<const F: usize>(rows: &[[f32; F]], targets: &[f64], params: &Params) -> Option<Ensemble> {
+    let pairs: Vec<(usize, f64)> =
+        targets.iter().enumerate().filter(|(_, t)| t.is_finite() && **t > 0.0).map(|(i, t)| (i, t.ln())).collect();
+    if pairs.is_empty() {
+        return None;
+    }
+    let index: Vec<usize> = pairs.iter().map(|p| p.0).collect();
+    let y: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let rows: Vec<&[f32; F]> = index.iter().map(|&i| &rows[i]).collect();
+    let thresholds: Vec<Vec<f32>> = (0..F).map(|f| thresholds_of(rows.iter().map(|r| r[f]))).collect();
+    let bins: Vec<[u8; F]> = rows
+        .iter()
+        .map(|r| {
+            let mut b = [0u8; F];
+            for f in 0..F {
+                b[f] = thresholds[f].partition_point(|t| *t < r[f]) as u8;
+            }
+            b
+        })
+        .collect();
+    let base = match params.objective {
+        Objective::Mean => y.iter().sum::<f64>() / y.len() as f64,
+        Objective::Quantile { q } => quantile(&mut y.clone(), q),
+    };
+    let mut pred = vec![base; y.len()];
+    let mut trees = Vec::with_capacity(params.trees);
+    for _ in 0..params.trees {
+        let residual: Vec<f64> = y.iter().zip(&pred).map(|(y, p)| y - p).collect();
+        let gradient: Vec<f64> = match params.objective {
+            Objective::Mean => residual.clone(),
+            // The pinball loss's negative gradient: q above the target, q - 1 below.
+            Objective::Quantile { q } => residual.iter().map(|r| if *r > 0.0 { q } else { q - 1.0 }).collect(),
+        };
+        let mut tree = Vec::new();
+        let all: Vec<usize> = (0..y.len()).collect();
+        grow(&mut tree, &all, 0, &bins, &thresholds, &gradient, &residual, params);
+        for (i, p) in pred.iter_mut().enumerate() {
+            *p += leaf_value(&tree, rows[i]);
+        }
+        trees.push(tree);
+    }
+    Some(Ensemble { base, trees })
+}
+
+/// Up to [`MAX_BINS`] distinct split points at quantiles of the values.
+fn thresholds_of(values: impl Iterator<Item = f32>) -> Vec<f32> {
+    let mut v: Vec<f32> = values.filter(|x| x.is_finite()).collect();
+    v.sort_by(f32::total_cmp);
+    v.dedup();
+    if v.len() <= 1 {
+        return Vec::new();
+    }
+    // Candidate thresholds are the distinct values except the largest (a split must leave something right).
+    let candidates = &v[..v.len() - 1];
+    if candidates.len() <= MAX_BINS {
+        return candidates.to_vec();
+    }
+    let mut out: Vec<f32> = (1..=MAX_BINS).map(|k| candidates[k * candidates.len() / (MAX_BINS + 1)]).collect();
+    out.dedup();
+    out
+}
+
+fn leaf_value(tree: &[Node], row: &[f32]) -> f64 {
+    let mut i = 0;
+    loop {
+        match tree.get(i) {
+            Some(Node::Split { feature, threshold, left, right }) => {
+                i = if row[*feature] <= *threshold { *left } else { *right };
+            }
+            Some(Node::Leaf { value }) => return *value,
+            None => return 0.0,
+        }
+    }
+}
+
+/// Grows the subtree for `samples` and returns its root index.
+#[allow(clippy::too_many_arguments)]
+fn grow<const F: usize>(
+    tree: &mut Vec<Node>,
+    samples: &[usize],
+    depth: usize,
+    bins: &[[u8; F]],
+    thresholds: &[Vec<f32>],
+    gradient: &[f64],
+    residual: &[f64],
+    params: &Params,
+) -> usize {
+    let me = tree.len();
+    tree.push(Node::Leaf { value: 0.0 });
+    let split = if depth < params.max_depth && samples.len() >= 2 * params.min_samples_leaf {
+        best_split(samples, bins, thresholds, gradient, params)
+    } else {
+        None
+    };
+    match split {
+        Some((feature, bin)) => {
+            let (l, r): (Vec<usize>, Vec<usize>) = samples.iter().partition(|&&s| usize::from(bins[s][feature]) <= bin);
+            let left = grow(tree, &l, depth + 1, bins, thresholds, gradient, residual, params);
+            let right = grow(tree, &r, depth + 1, bins, thresholds, gradient, residual, params);
+            tree[me] = Node::Split { feature, threshold: thresholds[feature][bin], left, right };
+        }
+        None => {
+            let mut rs: Vec<f64> = samples.iter().map(|&s| residual[s]).collect();
+            let value = match params.objective {
+                Objective::Mean => rs.iter().sum::<f64>() / rs.len().max(1) as f64,
+                Objective::Quantile { q } => quantile(&mut rs, q),
+            };
+            tree[me] = Node::Leaf { value: value * params.learning_rate };
+        }
+    }
+    me
+}
+
+/// The (feature, bin) split with the best gain, if any improves on none.
+fn best_split<const F: usize>(
+    samples: &[usize],
+    bins: &[[u8; F]],
+    thresholds: &[Vec<f32>],
+    gradient: &[f64],
+    params: &Params,
+) -> Option<(usize, usize)> {
+    let n = samples.len() as f64;
+    let total: f64 = samples.iter().map(|&s| gradient[s]).sum();
+    let parent = total * total / (n + params.lambda);
+    let mut best: Option<(f64, usize, usize)> = None;
+    let mut sum = [0f64; MAX_BINS + 1];
+    let mut count = [0usize; MAX_BINS + 1];
+    for f in 0..F {
+        let k = thresholds[f].len();
+        if k == 0 {
+            continue;
+        }
+        sum[..=k].fill(0.0);
+        count[..=k].fill(0);
+        for &s in samples {
+            let b = usize::from(bins[s][f]);
+            sum[b] += gradient[s];
+            count[b] += 1;
+        }
+        let (mut gl, mut nl) = (0.0, 0usize);
+        for b in 0..k {
+            gl += sum[b];
+            nl += count[b];
+            let nr = samples.len() - nl;
+            if nl < params.min_samples_leaf || nr < params.min_samples_leaf {
+                continue;
+            }
+            let gr = total - gl;
+            let gain = gl * gl / (nl as f64 + params.lambda) + gr * gr / (nr as f64 + params.lambda) - parent;
+            if gain > 1e-12 && best.is_none_or(|(g, _, _)| gain > g) {
+                best = Some((gain, f, b));
+            }
+        }
+    }
+    best.map(|(_, f, b)| (f, b))
+}
+
+/// Nearest-rank quantile (sorts `values`); 0 when empty.
+pub fn quantile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random numbers in [0, 1).
+    fn lcg(seed: &mut u64) -> f64 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*seed >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A latency-like target: base + load * size, with multiplicative noise.
+    fn data(n: usize, noise: f64, seed: u64) -> (Vec<[f32; 3]>, Vec<f64>) {
+        let mut s = seed;
+        let mut rows = Vec::new();
+        let mut y = Vec::new();
+        for _ in 0..n {
+            let load = (lcg(&mut s) * 30.0).floor();
+            let size = 100.0 + lcg(&mut s) * 3900.0;
+            let junk = lcg(&mut s);
+            let clean = 10.0 + 0.03 * size + 8.0 * load + 0.002 * load * size;
+            y.push(clean * (1.0 + noise * (lcg(&mut s) - 0.5) * 2.0));
+            rows.push([load as f32, size as f32, junk as f32]);
+        }
+        (rows, y)
+    }
+
+    #[test]
+    fn fits_a_latency_surface_to_a_few_percent() {
+        let (rows, y) = data(4000, 0.0, 1);
+        let model = fit(&rows, &y, &Params::default()).unwrap_or_else(|| unreachable!());
+        let (test_rows, test_y) = data(500, 0.0, 2);
+        let mape = test_rows.iter().zip(&test_y).map(|(r, t)| (model.predict(r) - t).abs() / t).sum::<f64>() / 500.0;
+        assert!(mape < 0.05, "MAPE {mape}");
+    }
+
+    #[test]
+    fn quantile_objective_covers_its_quantile() {
+        let (rows, y) = data(6000, 0.3, 3);
+        let p90 = Params { objective: Objective::Quantile { q: 0.9 }, ..Params::default() };
+        let model = fit(&rows, &y, &p90).unwrap_or_else(|| unreachable!());
+        let (test_rows, test_y) = data(2000, 0.3, 4);
+        let covered = test_rows.iter().zip(&test_y).filter(|(r, t)| model.predict(*r) >= **t).count() as f64 / 2000.0;
+        assert!((covered - 0.9).abs() < 0.04, "p90 coverage {covered}");
+        let mean = fit(&rows, &y, &Params::default()).unwrap_or_else(|| unreachable!());
+        let covered_mean =
+            test_rows.iter().zip(&test_y).filter(|(r, t)| mean.predict(*r) >= **t).count() as f64 / 2000.0;
+        assert!(covered_mean < 0.7, "the mean model is not a p90 one: {covered_mean}");
+    }
+
+    #[test]
+    fn splits_send_leq_left_and_ignore_bad_targets() {
+        let rows: Vec<[f32; 1]> = (0..100).map(|i| [i as f32]).collect();
+        let mut y: Vec<f64> = (0..100).map(|i| if i <= 49 { 10.0 } else { 100.0 }).collect();
+        y[3] = f64::NAN;
+        y[4] = -1.0;
+        let params = Params { trees: 50, learning_rate: 0.5, ..Params::default() };
+        let m = fit(&rows, &y, &params).unwrap_or_else(|| unreachable!());
+        assert!((m.predict(&[49.0]) - 10.0).abs() < 0.5, "{}", m.predict(&[49.0]));
+        assert!((m.predict(&[50.0]) - 100.0).abs() < 5.0, "{}", m.predict(&[50.0]));
+        assert!(fit::<1>(&[], &[], &params).is_none());
+    }
+}
