@@ -19,8 +19,8 @@ use headroom_protocol::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+use crate::model::features;
 use crate::pool::Applied;
-use crate::predict::ANALYTIC_PRIOR;
 use crate::state::AppState;
 
 /// Largest request body accepted (a report batch of a few thousand items).
@@ -33,6 +33,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(paths::REPORT, post(report))
         .route("/v1/pools", get(pools))
         .route("/v1/observations", get(observations))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{file}", get(model_file))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -106,28 +108,28 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
     check_slo(&req.request.slo, "request")?;
     let now = Instant::now();
     let stale_ms = state.config.stale_after_ms;
-    let endpoints = state
+    let (addresses, states) = state
         .pools
         .with(&req.pool, |pool| {
-            let states = pool.states_for(&req.request, now);
-            pool.endpoints
-                .iter()
-                .zip(states)
-                .map(|(e, s)| {
-                    // No fresh engine metrics: say nothing rather than guess.
-                    let fresh = s.metrics_age_ms.is_some_and(|age| age <= stale_ms);
-                    let (ttft, tpot) = if fresh { state.prior.predict(&req.request, &s) } else { (f64::NAN, f64::NAN) };
-                    EndpointPrediction {
-                        address: e.address.clone(),
-                        ttft_ms: fresh.then_some(ttft),
-                        tpot_ms: fresh.then_some(tpot),
-                        state: s,
-                    }
-                })
-                .collect::<Vec<_>>()
+            let addresses: Vec<String> = pool.endpoints.iter().map(|e| e.address.clone()).collect();
+            (addresses, pool.states_for(&req.request, now))
         })
         .ok_or_else(|| unknown_pool(&req.pool))?;
-    let answer = PredictResponse { pool: req.pool, model_version: ANALYTIC_PRIOR.to_string(), endpoints };
+    // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
+    let fresh: Vec<usize> =
+        (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
+    let rows: Vec<features::Row> = fresh.iter().map(|&i| features::row(&req.request, &states[i])).collect();
+    let (predicted, model_version) = state.models.predict(&rows);
+    let mut endpoints: Vec<EndpointPrediction> = addresses
+        .into_iter()
+        .zip(states)
+        .map(|(address, s)| EndpointPrediction { address, ttft_ms: None, tpot_ms: None, state: s })
+        .collect();
+    for (&i, (ttft, tpot)) in fresh.iter().zip(predicted) {
+        endpoints[i].ttft_ms = Some(ttft);
+        endpoints[i].tpot_ms = Some(tpot);
+    }
+    let answer = PredictResponse { pool: req.pool, model_version, endpoints };
     state.metrics.predicted(started.elapsed().as_secs_f64());
     Ok(reply(&headers, format, &answer))
 }
@@ -168,7 +170,10 @@ async fn report(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         }
         ack.accepted += 1;
         state.metrics.report("accepted", 1);
-        state.metrics.observed(o.ttft_ms, o.tpot_ms, o.request.streaming);
+        state.metrics.observed(&o);
+        if state.models.observe(&o) {
+            state.metrics.report("sampled", 1);
+        }
         state.observations.lock().unwrap_or_else(|p| p.into_inner()).push(o);
     }
     Ok(reply(&headers, format, &ack))
@@ -234,6 +239,33 @@ async fn observations(
     let log = state.observations.lock().unwrap_or_else(|p| p.into_inner());
     let body = serde_json::json!({ "total": log.total, "observations": log.newest(q.limit.unwrap_or(100)) });
     Ok(axum::Json(body).into_response())
+}
+
+/// `GET /v1/models`: the active model and every kept version with its held-out error (JSON).
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let (versions, active) = state.models.versions();
+    let (train, holdout) = state.models.sample_counts();
+    let body = serde_json::json!({
+        "active": active,
+        "training": state.models.trains(),
+        "samples": {"train": train, "holdout": holdout},
+        "versions": versions,
+    });
+    axum::Json(body).into_response()
+}
+
+/// `GET /v1/models/v<N>.onnx`: a kept model as a standard ONNX file.
+async fn model_file(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(file): axum::extract::Path<String>,
+) -> Response {
+    let Some(name) = file.strip_suffix(".onnx") else {
+        return ApiError::field(StatusCode::NOT_FOUND, "file", "models download as v<N>.onnx").into_response();
+    };
+    match state.models.onnx_bytes(name) {
+        Some(bytes) => ([(header::CONTENT_TYPE, "application/onnx")], bytes.to_vec()).into_response(),
+        None => ApiError::field(StatusCode::NOT_FOUND, "file", format!("no kept model {name:?}")).into_response(),
+    }
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

@@ -7,10 +7,13 @@
 //! endpoints = ["127.0.0.1:8001", "127.0.0.1:8002"]
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::model::gbdt::Objective;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
@@ -39,6 +42,71 @@ pub struct Config {
     pub observations_kept: usize,
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
+    /// Latency models: training, persistence, or a user-supplied model.
+    #[serde(default)]
+    pub model: ModelConfig,
+}
+
+/// The `[model]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Models and samples persist here (none: in memory only).
+    pub data_dir: Option<PathBuf>,
+    /// `mean` or `p90`.
+    pub objective: String,
+    /// How often to consider retraining.
+    pub retrain_interval_ms: u64,
+    /// Samples needed per target before the first model.
+    pub min_samples: usize,
+    /// New samples needed since the last training.
+    pub min_new_samples: usize,
+    /// Newest samples kept per stratification bucket.
+    pub bucket_cap: usize,
+    /// Share of request ids held out for validation, in percent.
+    pub holdout_percent: u64,
+    /// A new model is discarded if its held-out error exceeds the active one's by this fraction.
+    pub keep_margin: f64,
+    pub trees: usize,
+    pub max_depth: usize,
+    pub learning_rate: f64,
+    /// Model versions kept for `GET /v1/models`.
+    pub keep_versions: usize,
+    /// Use this ONNX model (features[N,10] -> latency_ms[N,2]) instead of training online.
+    pub model_path: Option<PathBuf>,
+    /// The ONNX Runtime library (default: `ORT_DYLIB_PATH`, then the project's `.venv`).
+    pub onnxruntime_library: Option<PathBuf>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            data_dir: None,
+            objective: "mean".into(),
+            retrain_interval_ms: 5000,
+            min_samples: 200,
+            min_new_samples: 50,
+            bucket_cap: 500,
+            holdout_percent: 10,
+            keep_margin: 0.1,
+            trees: 100,
+            max_depth: 6,
+            learning_rate: 0.1,
+            keep_versions: 5,
+            model_path: None,
+            onnxruntime_library: None,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The training objective (validated at load).
+    pub fn objective(&self) -> Objective {
+        match self.objective.as_str() {
+            "p90" => Objective::Quantile { q: 0.9 },
+            _ => Objective::Mean,
+        }
+    }
 }
 
 /// One pool of interchangeable model servers.
@@ -48,6 +116,10 @@ pub struct PoolConfig {
     pub name: String,
     /// `ip:port` of each model server (static list).
     pub endpoints: Vec<String>,
+    /// Hardware class of endpoints, e.g. `{"10.0.0.12:8000" = "a100"}`: a model
+    /// feature, so one pool can mix GPU types. Unlisted endpoints are class 0.
+    #[serde(default)]
+    pub hardware: BTreeMap<String, String>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -86,7 +158,28 @@ impl Config {
         Ok(config)
     }
 
+    /// Class id of every hardware name used anywhere, 1-based in name order.
+    pub fn hardware_class(&self, name: &str) -> u32 {
+        let mut names: Vec<&String> = self.pools.iter().flat_map(|p| p.hardware.values()).collect();
+        names.sort();
+        names.dedup();
+        names.iter().position(|n| *n == name).map_or(0, |i| i as u32 + 1)
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            matches!(self.model.objective.as_str(), "mean" | "p90"),
+            "model.objective must be \"mean\" or \"p90\""
+        );
+        anyhow::ensure!(self.model.retrain_interval_ms >= 100, "model.retrain_interval_ms must be >= 100");
+        anyhow::ensure!(self.model.min_samples >= 20, "model.min_samples must be >= 20");
+        anyhow::ensure!(self.model.holdout_percent < 100, "model.holdout_percent must be < 100");
+        anyhow::ensure!((1..=2000).contains(&self.model.trees), "model.trees must be within 1..=2000");
+        anyhow::ensure!((1..=16).contains(&self.model.max_depth), "model.max_depth must be within 1..=16");
+        anyhow::ensure!(
+            self.model.learning_rate > 0.0 && self.model.learning_rate <= 1.0,
+            "model.learning_rate must be within (0, 1]"
+        );
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
         anyhow::ensure!(self.scrape_interval_ms >= 10, "scrape_interval_ms must be >= 10");
         anyhow::ensure!(self.scrape_timeout_ms >= 10, "scrape_timeout_ms must be >= 10");
@@ -98,6 +191,13 @@ impl Config {
             for e in &pool.endpoints {
                 e.parse::<SocketAddr>()
                     .map_err(|_| anyhow::anyhow!("pool {:?}: endpoint {e:?} is not ip:port", pool.name))?;
+            }
+            for e in pool.hardware.keys() {
+                anyhow::ensure!(
+                    pool.endpoints.contains(e),
+                    "pool {:?}: hardware names {e:?}, not one of its endpoints",
+                    pool.name
+                );
             }
         }
         Ok(())
@@ -113,6 +213,16 @@ mod tests {
         let c = Config::parse("[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n").unwrap();
         assert_eq!(c.pools[0].endpoints.len(), 1);
         assert_eq!(c.scrape_interval_ms, 200);
+        assert_eq!(c.model.objective(), Objective::Mean);
+    }
+
+    #[test]
+    fn hardware_classes_are_stable_ids() {
+        let c = Config::parse(
+            "[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nhardware = {\"127.0.0.1:2\" = \"h100\", \"127.0.0.1:1\" = \"a100\"}\n",
+        )
+        .unwrap();
+        assert_eq!((c.hardware_class("a100"), c.hardware_class("h100"), c.hardware_class("tpu")), (1, 2, 0));
     }
 
     #[test]
@@ -123,6 +233,8 @@ mod tests {
             "[[pool]]\nname = \"p\"\nendpoints = [\"localhost\"]\n",
             "[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:2\"]\n",
             "bogus = 1\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "[model]\nobjective = \"median\"\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\nhardware = {\"127.0.0.1:9\" = \"a100\"}\n",
         ] {
             assert!(Config::parse(text).is_err(), "{text}");
         }

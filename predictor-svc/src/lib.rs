@@ -2,8 +2,9 @@
 //! tracks requests in flight, and predicts TTFT/TPOT for every candidate.
 //!
 //! Modules, one job each: `config` (file format), `pool` (endpoint state and
-//! in-flight tracking), `scrape` (vLLM metrics), `predict` (the prior), `api` (HTTP), `metrics`
-//! (Prometheus), `state` (what handlers share).
+//! in-flight tracking), `scrape` (vLLM metrics), `model` (features, training,
+//! ONNX export and inference, the model store), `predict` (the analytic prior),
+//! `api` (HTTP), `metrics` (Prometheus), `state` (what handlers share).
 
 pub mod api;
 pub mod config;
@@ -22,9 +23,29 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = Arc::new(state::AppState::new(config));
+    let state = Arc::new(state::AppState::new(config)?);
     let scraper = tokio::spawn(scrape::run(state.clone()));
-    let result = axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await;
+    let trainer = tokio::spawn(train_loop(state.clone()));
+    let result = axum::serve(listener, api::router(state.clone())).with_graceful_shutdown(shutdown).await;
     scraper.abort();
+    trainer.abort();
+    state.models.persist_samples();
     result.map_err(Into::into)
+}
+
+/// Considers retraining every `retrain_interval_ms`, off the request path.
+async fn train_loop(state: Arc<state::AppState>) {
+    if !state.models.trains() {
+        return;
+    }
+    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(state.config.model.retrain_interval_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let s = state.clone();
+        match tokio::task::spawn_blocking(move || s.models.train_if_due()).await {
+            Ok(outcome) => state.metrics.trained(&outcome),
+            Err(e) => tracing::error!(error = %e, "training task failed"),
+        }
+    }
 }

@@ -1,11 +1,22 @@
 //! The service's own Prometheus metrics (`GET /metrics`).
+//!
+//! `headroom_*` names, plus the `inference_objective_request_*` names users of
+//! the Gateway API Inference Extension already chart (observed and predicted
+//! TTFT/TPOT, prediction duration, SLO violations).
 
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use headroom_protocol::Observation;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use crate::model::store::TrainOutcome;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -18,6 +29,41 @@ pub struct EndpointLabel {
     pub endpoint: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabel {
+    pub target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    pub r#type: String,
+}
+
+/// Recent absolute percentage errors and coverage of one target.
+#[derive(Default)]
+struct Window {
+    ape: VecDeque<f64>,
+    covered: VecDeque<f64>,
+}
+
+/// Observations kept for the live accuracy gauges.
+const WINDOW: usize = 500;
+
+impl Window {
+    fn push(&mut self, predicted: f64, actual: f64) -> (f64, f64) {
+        if self.ape.len() == WINDOW {
+            self.ape.pop_front();
+            self.covered.pop_front();
+        }
+        self.ape.push_back((predicted - actual).abs() / actual);
+        self.covered.push_back(if predicted >= actual { 1.0 } else { 0.0 });
+        let n = self.ape.len() as f64;
+        (self.ape.iter().sum::<f64>() / n, self.covered.iter().sum::<f64>() / n)
+    }
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
 pub struct Metrics {
     registry: Registry,
     predictions: Counter,
@@ -25,46 +71,105 @@ pub struct Metrics {
     dispatches: Family<ResultLabel, Counter>,
     reports: Family<ResultLabel, Counter>,
     scrapes: Family<ResultLabel, Counter>,
-    observed_ttft: Histogram,
-    observed_tpot: Histogram,
+    trainings: Family<ResultLabel, Counter>,
+    ttft: Histogram,
+    predicted_ttft: Histogram,
+    tpot: Histogram,
+    predicted_tpot: Histogram,
+    ttft_prediction_duration: Histogram,
+    tpot_prediction_duration: Histogram,
+    slo_violations: Family<TypeLabel, Counter>,
+    live_mape: Family<TargetLabel, FloatGauge>,
+    live_coverage: Family<TargetLabel, FloatGauge>,
+    windows: Mutex<[Window; 2]>,
     pub in_flight: Family<EndpointLabel, Gauge>,
 }
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("headroom");
-        let predictions = Counter::default();
-        let predict_duration = Histogram::new(exponential_buckets(1e-6, 2.0, 20));
-        let dispatches = Family::<ResultLabel, Counter>::default();
-        let reports = Family::<ResultLabel, Counter>::default();
-        let scrapes = Family::<ResultLabel, Counter>::default();
-        let observed_ttft = Histogram::new(exponential_buckets(0.005, 2.0, 14));
-        let observed_tpot = Histogram::new(exponential_buckets(0.001, 2.0, 12));
-        let in_flight = Family::<EndpointLabel, Gauge>::default();
-        registry.register("predictions", "Predict requests answered", predictions.clone());
-        registry.register("predict_duration_seconds", "Time to answer one predict request", predict_duration.clone());
-        registry.register("dispatches", "Dispatch items by result", dispatches.clone());
-        registry.register("reports", "Observation items by result", reports.clone());
-        registry.register("scrapes", "Endpoint metric scrapes by result", scrapes.clone());
-        registry.register("observed_ttft_seconds", "Observed time to first token (streaming)", observed_ttft.clone());
-        registry.register("observed_tpot_seconds", "Observed time per output token", observed_tpot.clone());
-        registry.register("in_flight_requests", "Requests dispatched and not yet reported", in_flight.clone());
-        Metrics {
-            registry,
-            predictions,
-            predict_duration,
-            dispatches,
-            reports,
-            scrapes,
-            observed_ttft,
-            observed_tpot,
-            in_flight,
-        }
+        let mut r = Registry::default();
+        let latency = || Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        let m = Metrics {
+            predictions: Counter::default(),
+            predict_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            dispatches: Family::default(),
+            reports: Family::default(),
+            scrapes: Family::default(),
+            trainings: Family::default(),
+            ttft: latency(),
+            predicted_ttft: latency(),
+            tpot: latency(),
+            predicted_tpot: latency(),
+            ttft_prediction_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            tpot_prediction_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            slo_violations: Family::default(),
+            live_mape: Family::default(),
+            live_coverage: Family::default(),
+            windows: Mutex::new([Window::default(), Window::default()]),
+            in_flight: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register("headroom_predictions", "Predict requests answered", m.predictions.clone());
+        r.register(
+            "headroom_predict_duration_seconds",
+            "Time to answer one predict request",
+            m.predict_duration.clone(),
+        );
+        r.register("headroom_dispatches", "Dispatch items by result", m.dispatches.clone());
+        r.register("headroom_reports", "Observation items by result", m.reports.clone());
+        r.register("headroom_scrapes", "Endpoint metric scrapes by result", m.scrapes.clone());
+        r.register("headroom_model_trainings", "Training rounds by result", m.trainings.clone());
+        r.register(
+            "headroom_live_mape",
+            "Mean absolute percentage error of the last 500 predictions",
+            m.live_mape.clone(),
+        );
+        r.register(
+            "headroom_live_coverage",
+            "Share of the last 500 observations at or under the prediction",
+            m.live_coverage.clone(),
+        );
+        r.register("headroom_in_flight_requests", "Requests dispatched and not yet reported", m.in_flight.clone());
+        r.register(
+            "inference_objective_request_ttft_seconds",
+            "Observed time to first token (streaming)",
+            m.ttft.clone(),
+        );
+        r.register(
+            "inference_objective_request_predicted_ttft_seconds",
+            "Predicted time to first token",
+            m.predicted_ttft.clone(),
+        );
+        r.register("inference_objective_request_tpot_seconds", "Observed time per output token", m.tpot.clone());
+        r.register(
+            "inference_objective_request_predicted_tpot_seconds",
+            "Predicted time per output token",
+            m.predicted_tpot.clone(),
+        );
+        r.register(
+            "inference_objective_request_ttft_prediction_duration_seconds",
+            "Time to predict TTFT (all candidates)",
+            m.ttft_prediction_duration.clone(),
+        );
+        r.register(
+            "inference_objective_request_tpot_prediction_duration_seconds",
+            "Time to predict TPOT (all candidates)",
+            m.tpot_prediction_duration.clone(),
+        );
+        r.register(
+            "inference_objective_request_slo_violation",
+            "Finished requests that missed a stated SLO",
+            m.slo_violations.clone(),
+        );
+        Metrics { registry: r, ..m }
     }
 
+    /// One predict call (TTFT and TPOT of every candidate come from the same batched run).
     pub fn predicted(&self, seconds: f64) {
         self.predictions.inc();
         self.predict_duration.observe(seconds);
+        self.ttft_prediction_duration.observe(seconds);
+        self.tpot_prediction_duration.observe(seconds);
     }
 
     fn count(family: &Family<ResultLabel, Counter>, result: &str, n: u64) {
@@ -83,12 +188,41 @@ impl Metrics {
         Self::count(&self.scrapes, if ok { "ok" } else { "error" }, 1);
     }
 
-    pub fn observed(&self, ttft_ms: Option<f64>, tpot_ms: Option<f64>, streaming: bool) {
-        if let (Some(t), true) = (ttft_ms, streaming) {
-            self.observed_ttft.observe(t / 1000.0);
+    pub fn trained(&self, outcome: &TrainOutcome) {
+        let result = match outcome {
+            TrainOutcome::Skipped => return,
+            TrainOutcome::Activated(_) => "activated",
+            TrainOutcome::KeptActive { .. } => "kept_active",
+        };
+        Self::count(&self.trainings, result, 1);
+    }
+
+    /// Observed vs predicted latencies of a finished request, live accuracy, SLO violations.
+    pub fn observed(&self, o: &Observation) {
+        if o.status != 200 || !o.request.streaming {
+            return;
         }
-        if let Some(t) = tpot_ms {
-            self.observed_tpot.observe(t / 1000.0);
+        let pairs = [
+            (o.ttft_ms, o.predicted_ttft_ms, o.request.slo.ttft_ms),
+            (o.tpot_ms, o.predicted_tpot_ms, o.request.slo.tpot_ms),
+        ];
+        let names = ["ttft", "tpot"];
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        for (k, (actual, predicted, slo)) in pairs.into_iter().enumerate() {
+            let Some(actual) = actual.filter(|a| a.is_finite() && *a > 0.0) else { continue };
+            let (observed_h, predicted_h) =
+                if k == 0 { (&self.ttft, &self.predicted_ttft) } else { (&self.tpot, &self.predicted_tpot) };
+            observed_h.observe(actual / 1000.0);
+            if let Some(p) = predicted.filter(|p| p.is_finite()) {
+                predicted_h.observe(p / 1000.0);
+                let (mape, coverage) = windows[k].push(p, actual);
+                let label = TargetLabel { target: names[k].to_string() };
+                self.live_mape.get_or_create(&label).set(mape);
+                self.live_coverage.get_or_create(&label).set(coverage);
+            }
+            if slo.is_some_and(|s| actual > s) {
+                self.slo_violations.get_or_create(&TypeLabel { r#type: names[k].to_string() }).inc();
+            }
         }
     }
 

@@ -38,6 +38,8 @@ pub struct Endpoint {
     pub metrics: Option<EngineMetrics>,
     pub scraped_at: Option<Instant>,
     pub scrape_errors: u64,
+    /// Hardware class id (0: unknown), a model feature.
+    pub hardware_class: u32,
     prefix: PrefixCache,
 }
 
@@ -76,6 +78,7 @@ impl Pool {
                     metrics: None,
                     scraped_at: None,
                     scrape_errors: 0,
+                    hardware_class: 0,
                     prefix: PrefixCache::new(prefix_blocks),
                 })
                 .collect(),
@@ -145,6 +148,7 @@ impl Pool {
                     kv_usage: m.kv_usage,
                     prefix_match: e.prefix.match_fraction(&request.prefix_hashes),
                     metrics_age_ms: e.scraped_at.map(|t| now.duration_since(t).as_millis() as u64),
+                    hardware_class: e.hardware_class,
                     ..Default::default()
                 }
             })
@@ -175,7 +179,13 @@ impl Pools {
         let pools = config
             .pools
             .iter()
-            .map(|p| (p.name.clone(), Mutex::new(Pool::new(&p.name, &p.endpoints, config.prefix_blocks_per_endpoint))))
+            .map(|p| {
+                let mut pool = Pool::new(&p.name, &p.endpoints, config.prefix_blocks_per_endpoint);
+                for e in &mut pool.endpoints {
+                    e.hardware_class = p.hardware.get(&e.address).map_or(0, |name| config.hardware_class(name));
+                }
+                (p.name.clone(), Mutex::new(pool))
+            })
             .collect();
         Pools { pools }
     }

@@ -1,4 +1,5 @@
-//! Predictions before any model is trained: an analytic prior.
+//! Predictions before any model is trained: an analytic prior over the same
+//! feature row the models take (`crate::model::features`).
 //!
 //! Derived from the step-time model in `docs/simulator.md` (Llama-3.1-8B on
 //! one H100, continuous batching with chunked prefill). It is honest about what
@@ -11,7 +12,7 @@
 //! TPOT     = step + prompt tokens in flight * 65e-6 (longer contexts read more KV)
 //! ```
 
-use headroom_protocol::{EndpointState, RequestFeatures};
+use crate::model::features::Row;
 
 /// Name reported as `model_version` for analytic predictions.
 pub const ANALYTIC_PRIOR: &str = "analytic-prior";
@@ -41,16 +42,18 @@ impl Default for AnalyticPrior {
 }
 
 impl AnalyticPrior {
-    /// Predicted (TTFT, TPOT) in ms for `request` on an endpoint in `state`.
-    pub fn predict(&self, request: &RequestFeatures, state: &EndpointState) -> (f64, f64) {
-        let concurrency = f64::from(state.running.max(state.in_flight));
+    /// Predicted (TTFT, TPOT) in ms from a feature row (`model::features::row`).
+    pub fn predict(&self, row: &Row) -> (f64, f64) {
+        let f = |i: usize| f64::from(row[i]);
+        let (waiting, running, uncached_in_flight, effective_input, in_flight, tokens_in_flight) =
+            (f(2), f(3), f(5), f(6), f(7), f(8));
+        let input = f(1);
         let step = self.step_fixed_ms
-            + self.weight_floor_ms.max(concurrency * self.per_batched_token_ms)
-            + state.tokens_in_flight as f64 * self.per_context_token_ms;
-        let uncached = f64::from(request.input_tokens) * (1.0 - state.prefix_match.clamp(0.0, 1.0));
-        let prefill = (uncached + state.uncached_tokens_in_flight as f64) * self.prefill_per_token_ms;
-        let ttft = self.overhead_ms + prefill + f64::from(state.waiting) * step;
-        let tpot = step + f64::from(request.input_tokens) * self.per_context_token_ms;
+            + self.weight_floor_ms.max(running.max(in_flight) * self.per_batched_token_ms)
+            + tokens_in_flight * self.per_context_token_ms;
+        let prefill = (effective_input + uncached_in_flight) * self.prefill_per_token_ms;
+        let ttft = self.overhead_ms + prefill + waiting * step;
+        let tpot = step + input * self.per_context_token_ms;
         (ttft, tpot)
     }
 }
@@ -58,21 +61,22 @@ impl AnalyticPrior {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::features::row;
+    use headroom_protocol::{EndpointState, RequestFeatures};
 
     #[test]
     fn latency_grows_with_load_and_prompt() {
         let p = AnalyticPrior::default();
         let req = RequestFeatures { input_tokens: 2000, ..Default::default() };
-        let idle = p.predict(&req, &EndpointState::default());
-        let busy = p.predict(
-            &req,
-            &EndpointState { running: 64, in_flight: 64, waiting: 4, tokens_in_flight: 131_072, ..Default::default() },
-        );
+        let idle = p.predict(&row(&req, &EndpointState::default()));
+        let busy_state =
+            EndpointState { running: 64, in_flight: 64, waiting: 4, tokens_in_flight: 131_072, ..Default::default() };
+        let busy = p.predict(&row(&req, &busy_state));
         assert!(busy.0 > idle.0 && busy.1 > idle.1);
         // Calibration anchors (H100, 8B): ~6.8 ms TPOT alone, ~15.6 ms at 64 x 2k context.
         assert!((idle.1 - 6.93).abs() < 0.2, "{idle:?}");
         assert!((busy.1 - 15.5).abs() < 1.0, "{busy:?}");
-        let cached = p.predict(&req, &EndpointState { prefix_match: 1.0, ..Default::default() });
+        let cached = p.predict(&row(&req, &EndpointState { prefix_match: 1.0, ..Default::default() }));
         assert!(cached.0 < idle.0);
     }
 }

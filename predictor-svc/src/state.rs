@@ -8,13 +8,13 @@ use headroom_protocol::Observation;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::model::store::ModelStore;
 use crate::pool::Pools;
-use crate::predict::AnalyticPrior;
 
 pub struct AppState {
     pub config: Config,
     pub pools: Pools,
-    pub prior: AnalyticPrior,
+    pub models: ModelStore,
     pub observations: Mutex<ObservationLog>,
     pub metrics: Metrics,
     /// Set after the first scrape round; `/readyz` waits for it.
@@ -22,15 +22,16 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(config: Config) -> AppState {
-        AppState {
+    /// Builds the state; fails when ONNX Runtime or a configured model cannot be loaded.
+    pub fn new(config: Config) -> anyhow::Result<AppState> {
+        Ok(AppState {
             pools: Pools::from_config(&config),
-            prior: AnalyticPrior::default(),
+            models: ModelStore::open(config.model.clone())?,
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),
             metrics: Metrics::new(),
             scraped_once: AtomicBool::new(false),
             config,
-        }
+        })
     }
 }
 

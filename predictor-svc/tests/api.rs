@@ -16,7 +16,7 @@ use tower::ServiceExt;
 fn state() -> Arc<AppState> {
     let config =
         Config::parse("[[pool]]\nname = \"default\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n").unwrap();
-    Arc::new(AppState::new(config))
+    Arc::new(AppState::new(config).unwrap())
 }
 
 async fn call(

@@ -202,8 +202,9 @@ impl Stack {
         // predictor-svc.
         let endpoints: Vec<String> = stack.state.servers.iter().map(|s| format!("\"{s}\"")).collect();
         let toml = format!(
-            "listen = \"{}\"\nscrape_interval_ms = 100\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\n",
+            "listen = \"{}\"\nscrape_interval_ms = 100\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\n",
             stack.state.predictor,
+            run_dir.join("predictor-data").display(),
             endpoints.join(", ")
         );
         std::fs::write(&stack.predictor_config, toml)?;

@@ -1,0 +1,146 @@
+//! Which observations training keeps: a stratified reservoir and a held-out split.
+//!
+//! Samples are bucketed by queue (waiting 0 / 1-2 / 3-5 / 6-10 / 11+) x KV
+//! usage (5% steps) x prefix match (quartiles); each bucket keeps its newest
+//! `bucket_cap` samples, so rare regimes (a burst, a full cache) are not
+//! forgotten under a flood of common ones, and old regimes age out bucket by
+//! bucket. A fixed share of requests, chosen by a hash of the request id, goes
+//! to a held-out reservoir of the same shape, used only to validate models.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::features::Row;
+
+/// One training example: features at dispatch, and what was observed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub row: Row,
+    /// Observed TTFT (streaming requests only).
+    pub ttft_ms: Option<f64>,
+    /// Observed TPOT (streaming requests with at least two tokens).
+    pub tpot_ms: Option<f64>,
+}
+
+type Bucket = (u8, u8, u8);
+
+fn bucket_of(row: &Row) -> Bucket {
+    let waiting = row[2];
+    let queue = match waiting {
+        w if w < 0.5 => 0,
+        w if w <= 2.0 => 1,
+        w if w <= 5.0 => 2,
+        w if w <= 10.0 => 3,
+        _ => 4,
+    };
+    let kv = (row[0].clamp(0.0, 1.0) * 20.0).min(19.0) as u8;
+    let prefix = (row[4].clamp(0.0, 1.0) * 4.0).min(3.0) as u8;
+    (queue, kv, prefix)
+}
+
+/// Samples by bucket, newest last in each.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Reservoir {
+    buckets: BTreeMap<String, VecDeque<Sample>>,
+    cap: usize,
+}
+
+impl Reservoir {
+    pub fn new(cap: usize) -> Self {
+        Reservoir { buckets: BTreeMap::new(), cap: cap.max(1) }
+    }
+
+    pub fn push(&mut self, s: Sample) {
+        let (q, k, p) = bucket_of(&s.row);
+        let bucket = self.buckets.entry(format!("{q}/{k}/{p}")).or_default();
+        if bucket.len() == self.cap {
+            bucket.pop_front();
+        }
+        bucket.push_back(s);
+    }
+
+    pub fn len(&self) -> usize {
+        self.buckets.values().map(VecDeque::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn samples(&self) -> impl Iterator<Item = &Sample> {
+        self.buckets.values().flatten()
+    }
+}
+
+/// The training and held-out reservoirs, and how many samples arrived since the last training.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Samples {
+    pub train: Reservoir,
+    pub holdout: Reservoir,
+    /// Held-out share, in percent of request ids.
+    pub holdout_percent: u64,
+    pub new_since_training: usize,
+}
+
+impl Samples {
+    pub fn new(bucket_cap: usize, holdout_percent: u64) -> Self {
+        Samples {
+            train: Reservoir::new(bucket_cap),
+            holdout: Reservoir::new(bucket_cap.div_ceil(4).max(1)),
+            holdout_percent,
+            new_since_training: 0,
+        }
+    }
+
+    /// Files `sample` by its request id: the same id always lands on the same side.
+    pub fn push(&mut self, request_id: &str, sample: Sample) {
+        if fnv(request_id) % 100 < self.holdout_percent {
+            self.holdout.push(sample);
+        } else {
+            self.train.push(sample);
+            self.new_since_training += 1;
+        }
+    }
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(waiting: f32, kv: f32, prefix: f32) -> Sample {
+        let mut row = [0f32; super::super::features::COUNT];
+        row[0] = kv;
+        row[2] = waiting;
+        row[4] = prefix;
+        Sample { row, ttft_ms: Some(1.0), tpot_ms: None }
+    }
+
+    #[test]
+    fn buckets_cap_and_keep_rare_regimes() {
+        let mut r = Reservoir::new(10);
+        for _ in 0..1000 {
+            r.push(sample(0.0, 0.1, 0.0)); // the common regime
+        }
+        r.push(sample(20.0, 0.95, 1.0)); // one rare sample
+        assert_eq!(r.len(), 11, "the common bucket is capped, the rare one kept");
+        assert!(r.samples().any(|s| s.row[2] == 20.0));
+    }
+
+    #[test]
+    fn holdout_split_is_stable_and_about_its_share() {
+        let mut s = Samples::new(100_000, 10);
+        for i in 0..10_000 {
+            s.push(&format!("req-{i}"), sample((i % 13) as f32, (i % 17) as f32 / 17.0, 0.0));
+        }
+        let held = s.holdout.len() as f64 / 10_000.0;
+        assert!((held - 0.1).abs() < 0.02, "held-out share {held}");
+        assert_eq!(s.new_since_training, s.train.len());
+        let again = fnv("req-42") % 100 < 10;
+        assert_eq!(again, fnv("req-42") % 100 < 10);
+    }
+}
