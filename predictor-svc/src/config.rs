@@ -89,9 +89,10 @@ impl Default for ModelConfig {
             bucket_cap: 500,
             holdout_percent: 10,
             keep_margin: 0.1,
-            trees: 100,
+            // 60 trees per target keeps 64 candidates under 250 us in ORT (docs/predictor.md).
+            trees: 60,
             max_depth: 6,
-            learning_rate: 0.1,
+            learning_rate: 0.15,
             keep_versions: 5,
             model_path: None,
             onnxruntime_library: None,

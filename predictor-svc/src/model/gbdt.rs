@@ -38,9 +38,9 @@ pub struct Params {
 impl Default for Params {
     fn default() -> Self {
         Params {
-            trees: 100,
+            trees: 60,
             max_depth: 6,
-            learning_rate: 0.1,
+            learning_rate: 0.15,
             min_samples_leaf: 10,
             lambda: 1.0,
             objective: Objective::Mean,
