@@ -74,6 +74,23 @@ pub fn mixed(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     }
 }
 
+/// A prefill-heavy shift: long prompts (2k-6k tokens), short answers, all
+/// interactive. Used to check that the predictor's models recover.
+pub fn long_prompts(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    let class = SloClass { name: "long-prompt".into(), ttft_ms: Some(1500.0), tpot_ms: Some(60.0), priority: 0 };
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    let mut t = 0.0;
+    loop {
+        t += -rng.gen_range(f64::EPSILON..1.0).ln() / rate;
+        if t >= duration_s {
+            return out;
+        }
+        let (prompt_tokens, max_tokens) = (rng.gen_range(2000..6000), rng.gen_range(20..100));
+        out.push(RequestSpec { at_s: t, prompt_tokens, max_tokens, stream: true, class: class.clone() });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

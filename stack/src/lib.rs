@@ -35,6 +35,8 @@ pub struct StackOptions {
     /// Use a predictor already listening here instead of starting predictor-svc
     /// (tests put a misbehaving one there).
     pub external_predictor: Option<SocketAddr>,
+    /// The predictor's training objective (`mean` or `p90`).
+    pub objective: String,
 }
 
 impl Default for StackOptions {
@@ -46,6 +48,7 @@ impl Default for StackOptions {
             run_dir: locate::root().join(".run"),
             attached: true,
             external_predictor: None,
+            objective: "mean".into(),
         }
     }
 }
@@ -201,11 +204,16 @@ impl Stack {
 
         // predictor-svc.
         let endpoints: Vec<String> = stack.state.servers.iter().map(|s| format!("\"{s}\"")).collect();
+        // Each server's profile is its hardware class: a model feature, so the pool may mix GPUs.
+        let hardware: Vec<String> =
+            stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| format!("\"{s}\" = \"{p}\"")).collect();
         let toml = format!(
-            "listen = \"{}\"\nscrape_interval_ms = 100\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\n",
+            "listen = \"{}\"\nscrape_interval_ms = 100\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\nobjective = \"{}\"\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\nhardware = {{{}}}\n",
             stack.state.predictor,
             run_dir.join("predictor-data").display(),
-            endpoints.join(", ")
+            opts.objective,
+            endpoints.join(", "),
+            hardware.join(", ")
         );
         std::fs::write(&stack.predictor_config, toml)?;
         if opts.external_predictor.is_none() {
