@@ -204,8 +204,7 @@ impl ModelStore {
         }
         match std::fs::read(dir.join("samples.msgpack")) {
             Ok(bytes) => match rmp_serde::from_slice::<Samples>(&bytes) {
-                Ok(mut s) => {
-                    s.new_since_training = s.new_since_training.max(s.train.len());
+                Ok(s) => {
                     tracing::info!(train = s.train.len(), holdout = s.holdout.len(), "restored samples");
                     *self.samples.lock().unwrap_or_else(|p| p.into_inner()) = s;
                 }
