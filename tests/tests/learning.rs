@@ -1,0 +1,84 @@
+//! The learning loop through the real stack: reports from Envoy traffic become
+//! samples, a trained ONNX model replaces the prior, and survives a restart.
+
+use std::time::Duration;
+
+use headroom_e2e::{wait_until, Harness};
+use headroom_loadgen::runner::{self, Target};
+use headroom_loadgen::workload::{RequestSpec, SloClass};
+use serde_json::{json, Value};
+
+fn predict_model_version(h: &Harness) -> String {
+    let body =
+        json!({"pool": "default", "request_id": "probe", "request": {"model": "sim-llama-8b", "input_tokens": 500}});
+    let r = h
+        .http
+        .post(format!("{}/v1/predict", h.predictor()))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .unwrap();
+    let v: Value = r.json().unwrap();
+    v["model_version"].as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
+    let mut h = Harness::start(json!({})).unwrap();
+    assert_eq!(predict_model_version(&h), "analytic-prior", "cold start: the prior predicts");
+
+    let class = SloClass { name: "t".into(), ttft_ms: Some(2000.0), tpot_ms: Some(200.0), priority: 0 };
+    let work: Vec<RequestSpec> = (0..330)
+        .map(|i| RequestSpec {
+            at_s: f64::from(i) / 40.0,
+            prompt_tokens: 50 + (i * 37 % 900) as u32,
+            max_tokens: 8 + (i % 16) as u32,
+            stream: true,
+            class: class.clone(),
+        })
+        .collect();
+    let target = Target {
+        url: h.gateway(),
+        model: "sim-llama-8b".into(),
+        slo_headers: true,
+        prediction_based: Some(true),
+        timeout: Duration::from_secs(60),
+    };
+    let outcomes = tokio::runtime::Runtime::new().unwrap().block_on(runner::run(&target, &work)).unwrap();
+    assert!(outcomes.iter().all(|o| o.status == 200), "every request served");
+
+    let models = |h: &Harness| h.get(&format!("{}/v1/models", h.predictor())).map(|r| r.json()).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(20), || models(&h)["active"].as_str().is_some_and(|a| a.starts_with('v'))),
+        "no model was trained from the traffic: {}",
+        models(&h)
+    );
+    let active = models(&h)["active"].as_str().unwrap().to_string();
+    assert_eq!(predict_model_version(&h), active, "predictions now come from the trained model");
+    let v = &models(&h)["versions"][0];
+    assert!(v["train_samples_ttft"].as_u64() >= Some(200) && v["holdout_samples"].as_u64() > Some(0), "{v}");
+    let onnx = h.http.get(format!("{}/v1/models/{active}.onnx", h.predictor())).send().unwrap();
+    assert_eq!(onnx.status(), 200);
+    assert!(onnx.bytes().unwrap().len() > 1000, "the model downloads as ONNX");
+
+    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    h.stack.stop_predictor();
+    let stopped_at = now_ms();
+    h.stack.start_predictor().unwrap();
+    let after = models(&h);
+    let restored = after["active"].as_str().unwrap_or("").to_string();
+    let version = |name: &str| name.trim_start_matches('v').parse::<u64>().unwrap_or(0);
+    assert!(version(&restored) >= version(&active), "the model survives a restart: {after}");
+    let info = after["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["version"].as_u64() == Some(version(&restored)))
+        .cloned();
+    assert!(
+        info.is_some_and(|i| i["created_unix_ms"].as_u64() < Some(stopped_at)),
+        "the active model was restored from disk, not retrained: {after}"
+    );
+    assert_eq!(predict_model_version(&h), restored);
+    assert!(models(&h)["samples"]["train"].as_u64() >= Some(200), "samples survive a restart: {}", models(&h));
+}
