@@ -27,8 +27,8 @@ enum Cmd {
         /// Seconds of traffic.
         #[arg(long, default_value_t = 60.0)]
         duration: f64,
-        /// Mean requests per second.
-        #[arg(long, default_value_t = 20.0)]
+        /// Mean requests per second (30 loads 3 simulated H100s enough for the classes to differ).
+        #[arg(long, default_value_t = 30.0)]
         rate: f64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
