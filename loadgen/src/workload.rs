@@ -1,4 +1,8 @@
 //! Workloads: when each request is sent and what it asks for.
+//!
+//! Every synthetic workload is Poisson arrivals (seeded) plus a request shape;
+//! the trace replay takes arrivals and sizes from a real trace. Each request
+//! carries an SLO class.
 
 use headroom_protocol::tokens::BYTES_PER_TOKEN;
 use rand::rngs::StdRng;
@@ -14,6 +18,23 @@ pub struct SloClass {
     pub priority: i32,
 }
 
+impl SloClass {
+    /// Tight TTFT and TPOT: a person is waiting.
+    pub fn interactive() -> SloClass {
+        SloClass { name: "interactive".into(), ttft_ms: Some(400.0), tpot_ms: Some(40.0), priority: 0 }
+    }
+
+    /// Loose: a pipeline is waiting.
+    pub fn batch() -> SloClass {
+        SloClass { name: "batch".into(), ttft_ms: Some(4000.0), tpot_ms: Some(150.0), priority: 0 }
+    }
+
+    /// Background work that may be shed when nothing can serve it in time.
+    pub fn sheddable() -> SloClass {
+        SloClass { name: "sheddable".into(), ttft_ms: Some(1000.0), tpot_ms: Some(80.0), priority: -1 }
+    }
+}
+
 /// One request of a workload.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RequestSpec {
@@ -23,30 +44,43 @@ pub struct RequestSpec {
     pub max_tokens: u32,
     pub stream: bool,
     pub class: SloClass,
+    /// `(id, tokens)`: the prompt starts with shared system prompt `id` of this many tokens.
+    #[serde(default)]
+    pub shared_prefix: Option<(u32, u32)>,
 }
 
+const FILLER: &str = "lorem ipsum dolor sit amet ";
+
 impl RequestSpec {
-    /// A prompt of exactly `prompt_tokens` tokens (by the shared approximation),
-    /// unique to request `index` from its first block.
+    /// A prompt of exactly `prompt_tokens` tokens (by the shared approximation):
+    /// the shared system prompt if any, then text unique to request `index`.
     pub fn prompt(&self, index: usize) -> String {
-        let mut text = format!("request {index:08} ");
         let target = self.prompt_tokens as usize * BYTES_PER_TOKEN;
+        let mut text = String::with_capacity(target + FILLER.len());
+        if let Some((id, tokens)) = self.shared_prefix {
+            let prefix_bytes = (tokens as usize * BYTES_PER_TOKEN).min(target.saturating_sub(BYTES_PER_TOKEN));
+            text.push_str(&format!("system prompt {id:04}: "));
+            while text.len() < prefix_bytes {
+                text.push_str("you are a careful assistant. ");
+            }
+            text.truncate(prefix_bytes);
+        }
+        text.push_str(&format!("request {index:08} "));
         while text.len() < target {
-            text.push_str("lorem ipsum dolor sit amet ");
+            text.push_str(FILLER);
         }
         text.truncate(target.max(1));
         text
     }
 }
 
-/// The demo's mix: interactive (tight TTFT and TPOT), batch (loose), and a
-/// sheddable background class. Poisson arrivals at `rate` per second.
-pub fn mixed(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
-    let classes = [
-        (0.5, SloClass { name: "interactive".into(), ttft_ms: Some(400.0), tpot_ms: Some(40.0), priority: 0 }),
-        (0.35, SloClass { name: "batch".into(), ttft_ms: Some(4000.0), tpot_ms: Some(150.0), priority: 0 }),
-        (0.15, SloClass { name: "sheddable".into(), ttft_ms: Some(1000.0), tpot_ms: Some(80.0), priority: -1 }),
-    ];
+/// Poisson arrivals at `rate` per second for `duration_s`; `shape` draws each request.
+fn poisson(
+    seed: u64,
+    rate: f64,
+    duration_s: f64,
+    mut shape: impl FnMut(&mut StdRng, f64) -> RequestSpec,
+) -> Vec<RequestSpec> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = Vec::new();
     let mut t = 0.0;
@@ -55,46 +89,122 @@ pub fn mixed(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
         if t >= duration_s {
             return out;
         }
-        let pick: f64 = rng.gen_range(0.0..1.0);
-        let mut acc = 0.0;
-        let mut class = classes[0].1.clone();
-        for (share, c) in &classes {
-            acc += share;
-            if pick < acc {
-                class = c.clone();
-                break;
-            }
-        }
-        let (prompt_tokens, max_tokens) = match rng.gen_range(0..3) {
-            0 => (rng.gen_range(50..400), rng.gen_range(150..400)), // short prompt, long answer
-            1 => (rng.gen_range(1500..4000), rng.gen_range(10..60)), // long prompt, short answer
-            _ => (rng.gen_range(300..1500), rng.gen_range(50..200)),
-        };
-        out.push(RequestSpec { at_s: t, prompt_tokens, max_tokens, stream: rng.gen_bool(0.85), class });
+        out.push(shape(&mut rng, t));
     }
 }
 
-/// A prefill-heavy shift: long prompts (2k-6k tokens), short answers, all
-/// interactive. Used to check that the predictor's models recover.
+/// 50% interactive, 35% batch, 15% sheddable.
+fn mixed_class(rng: &mut StdRng) -> SloClass {
+    match rng.gen_range(0.0..1.0) {
+        x if x < 0.5 => SloClass::interactive(),
+        x if x < 0.85 => SloClass::batch(),
+        _ => SloClass::sheddable(),
+    }
+}
+
+fn spec(at_s: f64, prompt_tokens: u32, max_tokens: u32, stream: bool, class: SloClass) -> RequestSpec {
+    RequestSpec { at_s, prompt_tokens, max_tokens, stream, class, shared_prefix: None }
+}
+
+/// The demo's mix: short-prompt/long-answer, long-prompt/short-answer and medium
+/// requests; interactive, batch and sheddable classes; 85% streaming.
+pub fn mixed(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    poisson(seed, rate, duration_s, |rng, t| {
+        let class = mixed_class(rng);
+        let (prompt, output) = match rng.gen_range(0..3) {
+            0 => (rng.gen_range(50..400), rng.gen_range(150..400)),
+            1 => (rng.gen_range(1500..4000), rng.gen_range(10..60)),
+            _ => (rng.gen_range(300..1500), rng.gen_range(50..200)),
+        };
+        spec(t, prompt, output, rng.gen_bool(0.85), class)
+    })
+}
+
+/// Decode-heavy: short prompts (50-300 tokens), long answers (300-800).
+pub fn short_prompt_long_answer(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    poisson(seed, rate, duration_s, |rng, t| {
+        let class = mixed_class(rng);
+        spec(t, rng.gen_range(50..300), rng.gen_range(300..800), true, class)
+    })
+}
+
+/// Prefill-heavy: long prompts (2k-6k tokens), short answers (20-100).
+pub fn long_prompt_short_answer(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    poisson(seed, rate, duration_s, |rng, t| {
+        let class = mixed_class(rng);
+        spec(t, rng.gen_range(2000..6000), rng.gen_range(20..100), true, class)
+    })
+}
+
+/// Shared prefixes: one of 8 system prompts (1,500 tokens each) then a 50-300-token question.
+pub fn shared_prefix(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    poisson(seed, rate, duration_s, |rng, t| {
+        let class = mixed_class(rng);
+        let (system, question) = (1500u32, rng.gen_range(50..300));
+        let mut s = spec(t, system + question, rng.gen_range(30..200), true, class);
+        s.shared_prefix = Some((rng.gen_range(0..8), system));
+        s
+    })
+}
+
+/// All-interactive prefill-heavy traffic, the shift of the predictor's accuracy run.
 pub fn long_prompts(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     let class = SloClass { name: "long-prompt".into(), ttft_ms: Some(1500.0), tpot_ms: Some(60.0), priority: 0 };
+    poisson(seed, rate, duration_s, |rng, t| {
+        spec(t, rng.gen_range(2000..6000), rng.gen_range(20..100), true, class.clone())
+    })
+}
+
+/// A replay of a trace in the `arrived_at,num_prefill_tokens,num_decode_tokens`
+/// format (`loadgen/workloads/azure-conv-2023.csv`): arrivals divided by
+/// `speedup`, the first `duration_s` seconds (after speed-up), sizes clamped to
+/// the simulator's 32k context, SLO classes drawn as in [`mixed`].
+pub fn trace_replay(csv: &str, seed: u64, speedup: f64, duration_s: f64) -> Result<Vec<RequestSpec>, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = Vec::new();
-    let mut t = 0.0;
-    loop {
-        t += -rng.gen_range(f64::EPSILON..1.0).ln() / rate;
-        if t >= duration_s {
-            return out;
+    for (n, line) in csv.lines().enumerate().skip(1) {
+        if line.trim().is_empty() {
+            continue;
         }
-        let (prompt_tokens, max_tokens) = (rng.gen_range(2000..6000), rng.gen_range(20..100));
-        out.push(RequestSpec { at_s: t, prompt_tokens, max_tokens, stream: true, class: class.clone() });
+        let cols: Vec<&str> = line.split(',').collect();
+        let bad =
+            || format!("trace line {}: expected arrived_at,num_prefill_tokens,num_decode_tokens: {line:?}", n + 1);
+        if cols.len() != 3 {
+            return Err(bad());
+        }
+        let at: f64 = cols[0].trim().parse().map_err(|_| bad())?;
+        let prompt: u32 = cols[1].trim().parse().map_err(|_| bad())?;
+        let output: u32 = cols[2].trim().parse().map_err(|_| bad())?;
+        let at_s = at / speedup;
+        if at_s >= duration_s {
+            break;
+        }
+        let class = mixed_class(&mut rng);
+        out.push(spec(at_s, prompt.clamp(1, 24_000), output.clamp(1, 8_000), true, class));
+    }
+    Ok(out)
+}
+
+/// The bundled Azure conversation trace (see `loadgen/workloads/README.md`).
+pub const AZURE_CONV_2023: &str = include_str!("../workloads/azure-conv-2023.csv");
+
+/// A workload by name: `mixed`, `short-long`, `long-short`, `shared-prefix`, or
+/// `azure` (the bundled trace, `speedup` times faster; `rate` is then unused).
+pub fn by_name(name: &str, seed: u64, rate: f64, duration_s: f64, speedup: f64) -> Result<Vec<RequestSpec>, String> {
+    match name {
+        "mixed" => Ok(mixed(seed, rate, duration_s)),
+        "short-long" => Ok(short_prompt_long_answer(seed, rate, duration_s)),
+        "long-short" => Ok(long_prompt_short_answer(seed, rate, duration_s)),
+        "shared-prefix" => Ok(shared_prefix(seed, rate, duration_s)),
+        "azure" => trace_replay(AZURE_CONV_2023, seed, speedup, duration_s),
+        other => Err(format!("unknown workload {other:?}: mixed, short-long, long-short, shared-prefix, azure")),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use headroom_protocol::tokens::estimate_tokens;
+    use headroom_protocol::tokens::{estimate_tokens, prefix_block_hashes};
 
     #[test]
     fn seeded_and_rate_shaped() {
@@ -109,14 +219,41 @@ mod tests {
 
     #[test]
     fn prompt_has_the_stated_token_count() {
-        let r = RequestSpec {
-            at_s: 0.0,
-            prompt_tokens: 321,
-            max_tokens: 1,
-            stream: true,
-            class: mixed(1, 1.0, 5.0)[0].class.clone(),
-        };
+        let r = spec(0.0, 321, 1, true, SloClass::batch());
         assert_eq!(estimate_tokens(&r.prompt(3)), 321);
         assert_ne!(r.prompt(3)[..64], r.prompt(4)[..64]);
+    }
+
+    #[test]
+    fn shared_prefix_prompts_share_their_system_blocks() {
+        let w = shared_prefix(3, 20.0, 10.0);
+        let same: Vec<&RequestSpec> =
+            w.iter().filter(|r| r.shared_prefix.map(|p| p.0) == w[0].shared_prefix.map(|p| p.0)).collect();
+        assert!(same.len() >= 2);
+        let (a, b) = (same[0].prompt(0), same[1].prompt(1));
+        assert_eq!(estimate_tokens(&a), same[0].prompt_tokens);
+        let (ha, hb) = (prefix_block_hashes(&a, 1000), prefix_block_hashes(&b, 1000));
+        let shared = ha.iter().zip(&hb).take_while(|(x, y)| x == y).count();
+        assert!(shared >= 90, "1,500 shared tokens are ~93 blocks: {shared}");
+        assert_ne!(ha.last(), hb.last());
+    }
+
+    #[test]
+    fn trace_replay_scales_time_and_reports_bad_lines() {
+        let csv = "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,374,44\n4.0,396,109\n10.0,50000,2\n40.0,1,1\n";
+        let w = trace_replay(csv, 1, 2.0, 10.0).unwrap();
+        assert_eq!(w.len(), 3);
+        assert_eq!((w[1].at_s, w[1].prompt_tokens, w[1].max_tokens), (2.0, 396, 109));
+        assert_eq!(w[2].prompt_tokens, 24_000, "clamped to the context");
+        let err = trace_replay("h\n1,2\n", 1, 1.0, 10.0).unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn the_bundled_azure_trace_parses() {
+        let w = by_name("azure", 1, 0.0, 3600.0, 1.0).unwrap();
+        assert_eq!(w.len(), 19_366);
+        let mean_prompt = w.iter().map(|r| f64::from(r.prompt_tokens)).sum::<f64>() / w.len() as f64;
+        assert!((mean_prompt - 1155.0).abs() < 20.0, "{mean_prompt}");
     }
 }

@@ -35,6 +35,7 @@ fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
             max_tokens: 8 + (i % 16) as u32,
             stream: true,
             class: class.clone(),
+            shared_prefix: None,
         })
         .collect();
     let target = Target {
