@@ -19,6 +19,28 @@ use serde_json::{json, Map, Value};
 
 use process::Proc;
 
+/// What routes requests to the model servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Router {
+    /// Envoy with the headroom filter (`envoy/envoy.yaml.tmpl`).
+    Headroom,
+    /// Plain Envoy, round robin (`envoy/baseline.yaml.tmpl`).
+    RoundRobin,
+    /// Plain Envoy, least request.
+    LeastRequest,
+}
+
+impl Router {
+    /// Short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Router::Headroom => "headroom",
+            Router::RoundRobin => "envoy round robin",
+            Router::LeastRequest => "envoy least request",
+        }
+    }
+}
+
 /// How to build a stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
@@ -37,6 +59,8 @@ pub struct StackOptions {
     pub external_predictor: Option<SocketAddr>,
     /// The predictor's training objective (`mean` or `p90`).
     pub objective: String,
+    /// Envoy with headroom, or a plain Envoy baseline.
+    pub router: Router,
 }
 
 impl Default for StackOptions {
@@ -49,6 +73,7 @@ impl Default for StackOptions {
             attached: true,
             external_predictor: None,
             objective: "mean".into(),
+            router: Router::Headroom,
         }
     }
 }
@@ -107,9 +132,11 @@ fn default_plugin_config() -> Map<String, Value> {
     v.as_object().cloned().unwrap_or_default()
 }
 
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// `n` distinct free TCP ports on 127.0.0.1. Every listener is held until all
+/// are chosen: binding port 0 again after closing may return the same port.
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
 fn local(port: u16) -> SocketAddr {
@@ -131,13 +158,12 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
 /// Renders the Envoy bootstrap template.
 pub fn render_envoy(
     template: &str,
-    admin: SocketAddr,
-    gateway: SocketAddr,
-    predictor: SocketAddr,
-    servers: &[SocketAddr],
+    addresses: &StackState,
     wasm: &Path,
     plugin: &Value,
+    lb_policy: &str,
 ) -> anyhow::Result<String> {
+    let StackState { admin, gateway, predictor, servers, .. } = addresses;
     let endpoints: Vec<String> = servers
         .iter()
         .map(|s| {
@@ -157,7 +183,8 @@ pub fn render_envoy(
         .replace("{{PREDICTOR_PORT}}", &predictor.port().to_string())
         .replace("{{WASM_PATH}}", &wasm.display().to_string())
         .replace("{{PLUGIN_CONFIG}}", &plugin_text)
-        .replace("{{MODEL_SERVER_ENDPOINTS}}", &endpoints.join("\n"));
+        .replace("{{MODEL_SERVER_ENDPOINTS}}", &endpoints.join("\n"))
+        .replace("{{LB_POLICY}}", lb_policy);
     anyhow::ensure!(!out.contains("{{"), "envoy template has a placeholder the stack does not fill");
     Ok(out)
 }
@@ -171,15 +198,14 @@ impl Stack {
         let bins = locate::bin_dir()?;
         let envoy = locate::envoy()?;
         let wasm = locate::wasm()?;
-        let servers: Vec<SocketAddr> =
-            opts.profiles.iter().map(|_| free_port().map(local)).collect::<Result<_, _>>()?;
+        let mut ports = free_ports(opts.profiles.len() + 3)?.into_iter().map(local);
+        let mut next = || ports.next().ok_or_else(|| anyhow::anyhow!("port allocation came up short"));
+        let (gateway, admin, own_predictor) = (next()?, next()?, next()?);
+        let servers: Vec<SocketAddr> = opts.profiles.iter().map(|_| next()).collect::<Result<_, _>>()?;
         let state = StackState {
-            gateway: local(free_port()?),
-            admin: local(free_port()?),
-            predictor: match opts.external_predictor {
-                Some(addr) => addr,
-                None => local(free_port()?),
-            },
+            gateway,
+            admin,
+            predictor: opts.external_predictor.unwrap_or(own_predictor),
             servers,
             procs: Vec::new(),
         };
@@ -223,9 +249,13 @@ impl Stack {
         // Envoy with the filter.
         let mut plugin = default_plugin_config();
         plugin.extend(opts.plugin.clone());
-        let template = std::fs::read_to_string(locate::root().join("envoy/envoy.yaml.tmpl"))?;
-        let s = &stack.state;
-        let yaml = render_envoy(&template, s.admin, s.gateway, s.predictor, &s.servers, &wasm, &Value::Object(plugin))?;
+        let (file, lb_policy) = match opts.router {
+            Router::Headroom => ("envoy/envoy.yaml.tmpl", ""),
+            Router::RoundRobin => ("envoy/baseline.yaml.tmpl", "ROUND_ROBIN"),
+            Router::LeastRequest => ("envoy/baseline.yaml.tmpl", "LEAST_REQUEST"),
+        };
+        let template = std::fs::read_to_string(locate::root().join(file))?;
+        let yaml = render_envoy(&template, &stack.state, &wasm, &Value::Object(plugin), lb_policy)?;
         let envoy_yaml = run_dir.join("envoy.yaml");
         std::fs::write(&envoy_yaml, yaml)?;
         let args: Vec<String> = [
@@ -258,14 +288,23 @@ impl Stack {
         Ok(())
     }
 
-    fn wait_ready(&mut self, name: &str, ok: impl FnMut() -> bool) -> anyhow::Result<()> {
-        if wait_until(Duration::from_secs(30), ok) {
+    fn wait_ready(&mut self, name: &str, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+        let index = self.state.procs.iter().rposition(|p| p.name == name);
+        let mut exited = false;
+        let children = &mut self.children;
+        let ready = wait_until(Duration::from_secs(30), || {
+            // A process that already exited will never answer: stop waiting.
+            exited = index.and_then(|i| children[i].as_mut()).is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            exited || ok()
+        });
+        if ready && !exited {
             return Ok(());
         }
         let log = self.run_dir.join(format!("{name}.log"));
         let tail = process::log_tail(&log, 30);
         self.stop();
-        anyhow::bail!("{name} did not become ready within 30 s; last lines of {}:\n{tail}", log.display())
+        let why = if exited { "exited" } else { "did not become ready within 30 s" };
+        anyhow::bail!("{name} {why}; last lines of {}:\n{tail}", log.display())
     }
 
     /// Starts (or restarts) predictor-svc on its port and waits for `/readyz`.
@@ -325,5 +364,21 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct() {
+        for _ in 0..20 {
+            let mut ports = free_ports(16).unwrap_or_default();
+            assert_eq!(ports.len(), 16);
+            ports.sort_unstable();
+            ports.dedup();
+            assert_eq!(ports.len(), 16);
+        }
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use headroom_loadgen::{report, runner, workload};
-use headroom_stack::{locate, Stack, StackOptions, StackState};
+use headroom_stack::{locate, Router, Stack, StackOptions, StackState};
 
 #[derive(Parser)]
 #[command(about = "Run the local headroom stack")]
@@ -32,6 +32,28 @@ enum Cmd {
         rate: f64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+    },
+    /// Compare routers on the identical request sequence: plain Envoy round robin and
+    /// least request, headroom with prediction off (composite) and on.
+    Bench {
+        /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, azure).
+        #[arg(long, default_value = "mixed,shared-prefix")]
+        workloads: String,
+        /// Mean requests per second (azure: the trace's own rate times --speedup).
+        #[arg(long, default_value_t = 40.0)]
+        rate: f64,
+        /// Seconds of measured traffic per router and workload.
+        #[arg(long, default_value_t = 60.0)]
+        duration: f64,
+        /// Seconds of traffic (another seed) before measuring headroom, so its models are trained.
+        #[arg(long, default_value_t = 30.0)]
+        warmup: f64,
+        /// Trace replay speed-up (azure).
+        #[arg(long, default_value_t = 8.0)]
+        speedup: f64,
+        /// Where the report and per-request results go.
+        #[arg(long, default_value = "results")]
+        out: std::path::PathBuf,
     },
     /// Measure prediction accuracy on simulator traffic through the real stack,
     /// then after a workload shift (docs/predictor.md).
@@ -105,6 +127,9 @@ fn main() -> anyhow::Result<()> {
             println!("\nstack stopped");
         }
         Cmd::Accuracy { warmup, shift, rate, objective } => accuracy(&run_dir, warmup, shift, rate, &objective)?,
+        Cmd::Bench { workloads, rate, duration, warmup, speedup, out } => {
+            bench(&run_dir, &workloads, rate, duration, warmup, speedup, &out)?
+        }
     }
     Ok(())
 }
@@ -188,5 +213,112 @@ fn accuracy(run_dir: &std::path::Path, warmup: f64, shift: f64, rate: f64, objec
             v["train_ms"]
         );
     }
+    Ok(())
+}
+
+/// One router setup of the benchmark.
+struct Contender {
+    name: &'static str,
+    router: Router,
+    /// `x-prediction-based-scheduling` sent by the clients (headroom only).
+    prediction_based: Option<bool>,
+}
+
+const CONTENDERS: [Contender; 4] = [
+    Contender { name: "envoy round robin", router: Router::RoundRobin, prediction_based: None },
+    Contender { name: "envoy least request", router: Router::LeastRequest, prediction_based: None },
+    Contender { name: "headroom composite", router: Router::Headroom, prediction_based: Some(false) },
+    Contender { name: "headroom predicted", router: Router::Headroom, prediction_based: Some(true) },
+];
+
+/// A summary row: attainment, goodput, latency percentiles, shed rate, load spread.
+fn bench_row(name: &str, outcomes: &[runner::Outcome], duration: f64) -> String {
+    use headroom_loadgen::report::quantile;
+    let n = outcomes.len().max(1) as f64;
+    let met = outcomes.iter().filter(|o| o.met_slo()).count() as f64;
+    let shed = outcomes.iter().filter(|o| o.shed()).count() as f64;
+    let ttft: Vec<f64> = outcomes.iter().filter(|o| o.status == 200).filter_map(|o| o.ttft_ms).collect();
+    let tpot: Vec<f64> = outcomes.iter().filter(|o| o.status == 200).filter_map(|o| o.tpot_ms).collect();
+    let mut load: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for o in outcomes {
+        if let Some(s) = &o.served_by {
+            *load.entry(s.as_str()).or_default() += 1;
+        }
+    }
+    let (lo, hi) = (load.values().min().copied().unwrap_or(0), load.values().max().copied().unwrap_or(0));
+    let q = |v: &[f64], p: f64| quantile(v, p).map_or("-".to_string(), |x| format!("{x:.0}"));
+    let q1 = |v: &[f64], p: f64| quantile(v, p).map_or("-".to_string(), |x| format!("{x:.1}"));
+    format!(
+        "| {name} | {} | {:.1}% | {:.2} | {} / {} / {} | {} / {} / {} | {:.1}% | {lo}-{hi} |",
+        outcomes.len(),
+        100.0 * met / n,
+        met / duration,
+        q(&ttft, 0.5),
+        q(&ttft, 0.9),
+        q(&ttft, 0.99),
+        q1(&tpot, 0.5),
+        q1(&tpot, 0.9),
+        q1(&tpot, 0.99),
+        100.0 * shed / n,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    run_dir: &std::path::Path,
+    workloads: &str,
+    rate: f64,
+    duration: f64,
+    warmup: f64,
+    speedup: f64,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    let profiles: Vec<String> = ["h100"; 6].into_iter().chain(["a100"; 2]).map(String::from).collect();
+    let runtime = tokio::runtime::Runtime::new()?;
+    let mut report = format!(
+        "# Benchmark: SLO attainment by router\n\n8 simulated servers (6 H100, 2 A100), the real Envoy; every router gets the identical request sequence.\n\nCommand: `headroom-stack bench --workloads {workloads} --rate {rate} --duration {duration} --warmup {warmup}`\n"
+    );
+    for name in workloads.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let work = workload::by_name(name, 11, rate, duration, speedup).map_err(anyhow::Error::msg)?;
+        let warm = workload::by_name(name, 12, rate, warmup, speedup).map_err(anyhow::Error::msg)?;
+        println!("workload {name}: {} requests", work.len());
+        report.push_str(&format!(
+            "\n## {name} ({} requests in {duration:.0} s)\n\n| router | requests | SLO attainment | goodput (req/s) | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | shed | requests per server (min-max) |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+            work.len()
+        ));
+        for c in &CONTENDERS {
+            let _ = std::fs::remove_dir_all(run_dir.join("predictor-data"));
+            let opts = StackOptions {
+                run_dir: run_dir.to_path_buf(),
+                profiles: profiles.clone(),
+                router: c.router,
+                ..Default::default()
+            };
+            let stack = Stack::start(opts)?;
+            let target = runner::Target {
+                url: format!("http://{}", stack.state.gateway),
+                model: "sim-llama-8b".into(),
+                slo_headers: true,
+                prediction_based: c.prediction_based,
+                timeout: Duration::from_secs(120),
+            };
+            if c.router == Router::Headroom && warmup > 0.0 {
+                runtime.block_on(runner::run(&target, &warm))?;
+            }
+            let outcomes = runtime.block_on(runner::run(&target, &work))?;
+            drop(stack);
+            let row = bench_row(c.name, &outcomes, duration);
+            println!("{row}");
+            report.push_str(&row);
+            report.push('\n');
+            let file = out.join(format!("{name}-{}.jsonl", c.name.replace(' ', "-")));
+            let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
+            std::fs::write(file, lines.join("\n") + "\n")?;
+        }
+    }
+    report.push_str("\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second.\n");
+    std::fs::write(out.join("report.md"), &report)?;
+    println!("\nreport: {}", out.join("report.md").display());
     Ok(())
 }
