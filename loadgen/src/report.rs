@@ -5,16 +5,7 @@ use std::fmt::Write;
 
 use crate::runner::Outcome;
 
-/// The `q` quantile (0..=1) of `values` by nearest rank; `None` if empty.
-pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
-}
+pub use headroom_protocol::stats::quantile;
 
 fn ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |x| format!("{x:.0}"))
@@ -90,18 +81,4 @@ pub fn table(outcomes: &[Outcome]) -> String {
         "shed and failed requests as misses; non-streaming ones must finish by ttft_slo + tpot_slo x max_tokens."
     );
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nearest_rank_quantiles() {
-        let v: Vec<f64> = (1..=10).map(f64::from).collect();
-        assert_eq!(quantile(&v, 0.5), Some(5.0));
-        assert_eq!(quantile(&v, 0.9), Some(9.0));
-        assert_eq!(quantile(&v, 1.0), Some(10.0));
-        assert_eq!(quantile(&[], 0.5), None);
-    }
 }

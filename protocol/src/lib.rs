@@ -9,6 +9,7 @@ pub mod codec;
 pub mod messages;
 pub mod openai;
 pub mod prefix;
+pub mod stats;
 pub mod tokens;
 
 pub use codec::{decode, encode, CodecError, Format};

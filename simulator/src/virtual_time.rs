@@ -87,15 +87,7 @@ pub fn closed_loop(profile: Profile, concurrency: usize, total: usize, warmup: u
     RunResult { latencies, preemptions: engine.counters.preemptions, elapsed_ms: now }
 }
 
-/// Nearest-rank quantile of `values` (0 when empty).
-pub fn quantile(values: &mut [f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
-}
+pub use headroom_protocol::stats::quantile_in_place as quantile;
 
 #[cfg(test)]
 mod tests {

@@ -112,13 +112,7 @@ fn main() -> anyhow::Result<()> {
             );
             println!("sending {duration:.0} s of mixed traffic at {rate} req/s (interactive / batch / sheddable SLO classes)...");
             let work = workload::mixed(seed, rate, duration);
-            let target = runner::Target {
-                url: format!("http://{}", stack.state.gateway),
-                model: "sim-llama-8b".into(),
-                slo_headers: true,
-                prediction_based: Some(true),
-                timeout: Duration::from_secs(120),
-            };
+            let target = gateway_target(&stack, Some(true));
             let runtime = tokio::runtime::Runtime::new()?;
             let outcomes = runtime.block_on(runner::run(&target, &work))?;
             println!();
@@ -132,6 +126,17 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Clients of the stack's gateway: the simulated model, SLO headers on.
+fn gateway_target(stack: &Stack, prediction_based: Option<bool>) -> runner::Target {
+    runner::Target {
+        url: format!("http://{}", stack.state.gateway),
+        model: "sim-llama-8b".into(),
+        slo_headers: true,
+        prediction_based,
+        timeout: Duration::from_secs(120),
+    }
 }
 
 /// One line of the accuracy log: time, phase, active model, live MAPE and coverage.
@@ -171,13 +176,7 @@ fn accuracy(run_dir: &std::path::Path, warmup: f64, shift: f64, rate: f64, objec
         "| time | phase | model | train samples | live MAPE TTFT | live MAPE TPOT | coverage TTFT | coverage TPOT |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let target = runner::Target {
-        url: format!("http://{}", stack.state.gateway),
-        model: "sim-llama-8b".into(),
-        slo_headers: true,
-        prediction_based: Some(true),
-        timeout: Duration::from_secs(120),
-    };
+    let target = gateway_target(&stack, Some(true));
     let runtime = tokio::runtime::Runtime::new()?;
     let started = std::time::Instant::now();
     for (phase, work) in
@@ -296,13 +295,7 @@ fn bench(
                 ..Default::default()
             };
             let stack = Stack::start(opts)?;
-            let target = runner::Target {
-                url: format!("http://{}", stack.state.gateway),
-                model: "sim-llama-8b".into(),
-                slo_headers: true,
-                prediction_based: c.prediction_based,
-                timeout: Duration::from_secs(120),
-            };
+            let target = gateway_target(&stack, c.prediction_based);
             if c.router == Router::Headroom && warmup > 0.0 {
                 runtime.block_on(runner::run(&target, &warm))?;
             }

@@ -8,6 +8,7 @@
 //! mean residual (mean objective) or the residuals' quantile (quantile
 //! objective, Friedman's gradient boosting for quantiles), times the learning rate.
 
+use headroom_protocol::stats::quantile_in_place as quantile;
 use serde::{Deserialize, Serialize};
 
 /// Most split thresholds per feature.
@@ -246,16 +247,6 @@ fn best_split<const F: usize>(
         }
     }
     best.map(|(_, f, b)| (f, b))
-}
-
-/// Nearest-rank quantile (sorts `values`); 0 when empty.
-pub fn quantile(values: &mut [f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
 }
 
 #[cfg(test)]

@@ -1,0 +1,32 @@
+//! The one quantile definition every component reports and trains with.
+
+/// Nearest-rank quantile `q` (0..=1) of `values`, sorting them in place; 0 when empty.
+pub fn quantile_in_place(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+/// Nearest-rank quantile `q` of `values` (copied); `None` when empty.
+pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
+    (!values.is_empty()).then(|| quantile_in_place(&mut values.to_vec(), q))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), Some(5.0));
+        assert_eq!(quantile(&v, 0.9), Some(9.0));
+        assert_eq!(quantile(&v, 1.0), Some(10.0));
+        assert_eq!(quantile(&v, 0.0), Some(1.0));
+        assert_eq!(quantile(&[], 0.5), None);
+        assert_eq!(quantile_in_place(&mut [], 0.5), 0.0);
+    }
+}
