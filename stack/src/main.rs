@@ -221,13 +221,26 @@ struct Contender {
     router: Router,
     /// `x-prediction-based-scheduling` sent by the clients (headroom only).
     prediction_based: Option<bool>,
+    /// Filter `strategy` for the positive tier (headroom only).
+    strategy: &'static str,
 }
 
-const CONTENDERS: [Contender; 4] = [
-    Contender { name: "envoy round robin", router: Router::RoundRobin, prediction_based: None },
-    Contender { name: "envoy least request", router: Router::LeastRequest, prediction_based: None },
-    Contender { name: "headroom composite", router: Router::Headroom, prediction_based: Some(false) },
-    Contender { name: "headroom predicted", router: Router::Headroom, prediction_based: Some(true) },
+const CONTENDERS: [Contender; 5] = [
+    Contender { name: "envoy round robin", router: Router::RoundRobin, prediction_based: None, strategy: "" },
+    Contender { name: "envoy least request", router: Router::LeastRequest, prediction_based: None, strategy: "" },
+    Contender {
+        name: "headroom composite",
+        router: Router::Headroom,
+        prediction_based: Some(false),
+        strategy: "least",
+    },
+    Contender { name: "headroom predicted", router: Router::Headroom, prediction_based: Some(true), strategy: "least" },
+    Contender {
+        name: "headroom predicted, most",
+        router: Router::Headroom,
+        prediction_based: Some(true),
+        strategy: "most",
+    },
 ];
 
 /// A summary row: attainment, goodput, latency percentiles, shed rate, load spread.
@@ -288,10 +301,17 @@ fn bench(
         ));
         for c in &CONTENDERS {
             let _ = std::fs::remove_dir_all(run_dir.join("predictor-data"));
+            let mut plugin = serde_json::Map::new();
+            if c.router == Router::Headroom {
+                plugin.insert("strategy".into(), c.strategy.into());
+                // Without SLO routing the filter places by this profile: "composite" means composite.
+                plugin.insert("default_profile".into(), "composite".into());
+            }
             let opts = StackOptions {
                 run_dir: run_dir.to_path_buf(),
                 profiles: profiles.clone(),
                 router: c.router,
+                plugin,
                 ..Default::default()
             };
             let stack = Stack::start(opts)?;
