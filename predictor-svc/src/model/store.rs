@@ -28,7 +28,7 @@ use crate::config::ModelConfig;
 use crate::predict::AnalyticPrior;
 
 /// Name of predictions made by the analytic prior.
-pub const PRIOR: &str = "analytic-prior";
+pub use crate::predict::ANALYTIC_PRIOR as PRIOR;
 
 /// What is known about one model version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
