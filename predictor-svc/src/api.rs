@@ -137,9 +137,12 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
 async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
     let now = Instant::now();
-    let mut ack = BatchAck::default();
+    // Validate the whole batch before applying any of it: a 400 leaves no half-applied batch.
     for (i, d) in batch.dispatches.iter().enumerate() {
         check_slo(&d.request.slo, &format!("dispatches[{i}].request"))?;
+    }
+    let mut ack = BatchAck::default();
+    for d in &batch.dispatches {
         let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
         let result = match applied {
             Some(Applied::Accepted) => "accepted",

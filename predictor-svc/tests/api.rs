@@ -135,3 +135,22 @@ async fn dispatch_and_report_track_in_flight() {
     assert_eq!(json_of(&body)["rejected"], 1);
     assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
 }
+
+#[tokio::test]
+async fn a_refused_dispatch_batch_applies_nothing() {
+    let s = state();
+    let good = json!({"model": "m", "input_tokens": 10, "streaming": true});
+    let bad = json!({"model": "m", "input_tokens": 10, "slo": {"ttft_ms": -1.0}});
+    let batch = json!({"dispatches": [
+        {"pool": "default", "request_id": "ok", "endpoint": "127.0.0.1:1", "request": good},
+        {"pool": "default", "request_id": "bad", "endpoint": "127.0.0.1:1", "request": bad},
+    ]});
+    let (status, _, body) = call(&s, "/v1/dispatch", codec::JSON, codec::JSON, batch.to_string().into_bytes()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"]["field"], "dispatches[1].request.slo.ttft_ms");
+    assert_eq!(
+        s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")),
+        Some(0),
+        "the valid item was not applied either"
+    );
+}
