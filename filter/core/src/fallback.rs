@@ -31,11 +31,6 @@ impl StateCache {
     }
 }
 
-/// Index of the endpoint with the best composite score, or `None` if there are none.
-pub fn pick_composite(states: &[&EndpointState], rng: &mut Rng) -> Option<usize> {
-    rank_composite(states, rng).first().copied()
-}
-
 /// Every endpoint's index, best composite score first, ties in random order.
 pub fn rank_composite(states: &[&EndpointState], rng: &mut Rng) -> Vec<usize> {
     let max_waiting = states.iter().map(|s| s.waiting).max().unwrap_or(0) as f64;
@@ -68,10 +63,11 @@ mod tests {
         let mut rng = Rng::new(1);
         let a = st(0.9, 5, 0.0);
         let b = st(0.2, 0, 0.0);
-        assert_eq!(pick_composite(&[&a, &b], &mut rng), Some(1));
+        let best = |states: &[&EndpointState], rng: &mut Rng| rank_composite(states, rng).first().copied();
+        assert_eq!(best(&[&a, &b], &mut rng), Some(1));
         let c = st(0.2, 0, 1.0);
-        assert_eq!(pick_composite(&[&a, &b, &c], &mut rng), Some(2));
-        assert_eq!(pick_composite(&[], &mut rng), None);
+        assert_eq!(best(&[&a, &b, &c], &mut rng), Some(2));
+        assert_eq!(best(&[], &mut rng), None);
         assert_eq!(rank_composite(&[&a, &b, &c], &mut rng), vec![2, 1, 0]);
     }
 
@@ -79,7 +75,8 @@ mod tests {
     fn ties_spread() {
         let mut rng = Rng::new(2);
         let s = st(0.1, 0, 0.0);
-        let picks: Vec<usize> = (0..300).filter_map(|_| pick_composite(&[&s, &s, &s], &mut rng)).collect();
+        let picks: Vec<usize> =
+            (0..300).filter_map(|_| rank_composite(&[&s, &s, &s], &mut rng).first().copied()).collect();
         for i in 0..3 {
             assert!(picks.iter().filter(|p| **p == i).count() > 60);
         }
