@@ -89,9 +89,10 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut r = Registry::default();
         let latency = || Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        let duration = || Histogram::new(exponential_buckets(1e-6, 2.0, 20));
         let m = Metrics {
             predictions: Counter::default(),
-            predict_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            predict_duration: duration(),
             dispatches: Family::default(),
             reports: Family::default(),
             scrapes: Family::default(),
@@ -100,8 +101,8 @@ impl Metrics {
             predicted_ttft: latency(),
             tpot: latency(),
             predicted_tpot: latency(),
-            ttft_prediction_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
-            tpot_prediction_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            ttft_prediction_duration: duration(),
+            tpot_prediction_duration: duration(),
             slo_violations: Family::default(),
             live_mape: Family::default(),
             live_coverage: Family::default(),
