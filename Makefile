@@ -7,7 +7,7 @@ STACK      := target/release/headroom-stack
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm up down demo test fmt fmt-check clippy unit wasm-test e2e sim-bench clean
+.PHONY: setup build wasm up down demo bench test fmt fmt-check clippy unit wasm-test e2e sim-bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -27,6 +27,12 @@ down:
 
 demo: build
 	@$(STACK) demo
+
+# Every router on identical traffic over a rate ladder, five workloads, 8 simulated servers:
+# results/report.md, one SVG chart per workload, raw results (docs/benchmark.md). About an hour.
+BENCH_ARGS ?=
+bench: build
+	@$(STACK) bench --out results $(BENCH_ARGS)
 
 # Calibration checks and load sweep of the simulated engine (docs/simulator.md).
 sim-bench:

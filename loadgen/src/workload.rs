@@ -188,6 +188,16 @@ pub fn trace_replay(csv: &str, seed: u64, speedup: f64, duration_s: f64) -> Resu
 /// The bundled Azure conversation trace (see `loadgen/workloads/README.md`).
 pub const AZURE_CONV_2023: &str = include_str!("../workloads/azure-conv-2023.csv");
 
+/// Mean arrival rate (requests/s) of the bundled Azure trace at speed-up 1.
+pub fn azure_native_rate() -> f64 {
+    let times: Vec<f64> =
+        AZURE_CONV_2023.lines().skip(1).filter_map(|l| l.split(',').next()?.trim().parse().ok()).collect();
+    match (times.first(), times.last()) {
+        (Some(a), Some(b)) if b > a => (times.len() - 1) as f64 / (b - a),
+        _ => 1.0,
+    }
+}
+
 /// A workload by name: `mixed`, `short-long`, `long-short`, `shared-prefix`, or
 /// `azure` (the bundled trace, `speedup` times faster; `rate` is then unused).
 pub fn by_name(name: &str, seed: u64, rate: f64, duration_s: f64, speedup: f64) -> Result<Vec<RequestSpec>, String> {

@@ -5,6 +5,13 @@
 //! [[pool]]
 //! name = "default"
 //! endpoints = ["127.0.0.1:8001", "127.0.0.1:8002"]
+//!
+//! [[pool]]
+//! name = "llama"
+//! [[pool.kubernetes]]          # endpoints from EndpointSlices, watched
+//! namespace = "llm"
+//! selector = "kubernetes.io/service-name=vllm-llama"
+//! hardware = "h100"
 //! ```
 
 use std::collections::BTreeMap;
@@ -45,6 +52,32 @@ pub struct Config {
     /// Latency models: training, persistence, or a user-supplied model.
     #[serde(default)]
     pub model: ModelConfig,
+    /// How to reach the Kubernetes API (pools with `[[pool.kubernetes]]` sources).
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
+}
+
+/// The `[kubernetes]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// API server URL. Default: the in-cluster service account, else `KUBECONFIG` / `~/.kube/config`.
+    pub api_server: Option<String>,
+}
+
+/// Endpoints of a pool discovered from Kubernetes EndpointSlices.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSource {
+    pub namespace: String,
+    /// Label selector on the EndpointSlices, e.g. `kubernetes.io/service-name=vllm`.
+    pub selector: String,
+    /// Use this port number on every address.
+    pub port: Option<u16>,
+    /// Else the slice port of this name. Else the slice's only port.
+    pub port_name: Option<String>,
+    /// Hardware class of these endpoints (a model feature), e.g. `h100`.
+    pub hardware: Option<String>,
 }
 
 /// The `[model]` section.
@@ -116,7 +149,11 @@ impl ModelConfig {
 pub struct PoolConfig {
     pub name: String,
     /// `ip:port` of each model server (static list).
+    #[serde(default)]
     pub endpoints: Vec<String>,
+    /// EndpointSlice sources, watched; their ready endpoints join the static ones.
+    #[serde(default)]
+    pub kubernetes: Vec<KubernetesSource>,
     /// Hardware class of endpoints, e.g. `{"10.0.0.12:8000" = "a100"}`: a model
     /// feature, so one pool can mix GPU types. Unlisted endpoints are class 0.
     #[serde(default)]
@@ -161,7 +198,11 @@ impl Config {
 
     /// Class id of every hardware name used anywhere, 1-based in name order.
     pub fn hardware_class(&self, name: &str) -> u32 {
-        let mut names: Vec<&String> = self.pools.iter().flat_map(|p| p.hardware.values()).collect();
+        let mut names: Vec<&String> = self
+            .pools
+            .iter()
+            .flat_map(|p| p.hardware.values().chain(p.kubernetes.iter().filter_map(|k| k.hardware.as_ref())))
+            .collect();
         names.sort();
         names.dedup();
         names.iter().position(|n| *n == name).map_or(0, |i| i as u32 + 1)
@@ -188,7 +229,24 @@ impl Config {
         for pool in &self.pools {
             anyhow::ensure!(!pool.name.is_empty(), "pool.name must not be empty");
             anyhow::ensure!(names.insert(&pool.name), "pool {:?} is defined twice", pool.name);
-            anyhow::ensure!(!pool.endpoints.is_empty(), "pool {:?}: endpoints must not be empty", pool.name);
+            anyhow::ensure!(
+                !pool.endpoints.is_empty() || !pool.kubernetes.is_empty(),
+                "pool {:?}: needs endpoints or a [[pool.kubernetes]] source",
+                pool.name
+            );
+            for k in &pool.kubernetes {
+                anyhow::ensure!(
+                    !k.namespace.is_empty(),
+                    "pool {:?}: kubernetes.namespace must not be empty",
+                    pool.name
+                );
+                anyhow::ensure!(
+                    !k.selector.trim().is_empty(),
+                    "pool {:?}: kubernetes.selector must not be empty (it would watch every EndpointSlice)",
+                    pool.name
+                );
+                anyhow::ensure!(k.port != Some(0), "pool {:?}: kubernetes.port must be > 0", pool.name);
+            }
             for e in &pool.endpoints {
                 e.parse::<SocketAddr>()
                     .map_err(|_| anyhow::anyhow!("pool {:?}: endpoint {e:?} is not ip:port", pool.name))?;
@@ -227,6 +285,18 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_sources_replace_or_join_static_endpoints() {
+        let c = Config::parse(
+            "[kubernetes]\napi_server = \"http://127.0.0.1:1\"\n[[pool]]\nname = \"p\"\n[[pool.kubernetes]]\nnamespace = \"llm\"\nselector = \"app=vllm\"\nport_name = \"http\"\nhardware = \"a100\"\n",
+        )
+        .unwrap();
+        assert!(c.pools[0].endpoints.is_empty());
+        assert_eq!(c.pools[0].kubernetes[0].port_name.as_deref(), Some("http"));
+        assert_eq!(c.hardware_class("a100"), 1);
+        assert_eq!(c.kubernetes.api_server.as_deref(), Some("http://127.0.0.1:1"));
+    }
+
+    #[test]
     fn invalid_configs_refused() {
         for text in [
             "",
@@ -236,6 +306,9 @@ mod tests {
             "bogus = 1\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
             "[model]\nobjective = \"median\"\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
             "[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\nhardware = {\"127.0.0.1:9\" = \"a100\"}\n",
+            "[[pool]]\nname = \"p\"\n[[pool.kubernetes]]\nnamespace = \"llm\"\nselector = \"\"\n",
+            "[[pool]]\nname = \"p\"\n[[pool.kubernetes]]\nnamespace = \"llm\"\nselector = \"a=b\"\nport = 0\n",
+            "[[pool]]\nname = \"p\"\n[[pool.kubernetes]]\nnamespace = \"llm\"\nselector = \"a=b\"\nbogus = 1\n",
         ] {
             assert!(Config::parse(text).is_err(), "{text}");
         }

@@ -2,12 +2,13 @@
 //! tracks requests in flight, and predicts TTFT/TPOT for every candidate.
 //!
 //! Modules, one job each: `config` (file format), `pool` (endpoint state and
-//! in-flight tracking), `scrape` (vLLM metrics), `model` (features, training,
+//! in-flight tracking), `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, training,
 //! ONNX export and inference, the model store), `predict` (the analytic prior),
 //! `api` (HTTP), `metrics` (Prometheus), `state` (what handlers share).
 
 pub mod api;
 pub mod config;
+pub mod discovery;
 pub mod metrics;
 pub mod model;
 pub mod pool;
@@ -24,11 +25,13 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let state = Arc::new(state::AppState::new(config)?);
+    let watches = discovery::start(state.clone()).await?;
     let scraper = tokio::spawn(scrape::run(state.clone()));
     let trainer = tokio::spawn(train_loop(state.clone()));
     let result = axum::serve(listener, api::router(state.clone())).with_graceful_shutdown(shutdown).await;
     scraper.abort();
     trainer.abort();
+    watches.iter().for_each(|w| w.abort());
     state.models.persist_samples();
     result.map_err(Into::into)
 }

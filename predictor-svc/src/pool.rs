@@ -1,7 +1,7 @@
 //! Pools, their endpoints, and what is known of each endpoint: scraped engine
 //! metrics, requests dispatched there and not yet reported, cached prefixes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,11 @@ const DEFAULT_EXPECTED_OUTPUT: u32 = 256;
 pub struct Pool {
     pub name: String,
     pub endpoints: Vec<Endpoint>,
+    /// Endpoints from the config file: `(address, hardware class)`.
+    static_endpoints: Vec<(String, u32)>,
+    /// Endpoints from each discovery source (by source index), as last seen.
+    discovered: BTreeMap<usize, Vec<(String, u32)>>,
+    prefix_blocks: usize,
     in_flight: HashMap<String, InFlight>,
     /// Requests reported recently; a late dispatch for one of them is ignored.
     finished: HashMap<String, Instant>,
@@ -67,24 +72,88 @@ pub enum Applied {
 /// How long a finished request id is remembered.
 const FINISHED_MEMORY: Duration = Duration::from_secs(60);
 
+/// How an endpoint set change went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointChange {
+    pub added: usize,
+    pub removed: usize,
+    /// Requests in flight on removed endpoints, no longer counted.
+    pub dropped_in_flight: usize,
+}
+
 impl Pool {
+    /// A pool of static endpoints, all of hardware class 0.
     pub fn new(name: &str, addresses: &[String], prefix_blocks: usize) -> Pool {
-        Pool {
+        Pool::with_hardware(name, addresses.iter().map(|a| (a.clone(), 0)).collect(), prefix_blocks)
+    }
+
+    /// A pool of static `(address, hardware class)` endpoints.
+    pub fn with_hardware(name: &str, endpoints: Vec<(String, u32)>, prefix_blocks: usize) -> Pool {
+        let mut pool = Pool {
             name: name.to_string(),
-            endpoints: addresses
-                .iter()
-                .map(|a| Endpoint {
-                    address: a.clone(),
-                    metrics: None,
-                    scraped_at: None,
-                    scrape_errors: 0,
-                    hardware_class: 0,
-                    prefix: PrefixCache::new(prefix_blocks),
-                })
-                .collect(),
+            endpoints: Vec::new(),
+            static_endpoints: endpoints,
+            discovered: BTreeMap::new(),
+            prefix_blocks,
             in_flight: HashMap::new(),
             finished: HashMap::new(),
+        };
+        pool.rebuild();
+        pool
+    }
+
+    /// Replaces what discovery source `source` reports; the pool's endpoints become
+    /// the static ones plus every source's (first listing wins a duplicate address).
+    pub fn set_discovered(&mut self, source: usize, endpoints: Vec<(String, u32)>) -> EndpointChange {
+        self.discovered.insert(source, endpoints);
+        self.rebuild()
+    }
+
+    /// Recomputes the endpoint list. Endpoints that stay keep their metrics, prefix
+    /// cache and requests in flight; those that go take their requests in flight along.
+    fn rebuild(&mut self) -> EndpointChange {
+        let mut wanted: Vec<(String, u32)> = Vec::new();
+        for (address, class) in self.static_endpoints.iter().chain(self.discovered.values().flatten()) {
+            if !wanted.iter().any(|(a, _)| a == address) {
+                wanted.push((address.clone(), *class));
+            }
         }
+        let mut old: Vec<Option<Endpoint>> = std::mem::take(&mut self.endpoints).into_iter().map(Some).collect();
+        let mut remap: HashMap<usize, usize> = HashMap::new();
+        let mut change = EndpointChange::default();
+        for (new_index, (address, class)) in wanted.into_iter().enumerate() {
+            let kept = old.iter().position(|e| e.as_ref().is_some_and(|e| e.address == address));
+            let endpoint = match kept.and_then(|i| old[i].take().map(|e| (i, e))) {
+                Some((old_index, mut e)) => {
+                    remap.insert(old_index, new_index);
+                    e.hardware_class = class;
+                    e
+                }
+                None => {
+                    change.added += 1;
+                    Endpoint {
+                        address,
+                        metrics: None,
+                        scraped_at: None,
+                        scrape_errors: 0,
+                        hardware_class: class,
+                        prefix: PrefixCache::new(self.prefix_blocks),
+                    }
+                }
+            };
+            self.endpoints.push(endpoint);
+        }
+        change.removed = old.iter().flatten().count();
+        let before = self.in_flight.len();
+        self.in_flight.retain(|_, f| match remap.get(&f.endpoint) {
+            Some(&i) => {
+                f.endpoint = i;
+                true
+            }
+            None => false,
+        });
+        change.dropped_in_flight = before - self.in_flight.len();
+        change
     }
 
     fn index_of(&self, address: &str) -> Option<usize> {
@@ -180,11 +249,12 @@ impl Pools {
             .pools
             .iter()
             .map(|p| {
-                let mut pool = Pool::new(&p.name, &p.endpoints, config.prefix_blocks_per_endpoint);
-                for e in &mut pool.endpoints {
-                    e.hardware_class = p.hardware.get(&e.address).map_or(0, |name| config.hardware_class(name));
-                }
-                (p.name.clone(), Mutex::new(pool))
+                let endpoints = p
+                    .endpoints
+                    .iter()
+                    .map(|a| (a.clone(), p.hardware.get(a).map_or(0, |name| config.hardware_class(name))))
+                    .collect();
+                (p.name.clone(), Mutex::new(Pool::with_hardware(&p.name, endpoints, config.prefix_blocks_per_endpoint)))
             })
             .collect();
         Pools { pools }
@@ -285,6 +355,35 @@ mod tests {
         // A second request with the same prefix is mostly cached.
         p.dispatch(&dispatch("r2", "a:1", 100, None), later);
         assert_eq!(p.states_for(&req, later)[0].uncached_tokens_in_flight, 0);
+    }
+
+    #[test]
+    fn discovered_endpoints_join_and_leave_keeping_state_of_those_that_stay() {
+        let mut p = Pool::new("p", &["s:1".into()], 100);
+        let now = Instant::now();
+        let change = p.set_discovered(0, vec![("k:1".into(), 2), ("k:2".into(), 2), ("s:1".into(), 9)]);
+        assert_eq!(change, EndpointChange { added: 2, removed: 0, dropped_in_flight: 0 });
+        let addresses: Vec<&str> = p.endpoints.iter().map(|e| e.address.as_str()).collect();
+        assert_eq!(addresses, ["s:1", "k:1", "k:2"], "static first, duplicates once");
+        assert_eq!(p.endpoints[1].hardware_class, 2);
+        p.endpoints[2].metrics = Some(EngineMetrics { running: 4, waiting: 0, kv_usage: 0.5 });
+        p.dispatch(&dispatch("on-k1", "k:1", 10, None), now);
+        p.dispatch(&dispatch("on-k2", "k:2", 10, None), now);
+        p.dispatch(&dispatch("on-s1", "s:1", 10, None), now);
+
+        // k:1 goes (deleted or no longer ready): its request leaves with it; k:2 moves up one index.
+        let change = p.set_discovered(0, vec![("k:2".into(), 2)]);
+        assert_eq!(change, EndpointChange { added: 0, removed: 1, dropped_in_flight: 1 });
+        assert_eq!(p.in_flight_on("k:2"), 1);
+        assert_eq!(p.in_flight_on("s:1"), 1);
+        assert_eq!(p.endpoints[1].metrics.map(|m| m.running), Some(4), "metrics stay with the address");
+        let s = p.states_for(&RequestFeatures::default(), now);
+        assert_eq!((s[0].in_flight, s[1].in_flight), (1, 1));
+        p.finish("on-k2", now);
+        assert_eq!(p.in_flight_on("k:2"), 0);
+        // A second source adds to the first.
+        let change = p.set_discovered(1, vec![("k:3".into(), 1)]);
+        assert_eq!((change.added, p.endpoints.len()), (1, 3));
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use headroom_loadgen::{report, runner, workload};
-use headroom_stack::{locate, Router, Stack, StackOptions, StackState};
+use headroom_stack::{bench, locate, Stack, StackOptions, StackState};
 
 #[derive(Parser)]
 #[command(about = "Run the local headroom stack")]
@@ -33,25 +33,36 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Compare routers on the identical request sequence: plain Envoy round robin and
-    /// least request, headroom with prediction off (composite) and on.
+    /// Compare routers on identical request sequences over a rate ladder: plain Envoy round
+    /// robin and least request, headroom with prediction off (composite) and on (docs/benchmark.md).
     Bench {
         /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, azure).
-        #[arg(long, default_value = "mixed,shared-prefix")]
+        #[arg(long, default_value = "mixed,azure,shared-prefix,short-long,long-short")]
         workloads: String,
-        /// Mean requests per second (azure: the trace's own rate times --speedup).
-        #[arg(long, default_value_t = 40.0)]
-        rate: f64,
-        /// Seconds of measured traffic per router and workload.
-        #[arg(long, default_value_t = 60.0)]
-        duration: f64,
-        /// Seconds of traffic (another seed) before measuring headroom, so its models are trained.
-        #[arg(long, default_value_t = 30.0)]
+        /// Comma-separated rate ladder in requests/s (default: one per workload; azure is sped up to the rate).
+        #[arg(long)]
+        rates: Option<String>,
+        /// Seconds of measured traffic per router and rate.
+        #[arg(long, default_value_t = 15.0)]
+        step: f64,
+        /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.
+        #[arg(long, default_value_t = 20.0)]
         warmup: f64,
-        /// Trace replay speed-up (azure).
-        #[arg(long, default_value_t = 8.0)]
-        speedup: f64,
+        /// Comma-separated hardware profile per simulated server.
+        #[arg(long, default_value = "h100,h100,h100,h100,h100,h100,a100,a100")]
+        servers: String,
+        /// Simulator speed: below 1 keeps the host's CPU out of the measurement (rates stay in simulated time).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+        /// Comma-separated routers to run (default: all).
+        #[arg(long, default_value = "")]
+        routers: String,
         /// Where the report and per-request results go.
+        #[arg(long, default_value = "results")]
+        out: std::path::PathBuf,
+    },
+    /// Re-render report.md and the charts from a results.json of an earlier `bench`.
+    BenchReport {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
     },
@@ -120,9 +131,38 @@ fn main() -> anyhow::Result<()> {
             drop(stack);
             println!("\nstack stopped");
         }
+        Cmd::BenchReport { out } => {
+            let path = out.join("results.json");
+            let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let results: bench::BenchResults =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            bench::write_outputs(&out, &results)?;
+            println!("report: {}", out.join("report.md").display());
+        }
         Cmd::Accuracy { warmup, shift, rate, objective } => accuracy(&run_dir, warmup, shift, rate, &objective)?,
-        Cmd::Bench { workloads, rate, duration, warmup, speedup, out } => {
-            bench(&run_dir, &workloads, rate, duration, warmup, speedup, &out)?
+        Cmd::Bench { workloads, rates, step, warmup, servers, time_scale, routers, out } => {
+            let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
+            let rates = rates
+                .map(|r| {
+                    r.split(',')
+                        .map(|x| x.trim().parse::<f64>().map_err(|_| anyhow::anyhow!("--rates: not a number: {x:?}")))
+                        .collect::<anyhow::Result<Vec<f64>>>()
+                })
+                .transpose()?;
+            let opts = bench::BenchOptions {
+                workloads: list(&workloads),
+                rates,
+                step_s: step,
+                warmup_s: warmup,
+                profiles: list(&servers),
+                time_scale,
+                routers: list(&routers),
+                run_dir: run_dir.clone(),
+                out: out.clone(),
+            };
+            let command = format!("headroom-stack {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+            bench::run(&opts, command.trim())?;
+            println!("\nreport: {}", out.join("report.md").display());
         }
     }
     Ok(())
@@ -212,126 +252,5 @@ fn accuracy(run_dir: &std::path::Path, warmup: f64, shift: f64, rate: f64, objec
             v["train_ms"]
         );
     }
-    Ok(())
-}
-
-/// One router setup of the benchmark.
-struct Contender {
-    name: &'static str,
-    router: Router,
-    /// `x-prediction-based-scheduling` sent by the clients (headroom only).
-    prediction_based: Option<bool>,
-    /// Filter `strategy` for the positive tier (headroom only).
-    strategy: &'static str,
-}
-
-const CONTENDERS: [Contender; 5] = [
-    Contender { name: "envoy round robin", router: Router::RoundRobin, prediction_based: None, strategy: "" },
-    Contender { name: "envoy least request", router: Router::LeastRequest, prediction_based: None, strategy: "" },
-    Contender {
-        name: "headroom composite",
-        router: Router::Headroom,
-        prediction_based: Some(false),
-        strategy: "least",
-    },
-    Contender { name: "headroom predicted", router: Router::Headroom, prediction_based: Some(true), strategy: "least" },
-    Contender {
-        name: "headroom predicted, most",
-        router: Router::Headroom,
-        prediction_based: Some(true),
-        strategy: "most",
-    },
-];
-
-/// A summary row: attainment, goodput, latency percentiles, shed rate, load spread.
-fn bench_row(name: &str, outcomes: &[runner::Outcome], duration: f64) -> String {
-    use headroom_loadgen::report::quantile;
-    let n = outcomes.len().max(1) as f64;
-    let met = outcomes.iter().filter(|o| o.met_slo()).count() as f64;
-    let shed = outcomes.iter().filter(|o| o.shed()).count() as f64;
-    let ttft: Vec<f64> = outcomes.iter().filter(|o| o.status == 200).filter_map(|o| o.ttft_ms).collect();
-    let tpot: Vec<f64> = outcomes.iter().filter(|o| o.status == 200).filter_map(|o| o.tpot_ms).collect();
-    let mut load: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
-    for o in outcomes {
-        if let Some(s) = &o.served_by {
-            *load.entry(s.as_str()).or_default() += 1;
-        }
-    }
-    let (lo, hi) = (load.values().min().copied().unwrap_or(0), load.values().max().copied().unwrap_or(0));
-    let q = |v: &[f64], p: f64| quantile(v, p).map_or("-".to_string(), |x| format!("{x:.0}"));
-    let q1 = |v: &[f64], p: f64| quantile(v, p).map_or("-".to_string(), |x| format!("{x:.1}"));
-    format!(
-        "| {name} | {} | {:.1}% | {:.2} | {} / {} / {} | {} / {} / {} | {:.1}% | {lo}-{hi} |",
-        outcomes.len(),
-        100.0 * met / n,
-        met / duration,
-        q(&ttft, 0.5),
-        q(&ttft, 0.9),
-        q(&ttft, 0.99),
-        q1(&tpot, 0.5),
-        q1(&tpot, 0.9),
-        q1(&tpot, 0.99),
-        100.0 * shed / n,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn bench(
-    run_dir: &std::path::Path,
-    workloads: &str,
-    rate: f64,
-    duration: f64,
-    warmup: f64,
-    speedup: f64,
-    out: &std::path::Path,
-) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out)?;
-    let profiles: Vec<String> = ["h100"; 6].into_iter().chain(["a100"; 2]).map(String::from).collect();
-    let runtime = tokio::runtime::Runtime::new()?;
-    let mut report = format!(
-        "# Benchmark: SLO attainment by router\n\n8 simulated servers (6 H100, 2 A100), the real Envoy; every router gets the identical request sequence.\n\nCommand: `headroom-stack bench --workloads {workloads} --rate {rate} --duration {duration} --warmup {warmup}`\n"
-    );
-    for name in workloads.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let work = workload::by_name(name, 11, rate, duration, speedup).map_err(anyhow::Error::msg)?;
-        let warm = workload::by_name(name, 12, rate, warmup, speedup).map_err(anyhow::Error::msg)?;
-        println!("workload {name}: {} requests", work.len());
-        report.push_str(&format!(
-            "\n## {name} ({} requests in {duration:.0} s)\n\n| router | requests | SLO attainment | goodput (req/s) | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | shed | requests per server (min-max) |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
-            work.len()
-        ));
-        for c in &CONTENDERS {
-            let _ = std::fs::remove_dir_all(run_dir.join("predictor-data"));
-            let mut plugin = serde_json::Map::new();
-            if c.router == Router::Headroom {
-                plugin.insert("strategy".into(), c.strategy.into());
-                // Without SLO routing the filter places by this profile: "composite" means composite.
-                plugin.insert("default_profile".into(), "composite".into());
-            }
-            let opts = StackOptions {
-                run_dir: run_dir.to_path_buf(),
-                profiles: profiles.clone(),
-                router: c.router,
-                plugin,
-                ..Default::default()
-            };
-            let stack = Stack::start(opts)?;
-            let target = gateway_target(&stack, c.prediction_based);
-            if c.router == Router::Headroom && warmup > 0.0 {
-                runtime.block_on(runner::run(&target, &warm))?;
-            }
-            let outcomes = runtime.block_on(runner::run(&target, &work))?;
-            drop(stack);
-            let row = bench_row(c.name, &outcomes, duration);
-            println!("{row}");
-            report.push_str(&row);
-            report.push('\n');
-            let file = out.join(format!("{name}-{}.jsonl", c.name.replace(' ', "-")));
-            let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
-            std::fs::write(file, lines.join("\n") + "\n")?;
-        }
-    }
-    report.push_str("\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second.\n");
-    std::fs::write(out.join("report.md"), &report)?;
-    println!("\nreport: {}", out.join("report.md").display());
     Ok(())
 }

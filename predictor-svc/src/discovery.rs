@@ -1,0 +1,190 @@
+//! Kubernetes discovery: a pool's endpoints from EndpointSlices, watched.
+//!
+//! Each `[[pool.kubernetes]]` source is one watch (namespace + label selector). The
+//! ready addresses of all its slices replace what that source contributed to the pool,
+//! so an added, deleted or no-longer-ready endpoint takes effect on the next event.
+//! Endpoints that stay keep their metrics, prefix cache and requests in flight.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Api;
+
+use crate::config::{Config, KubernetesSource};
+use crate::state::AppState;
+
+/// The serving addresses (`ip:port`, `[ip6]:port`) of one slice for `source`.
+/// Ready means `conditions.ready` is true or unset (the API's meaning of unset).
+/// FQDN slices and slices without a usable port give nothing.
+pub fn ready_addresses(slice: &EndpointSlice, source: &KubernetesSource) -> Vec<String> {
+    let ports = slice.ports.as_deref().unwrap_or_default();
+    let port = source.port.map(i32::from).or_else(|| match &source.port_name {
+        Some(name) => ports.iter().find(|p| p.name.as_deref() == Some(name.as_str())).and_then(|p| p.port),
+        None if ports.len() == 1 => ports[0].port,
+        None => None,
+    });
+    let Some(port) = port.filter(|p| (1..=65535).contains(p)) else { return Vec::new() };
+    let ipv6 = match slice.address_type.as_str() {
+        "IPv4" => false,
+        "IPv6" => true,
+        _ => return Vec::new(),
+    };
+    slice
+        .endpoints
+        .iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .flat_map(|e| e.addresses.iter())
+        .map(|a| if ipv6 { format!("[{a}]:{port}") } else { format!("{a}:{port}") })
+        .collect()
+}
+
+/// The union of every slice's addresses, sorted (a stable order for the pool).
+fn union(slices: &HashMap<String, Vec<String>>) -> Vec<String> {
+    let mut all: Vec<String> = slices.values().flatten().cloned().collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
+/// A client for the configured API server, or the in-cluster / kubeconfig one.
+pub async fn client(config: &Config) -> anyhow::Result<kube::Client> {
+    let kube_config = match &config.kubernetes.api_server {
+        Some(url) => kube::Config::new(url.parse().map_err(|e| anyhow::anyhow!("kubernetes.api_server {url:?}: {e}"))?),
+        None => kube::Config::infer().await.map_err(|e| anyhow::anyhow!("no Kubernetes API configuration: {e}"))?,
+    };
+    kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("Kubernetes client: {e}"))
+}
+
+/// Starts one watch task per source; returns their handles (empty when no pool has sources).
+pub async fn start(state: Arc<AppState>) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let sources: Vec<(String, usize, KubernetesSource)> = state
+        .config
+        .pools
+        .iter()
+        .flat_map(|p| p.kubernetes.iter().enumerate().map(|(i, k)| (p.name.clone(), i, k.clone())))
+        .collect();
+    if sources.is_empty() {
+        return Ok(Vec::new());
+    }
+    let client = client(&state.config).await?;
+    Ok(sources
+        .into_iter()
+        .map(|(pool, index, source)| tokio::spawn(watch(state.clone(), client.clone(), pool, index, source)))
+        .collect())
+}
+
+/// Follows one source forever (the watcher relists and rewatches with backoff on errors).
+async fn watch(state: Arc<AppState>, client: kube::Client, pool: String, index: usize, source: KubernetesSource) {
+    let api: Api<EndpointSlice> = Api::namespaced(client, &source.namespace);
+    let hardware = source.hardware.as_deref().map_or(0, |h| state.config.hardware_class(h));
+    let config = watcher::Config::default().labels(&source.selector);
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut slices: HashMap<String, Vec<String>> = HashMap::new();
+    let mut relist: Option<HashMap<String, Vec<String>>> = None;
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(pool = %pool, namespace = %source.namespace, selector = %source.selector, error = %e, "EndpointSlice watch failed; retrying");
+                continue;
+            }
+        };
+        let key = |s: &EndpointSlice| s.metadata.name.clone().unwrap_or_default();
+        match event {
+            Event::Init => relist = Some(HashMap::new()),
+            Event::InitApply(s) => {
+                relist.get_or_insert_with(HashMap::new).insert(key(&s), ready_addresses(&s, &source));
+                continue;
+            }
+            Event::InitDone => slices = relist.take().unwrap_or_default(),
+            Event::Apply(s) => {
+                slices.insert(key(&s), ready_addresses(&s, &source));
+            }
+            Event::Delete(s) => {
+                slices.remove(&key(&s));
+            }
+        }
+        if relist.is_some() {
+            continue; // a relist is complete only at InitDone
+        }
+        let endpoints: Vec<(String, u32)> = union(&slices).into_iter().map(|a| (a, hardware)).collect();
+        let count = endpoints.len();
+        let change = state.pools.with(&pool, |p| p.set_discovered(index, endpoints));
+        if let Some(c) = change.filter(|c| c.added + c.removed > 0) {
+            tracing::info!(pool = %pool, namespace = %source.namespace, selector = %source.selector, endpoints = count,
+                added = c.added, removed = c.removed, dropped_in_flight = c.dropped_in_flight, "pool endpoints changed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(port: Option<u16>, port_name: Option<&str>) -> KubernetesSource {
+        KubernetesSource {
+            namespace: "llm".into(),
+            selector: "app=vllm".into(),
+            port,
+            port_name: port_name.map(String::from),
+            hardware: None,
+        }
+    }
+
+    fn slice(json: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// A slice as the API server records it (trimmed).
+    fn recorded() -> EndpointSlice {
+        slice(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "vllm-abc12", "namespace": "llm", "labels": {"kubernetes.io/service-name": "vllm"}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.0.1.5"], "conditions": {"ready": true, "serving": true, "terminating": false}},
+                {"addresses": ["10.0.1.6"], "conditions": {"ready": false, "serving": false, "terminating": false}},
+                {"addresses": ["10.0.1.7"], "conditions": {"ready": false, "serving": true, "terminating": true}},
+                {"addresses": ["10.0.1.8"]}
+            ],
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}, {"name": "metrics", "port": 9090}]
+        }))
+    }
+
+    #[test]
+    fn ready_or_unset_endpoints_on_the_named_port() {
+        assert_eq!(ready_addresses(&recorded(), &source(None, Some("http"))), ["10.0.1.5:8000", "10.0.1.8:8000"]);
+        assert_eq!(ready_addresses(&recorded(), &source(Some(8080), None)), ["10.0.1.5:8080", "10.0.1.8:8080"]);
+    }
+
+    #[test]
+    fn ambiguous_or_missing_port_and_fqdn_give_nothing() {
+        assert!(ready_addresses(&recorded(), &source(None, None)).is_empty(), "two ports, none named");
+        assert!(ready_addresses(&recorded(), &source(None, Some("grpc"))).is_empty());
+        let mut fqdn = recorded();
+        fqdn.address_type = "FQDN".into();
+        assert!(ready_addresses(&fqdn, &source(Some(1), None)).is_empty());
+    }
+
+    #[test]
+    fn ipv6_addresses_are_bracketed_and_a_single_port_needs_no_name() {
+        let s = slice(serde_json::json!({
+            "metadata": {"name": "v6"}, "addressType": "IPv6",
+            "endpoints": [{"addresses": ["fd00::5"]}], "ports": [{"port": 8000}]
+        }));
+        assert_eq!(ready_addresses(&s, &source(None, None)), ["[fd00::5]:8000"]);
+    }
+
+    #[test]
+    fn union_is_sorted_and_deduplicated() {
+        let slices: HashMap<String, Vec<String>> =
+            [("a".to_string(), vec!["b:1".to_string(), "a:1".to_string()]), ("b".to_string(), vec!["a:1".to_string()])]
+                .into_iter()
+                .collect();
+        assert_eq!(union(&slices), ["a:1", "b:1"]);
+    }
+}

@@ -1,0 +1,158 @@
+//! A dependency-free SVG line chart: SLO attainment against offered rate, one line per router.
+
+use std::fmt::Write;
+
+/// One line of the chart.
+pub struct Series<'a> {
+    pub name: &'a str,
+    /// `(x, y)` points in increasing x; y is a share (0-1).
+    pub points: Vec<(f64, f64)>,
+}
+
+const W: f64 = 720.0;
+const H: f64 = 420.0;
+const LEFT: f64 = 60.0;
+const RIGHT: f64 = 200.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 50.0;
+const COLORS: [&str; 6] = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// A "nice" step for about `ticks` intervals over `span`.
+fn tick_step(span: f64, ticks: f64) -> f64 {
+    let raw = (span / ticks).max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag)
+}
+
+/// Attainment (y, 0-100%) against rate (x, req/s), with the `threshold` as a dashed line.
+pub fn attainment_svg(title: &str, series: &[Series], threshold: f64) -> String {
+    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let (mut x0, mut x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+    if !x0.is_finite() || !x1.is_finite() {
+        (x0, x1) = (0.0, 1.0);
+    }
+    let step = tick_step((x1 - x0).max(1.0), 6.0);
+    x0 = (x0 / step).floor() * step;
+    x1 = ((x1 / step).ceil() * step).max(x0 + step);
+    let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+    let y0 = (ys.fold(1.0f64, f64::min).min(threshold) * 10.0).floor() / 10.0;
+    let y0 = y0.clamp(0.0, 0.8);
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * pw;
+    let py = |y: f64| TOP + (1.0 - (y - y0) / (1.0 - y0)) * ph;
+
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
+"##,
+        LEFT + pw / 2.0,
+        escape(title)
+    );
+    let mut x = x0;
+    while x <= x1 + 1e-9 {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{0:.1}" y1="{1:.1}" x2="{0:.1}" y2="{2:.1}" stroke="#eee"/><text x="{0:.1}" y="{3:.1}" text-anchor="middle">{4}</text>"##,
+            px(x),
+            TOP,
+            TOP + ph,
+            TOP + ph + 16.0,
+            x
+        );
+        x += step;
+    }
+    let mut y = y0;
+    while y <= 1.0 + 1e-9 {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{0:.1}" y1="{1:.1}" x2="{2:.1}" y2="{1:.1}" stroke="#eee"/><text x="{3:.1}" y="{4:.1}" text-anchor="end">{5:.0}%</text>"##,
+            LEFT,
+            py(y),
+            LEFT + pw,
+            LEFT - 6.0,
+            py(y) + 4.0,
+            100.0 * y
+        );
+        y += 0.1;
+    }
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#000" stroke-dasharray="6 4"/><text x="{1:.1}" y="{2:.1}" text-anchor="end">{3:.0}% target</text>"##,
+        py(threshold),
+        LEFT + pw,
+        py(threshold) - 4.0,
+        100.0 * threshold
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#000"/>
+<text x="{:.1}" y="{:.1}" text-anchor="middle">offered load (requests/s)</text>
+<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">SLO attainment</text>"##,
+        LEFT + pw / 2.0,
+        H - 10.0,
+        TOP + ph / 2.0
+    );
+    for (i, line) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let pts: Vec<String> = line.points.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(y.max(y0)))).collect();
+        let _ = writeln!(
+            s,
+            r##"<polyline class="series" fill="none" stroke="{color}" stroke-width="2" points="{}"/>"##,
+            pts.join(" ")
+        );
+        for (x, y) in &line.points {
+            let _ = writeln!(s, r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"##, px(*x), py(y.max(y0)));
+        }
+        let ly = TOP + 10.0 + 20.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{0:.1}" y1="{1:.1}" x2="{2:.1}" y2="{1:.1}" stroke="{color}" stroke-width="2"/><text x="{3:.1}" y="{4:.1}">{5}</text>"##,
+            LEFT + pw + 12.0,
+            ly,
+            LEFT + pw + 32.0,
+            LEFT + pw + 38.0,
+            ly + 4.0,
+            escape(line.name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_polyline_per_series_with_every_point() {
+        let series = [
+            Series { name: "a <b>", points: vec![(10.0, 1.0), (20.0, 0.95), (30.0, 0.5)] },
+            Series { name: "c", points: vec![(10.0, 0.99), (20.0, 0.7)] },
+        ];
+        let svg = attainment_svg("t", &series, 0.9);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches(r#"class="series""#).count(), 2);
+        assert_eq!(svg.matches("<circle").count(), 5);
+        assert!(svg.contains("a &lt;b&gt;"));
+        assert!(svg.contains("90% target"));
+    }
+
+    #[test]
+    fn empty_chart_is_still_valid_svg() {
+        let svg = attainment_svg("none", &[], 0.9);
+        assert!(svg.contains("</svg>") && !svg.contains("NaN") && !svg.contains("inf"));
+    }
+
+    #[test]
+    fn ticks_are_round() {
+        assert_eq!(tick_step(100.0, 5.0), 20.0);
+        assert_eq!(tick_step(7.0, 6.0), 2.0);
+    }
+}

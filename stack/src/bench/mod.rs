@@ -1,0 +1,284 @@
+//! `make bench`: every router on the identical request sequences, swept over offered
+//! load, with the 90%-attainment capacity, a markdown report and SVG charts.
+//!
+//! For each workload and router one stack is started (8 simulated servers and the real
+//! Envoy); headroom gets a warm-up on another seed so its models are trained; then the
+//! rate ladder is climbed until the router's attainment falls below [`STOP_BELOW`].
+//! Requests of one rate are the same for every router (same seed).
+//!
+//! Time: the simulated servers can run `time_scale` times real time (0.5: half speed), so a
+//! slow host streams fewer tokens per second of wall time and stays out of the way (on the
+//! 2-core reference machine 1.0 and 0.5 gave the same attainment at 200 req/s). Rates, SLOs and latencies in the report are in simulated (engine) time: requests
+//! are sent at `rate * time_scale` per wall second with SLOs divided by `time_scale`, and
+//! measured latencies are multiplied by it.
+
+pub mod chart;
+pub mod report;
+pub mod summary;
+
+use std::path::{Path, PathBuf};
+
+use headroom_loadgen::{runner, workload};
+use serde::{Deserialize, Serialize};
+use serde_json::Map;
+
+use crate::{Router, Stack, StackOptions};
+use summary::Summary;
+
+/// The attainment the capacity is measured at.
+pub const TARGET: f64 = 0.9;
+/// A router's ladder stops after a rate where it met fewer SLOs than this.
+pub const STOP_BELOW: f64 = 0.75;
+
+/// One router setup.
+#[derive(Debug, Clone, Copy)]
+pub struct Contender {
+    pub name: &'static str,
+    pub router: Router,
+    /// `x-prediction-based-scheduling` sent by the clients (headroom only).
+    pub prediction_based: Option<bool>,
+    /// Filter `strategy` for the positive tier (headroom only).
+    pub strategy: &'static str,
+    /// A router users run today (what headroom has to beat).
+    pub baseline: bool,
+}
+
+/// Every router the benchmark knows, baselines first.
+pub const CONTENDERS: [Contender; 5] = [
+    Contender {
+        name: "envoy round robin",
+        router: Router::RoundRobin,
+        prediction_based: None,
+        strategy: "",
+        baseline: true,
+    },
+    Contender {
+        name: "envoy least request",
+        router: Router::LeastRequest,
+        prediction_based: None,
+        strategy: "",
+        baseline: true,
+    },
+    Contender {
+        name: "headroom composite",
+        router: Router::Headroom,
+        prediction_based: Some(false),
+        strategy: "least",
+        baseline: true,
+    },
+    Contender {
+        name: "headroom predicted",
+        router: Router::Headroom,
+        prediction_based: Some(true),
+        strategy: "least",
+        baseline: false,
+    },
+    Contender {
+        name: "headroom predicted, most",
+        router: Router::Headroom,
+        prediction_based: Some(true),
+        strategy: "most",
+        baseline: false,
+    },
+];
+
+/// The default rate ladder (requests/s) of a workload on 6 H100 + 2 A100: from where
+/// every router meets its SLOs to past where the best baseline falls under 90%.
+pub fn default_rates(workload: &str) -> Vec<f64> {
+    match workload {
+        "long-short" => vec![20.0, 35.0, 50.0, 65.0, 80.0, 100.0],
+        "short-long" => vec![80.0, 120.0, 150.0, 175.0, 200.0, 230.0],
+        "azure" => vec![60.0, 100.0, 140.0, 180.0, 220.0, 260.0],
+        _ => vec![50.0, 80.0, 110.0, 140.0, 170.0, 200.0],
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub workloads: Vec<String>,
+    /// Rate ladder for every workload (`None`: [`default_rates`]).
+    pub rates: Option<Vec<f64>>,
+    /// Seconds of measured traffic per rate.
+    pub step_s: f64,
+    /// Seconds of warm-up traffic (another seed, lowest rate) before headroom is measured.
+    pub warmup_s: f64,
+    /// Hardware profile per simulated server.
+    pub profiles: Vec<String>,
+    /// Simulator speed (1: real time); see the module docs.
+    pub time_scale: f64,
+    /// Routers to run (names from [`CONTENDERS`]; empty: all).
+    pub routers: Vec<String>,
+    pub run_dir: PathBuf,
+    pub out: PathBuf,
+}
+
+/// All measured points of one router on one workload, in increasing rate.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouterRun {
+    pub router: String,
+    pub baseline: bool,
+    /// `(requested rate, summary)`.
+    pub points: Vec<(f64, Summary)>,
+}
+
+/// One workload's sweep.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkloadRun {
+    pub workload: String,
+    pub step_s: f64,
+    pub servers: usize,
+    pub runs: Vec<RouterRun>,
+}
+
+/// Everything the report is made from (also written as `results.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchResults {
+    pub command: String,
+    pub profiles: Vec<String>,
+    pub time_scale: f64,
+    pub workloads: Vec<WorkloadRun>,
+}
+
+/// The requests of `workload` at `rate` (the trace: sped up to that mean rate), in engine time.
+fn requests(name: &str, seed: u64, rate: f64, duration: f64) -> anyhow::Result<Vec<workload::RequestSpec>> {
+    let speedup = rate / workload::azure_native_rate();
+    workload::by_name(name, seed, rate, duration, speedup).map_err(anyhow::Error::msg)
+}
+
+/// Engine-time requests as sent on a simulator running `scale` times real time.
+pub fn to_wall(mut specs: Vec<workload::RequestSpec>, scale: f64) -> Vec<workload::RequestSpec> {
+    if scale == 1.0 {
+        return specs;
+    }
+    for s in &mut specs {
+        s.at_s /= scale;
+        s.class.ttft_ms = s.class.ttft_ms.map(|x| x / scale);
+        s.class.tpot_ms = s.class.tpot_ms.map(|x| x / scale);
+    }
+    specs
+}
+
+/// Wall-time outcomes back in engine time (SLO checks are unchanged: both sides scale).
+pub fn to_engine(mut outcomes: Vec<runner::Outcome>, scale: f64) -> Vec<runner::Outcome> {
+    if scale == 1.0 {
+        return outcomes;
+    }
+    for o in &mut outcomes {
+        o.at_s *= scale;
+        o.e2e_ms *= scale;
+        for v in [&mut o.ttft_ms, &mut o.tpot_ms, &mut o.slo_ttft_ms, &mut o.slo_tpot_ms] {
+            *v = v.map(|x| x * scale);
+        }
+    }
+    outcomes
+}
+
+fn contenders(opts: &BenchOptions) -> anyhow::Result<Vec<Contender>> {
+    if opts.routers.is_empty() {
+        return Ok(CONTENDERS.to_vec());
+    }
+    opts.routers
+        .iter()
+        .map(|r| {
+            CONTENDERS.iter().find(|c| c.name == r.as_str()).copied().ok_or_else(|| {
+                let known: Vec<&str> = CONTENDERS.iter().map(|c| c.name).collect();
+                anyhow::anyhow!("unknown router {r:?}: one of {known:?}")
+            })
+        })
+        .collect()
+}
+
+/// Runs one router's rate ladder on one workload.
+fn sweep(opts: &BenchOptions, c: &Contender, name: &str, rates: &[f64]) -> anyhow::Result<RouterRun> {
+    let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
+    let mut plugin = Map::new();
+    if c.router == Router::Headroom {
+        plugin.insert("strategy".into(), c.strategy.into());
+        // Without SLO routing the filter places by this profile: "composite" means composite.
+        plugin.insert("default_profile".into(), "composite".into());
+    }
+    let stack = Stack::start(StackOptions {
+        run_dir: opts.run_dir.clone(),
+        profiles: opts.profiles.clone(),
+        time_scale: opts.time_scale,
+        router: c.router,
+        plugin,
+        ..Default::default()
+    })?;
+    let target = runner::Target {
+        url: format!("http://{}", stack.state.gateway),
+        model: "sim-llama-8b".into(),
+        slo_headers: true,
+        prediction_based: c.prediction_based,
+        timeout: std::time::Duration::from_secs_f64(120.0 / opts.time_scale),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    if c.router == Router::Headroom && opts.warmup_s > 0.0 {
+        let warm = to_wall(requests(name, 12, rates[0], opts.warmup_s)?, opts.time_scale);
+        runtime.block_on(runner::run(&target, &warm))?;
+    }
+    let mut run = RouterRun { router: c.name.to_string(), baseline: c.baseline, points: Vec::new() };
+    for &rate in rates {
+        let work = to_wall(requests(name, 11, rate, opts.step_s)?, opts.time_scale);
+        let outcomes = to_engine(runtime.block_on(runner::run(&target, &work))?, opts.time_scale);
+        let s = Summary::of(&outcomes, opts.step_s);
+        println!(
+            "  {:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%",
+            c.name,
+            100.0 * s.attainment,
+            s.goodput_rps,
+            100.0 * s.shed
+        );
+        let file = opts.out.join("requests").join(format!("{name}-{}-{rate}.jsonl", c.name.replace([' ', ','], "-")));
+        let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
+        std::fs::write(file, lines.join("\n") + "\n")?;
+        let stop = s.attainment < STOP_BELOW;
+        run.points.push((rate, s));
+        if stop {
+            break;
+        }
+    }
+    drop(stack);
+    Ok(run)
+}
+
+/// Runs the whole benchmark and writes `report.md`, `results.json`, one SVG per workload
+/// and the per-request JSON lines under `opts.out`.
+pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
+    anyhow::ensure!(opts.step_s > 0.0, "--step must be > 0");
+    anyhow::ensure!(opts.time_scale > 0.0 && opts.time_scale <= 1.0, "--time-scale must be within (0, 1]");
+    std::fs::create_dir_all(opts.out.join("requests"))?;
+    let contenders = contenders(opts)?;
+    let mut results = BenchResults {
+        command: command.to_string(),
+        profiles: opts.profiles.clone(),
+        time_scale: opts.time_scale,
+        workloads: vec![],
+    };
+    for name in &opts.workloads {
+        let rates = opts.rates.clone().unwrap_or_else(|| default_rates(name));
+        anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
+        requests(name, 11, rates[0], 1.0)?; // an unknown workload fails before any stack starts
+        println!("workload {name}: rates {rates:?} req/s, {} s per rate", opts.step_s);
+        let mut w =
+            WorkloadRun { workload: name.clone(), step_s: opts.step_s, servers: opts.profiles.len(), runs: Vec::new() };
+        for c in &contenders {
+            w.runs.push(sweep(opts, c, name, &rates)?);
+        }
+        results.workloads.push(w);
+        write_outputs(&opts.out, &results)?; // a long run keeps what it has so far
+    }
+    Ok(results)
+}
+
+/// Writes the report, the raw results and the charts.
+pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(results)?)?;
+    std::fs::write(out.join("report.md"), report::markdown(results))?;
+    for w in &results.workloads {
+        std::fs::write(out.join(format!("{}.svg", w.workload)), report::chart(w))?;
+    }
+    Ok(())
+}

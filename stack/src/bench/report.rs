@@ -1,0 +1,239 @@
+//! The benchmark report: per workload a verdict, the sweep, the detail at equal load, and a chart.
+
+use std::fmt::Write;
+
+use super::chart::{attainment_svg, Series};
+use super::summary::{capacity, Capacity, Summary};
+use super::{BenchResults, RouterRun, WorkloadRun, TARGET};
+
+/// The capacity target of predicted routing over the best baseline.
+pub const CAPACITY_TARGET_RATIO: f64 = 1.3;
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+fn ms(v: &[Option<f64>; 3], digits: usize) -> String {
+    let f = |x: &Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.digits$}"));
+    format!("{} / {} / {}", f(&v[0]), f(&v[1]), f(&v[2]))
+}
+
+/// `(offered rps, attainment)` of a router's sweep.
+fn curve(run: &RouterRun) -> Vec<(f64, f64)> {
+    run.points.iter().map(|(_, s)| (s.offered_rps, s.attainment)).collect()
+}
+
+/// A router's capacity at [`TARGET`] (`Below(0)` for a router with no points).
+pub fn router_capacity(run: &RouterRun) -> Capacity {
+    capacity(&curve(run), TARGET).unwrap_or(Capacity::Below(0.0))
+}
+
+/// The highest requested rate every router was measured at (the equal-load comparison point).
+pub fn equal_load_rate(w: &WorkloadRun) -> Option<f64> {
+    let last = |r: &RouterRun| r.points.last().map(|p| p.0);
+    w.runs.iter().map(last).try_fold(f64::INFINITY, |acc, r| r.map(|r| acc.min(r))).filter(|r| r.is_finite())
+}
+
+fn at_rate(run: &RouterRun, rate: f64) -> Option<&Summary> {
+    run.points.iter().find(|(r, _)| (*r - rate).abs() < 1e-9).map(|(_, s)| s)
+}
+
+/// Who won a workload, and by how much, in words.
+pub fn verdict(w: &WorkloadRun) -> String {
+    let mut out = String::new();
+    let best = |baseline: bool| {
+        w.runs
+            .iter()
+            .filter(|r| r.baseline == baseline)
+            .max_by(|a, b| router_capacity(a).rps().total_cmp(&router_capacity(b).rps()))
+    };
+    if let Some(rate) = equal_load_rate(w) {
+        let scored: Vec<(&RouterRun, f64)> =
+            w.runs.iter().filter_map(|r| at_rate(r, rate).map(|s| (r, s.attainment))).collect();
+        let top = |baseline: bool| {
+            scored.iter().filter(|(r, _)| r.baseline == baseline).max_by(|a, b| a.1.total_cmp(&b.1)).copied()
+        };
+        if let Some(winner) = scored.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+            let _ = write!(
+                out,
+                "At equal load ({rate:.0} req/s requested) **{}** wins with {}",
+                winner.0.router,
+                pct(winner.1)
+            );
+            match (top(false), top(true)) {
+                (Some(p), Some(b)) => {
+                    let _ = writeln!(
+                        out,
+                        "; best predicted {} {} vs best baseline {} {} ({:+.1} points).",
+                        p.0.router,
+                        pct(p.1),
+                        b.0.router,
+                        pct(b.1),
+                        100.0 * (p.1 - b.1)
+                    );
+                }
+                _ => out.push_str(".\n"),
+            }
+        }
+    }
+    if let (Some(p), Some(b)) = (best(false), best(true)) {
+        let (cp, cb) = (router_capacity(p), router_capacity(b));
+        let ratio = if cb.rps() > 0.0 { cp.rps() / cb.rps() } else { f64::INFINITY };
+        let open = matches!(cp, Capacity::AtLeast(_)) || matches!(cb, Capacity::AtLeast(_) | Capacity::Below(_));
+        let _ = writeln!(
+            out,
+            "\n{}% -attainment capacity: best predicted {} {} req/s vs best baseline {} {} req/s: **{ratio:.2}x** (target {CAPACITY_TARGET_RATIO}x: {}){}.",
+            100.0 * TARGET,
+            p.router,
+            cp.label(),
+            b.router,
+            cb.label(),
+            if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
+            if open { "; an open-ended capacity (≥ or <) means the ladder did not reach the crossing" } else { "" }
+        );
+    }
+    out.replace("% -attainment", "%-attainment")
+}
+
+/// The workload's section of the report.
+pub fn section(w: &WorkloadRun) -> String {
+    let mut s = format!("\n## {}\n\n{}\n", w.workload, verdict(w));
+    let _ = writeln!(s, "![SLO attainment against load: {}]({}.svg)\n", w.workload, w.workload);
+    let mut rates: Vec<f64> = w.runs.iter().flat_map(|r| r.points.iter().map(|p| p.0)).collect();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    let _ = writeln!(
+        s,
+        "SLO attainment by requested rate (req/s); `-`: not run, the router was already under {}:\n",
+        pct(super::STOP_BELOW)
+    );
+    let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    let _ = writeln!(s, "| router | {} | capacity at {} (req/s) |", header.join(" | "), pct(TARGET));
+    let _ = writeln!(s, "| --- |{} --- |", " ---: |".repeat(rates.len()));
+    for r in &w.runs {
+        let cells: Vec<String> =
+            rates.iter().map(|rate| at_rate(r, *rate).map_or("-".into(), |x| pct(x.attainment))).collect();
+        let _ = writeln!(s, "| {} | {} | {} |", r.router, cells.join(" | "), router_capacity(r).label());
+    }
+    if let Some(rate) = equal_load_rate(w) {
+        let _ = writeln!(
+            s,
+            "\nAt {rate:.0} req/s requested:\n\n| router | requests | offered req/s | SLO attainment | goodput (req/s) | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | shed | failed | requests per server (min-max) |\n| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |"
+        );
+        for r in &w.runs {
+            if let Some(x) = at_rate(r, rate) {
+                let (lo, hi) = x.load_spread(w.servers);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {:.1} | {} | {:.1} | {} | {} | {} | {} | {lo}-{hi} |",
+                    r.router,
+                    x.requests,
+                    x.offered_rps,
+                    pct(x.attainment),
+                    x.goodput_rps,
+                    ms(&x.ttft_ms, 0),
+                    ms(&x.tpot_ms, 1),
+                    pct(x.shed),
+                    pct(x.failed)
+                );
+            }
+        }
+    }
+    s
+}
+
+/// The whole report.
+pub fn markdown(results: &BenchResults) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for p in &results.profiles {
+        match counts.iter_mut().find(|(name, _)| name == p) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((p.clone(), 1)),
+        }
+    }
+    let fleet: Vec<String> = counts.iter().map(|(p, n)| format!("{n} {}", p.to_uppercase())).collect();
+    let mut s = format!(
+        "# Benchmark: SLO attainment by router\n\n{} simulated servers ({}) behind the real Envoy; at each rate every router gets the identical request sequence. Simulator speed: {}x real time (rates and latencies are in simulated time).\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, `least` (bin-packing, the default) or `most` (spreading) strategy for the positive tier.\n",
+        results.profiles.len(),
+        fleet.join(", "),
+        results.time_scale,
+        results.command,
+        pct(TARGET)
+    );
+    for w in &results.workloads {
+        s.push_str(&section(w));
+    }
+    s
+}
+
+/// The workload's chart: attainment against offered load, one line per router.
+pub fn chart(w: &WorkloadRun) -> String {
+    let series: Vec<Series> = w.runs.iter().map(|r| Series { name: &r.router, points: curve(r) }).collect();
+    attainment_svg(&format!("{}: SLO attainment vs load", w.workload), &series, TARGET)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(rate: f64, attainment: f64) -> (f64, Summary) {
+        let s = Summary {
+            requests: (rate * 10.0) as usize,
+            offered_rps: rate,
+            attainment,
+            goodput_rps: rate * attainment,
+            ttft_ms: [Some(50.0), Some(90.0), Some(120.0)],
+            tpot_ms: [Some(10.0), None, None],
+            shed: 0.0,
+            failed: 0.0,
+            per_server: [("a".to_string(), 3usize)].into_iter().collect(),
+        };
+        (rate, s)
+    }
+
+    fn run(name: &str, baseline: bool, pts: &[(f64, f64)]) -> RouterRun {
+        RouterRun { router: name.into(), baseline, points: pts.iter().map(|(r, a)| point(*r, *a)).collect() }
+    }
+
+    fn workload() -> WorkloadRun {
+        WorkloadRun {
+            workload: "mixed".into(),
+            step_s: 10.0,
+            servers: 2,
+            runs: vec![
+                run("rr", true, &[(10.0, 0.99), (20.0, 0.7)]),
+                run("lr", true, &[(10.0, 0.99), (20.0, 0.95), (30.0, 0.7)]),
+                run("pred", false, &[(10.0, 1.0), (20.0, 0.99), (30.0, 0.93), (40.0, 0.6)]),
+            ],
+        }
+    }
+
+    #[test]
+    fn equal_load_is_the_highest_rate_everyone_ran() {
+        assert_eq!(equal_load_rate(&workload()), Some(20.0));
+    }
+
+    #[test]
+    fn verdict_names_winner_margin_and_capacity_ratio() {
+        let v = verdict(&workload());
+        assert!(v.contains("**pred** wins with 99.0%"), "{v}");
+        assert!(v.contains("(+4.0 points)"), "{v}");
+        // lr crosses 0.9 at 20 + 0.2*10 = 22; pred at 30 + (0.03/0.33)*10 ≈ 30.9 -> 1.40x
+        assert!(v.contains("**1.40x**") && v.contains(": met)"), "{v}");
+    }
+
+    #[test]
+    fn markdown_has_every_router_and_rate() {
+        let r = BenchResults {
+            command: "make bench".into(),
+            profiles: vec!["h100".into(), "h100".into(), "a100".into()],
+            time_scale: 0.5,
+            workloads: vec![workload()],
+        };
+        let md = markdown(&r);
+        assert!(md.contains("3 simulated servers (2 H100, 1 A100)"));
+        assert!(md.contains("| rr | 99.0% | 70.0% | - | - | 13.1 |"), "{md}");
+        assert!(md.contains("![SLO attainment against load: mixed](mixed.svg)"));
+        assert!(md.contains("| pred | 200 | 20.0 | 99.0% |"), "{md}");
+    }
+}

@@ -1,0 +1,173 @@
+//! Per-run numbers of the benchmark and the 90%-attainment capacity of a sweep.
+
+use std::collections::BTreeMap;
+
+use headroom_loadgen::report::quantile;
+use headroom_loadgen::runner::Outcome;
+use serde::{Deserialize, Serialize};
+
+/// What one router did with one workload at one rate.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests per second actually offered (requests / window).
+    pub offered_rps: f64,
+    /// Share of requests that met both SLOs (shed and failed ones count as misses).
+    pub attainment: f64,
+    /// Requests per second that met their SLOs.
+    pub goodput_rps: f64,
+    /// TTFT p50 / p90 / p99 (ms) of successful streaming requests.
+    pub ttft_ms: [Option<f64>; 3],
+    /// TPOT p50 / p90 / p99 (ms) of successful streaming requests.
+    pub tpot_ms: [Option<f64>; 3],
+    /// Share of requests shed (429).
+    pub shed: f64,
+    /// Share of requests that failed otherwise (not 200, not 429).
+    pub failed: f64,
+    /// Requests served per model server (`x-served-by`).
+    pub per_server: BTreeMap<String, usize>,
+}
+
+impl Summary {
+    /// Summarizes the outcomes of a `window_s`-second run.
+    pub fn of(outcomes: &[Outcome], window_s: f64) -> Summary {
+        let n = outcomes.len().max(1) as f64;
+        let met = outcomes.iter().filter(|o| o.met_slo()).count() as f64;
+        let shed = outcomes.iter().filter(|o| o.shed()).count() as f64;
+        let failed = outcomes.iter().filter(|o| o.status != 200 && !o.shed()).count() as f64;
+        let ok = || outcomes.iter().filter(|o| o.status == 200);
+        let ttft: Vec<f64> = ok().filter_map(|o| o.ttft_ms).collect();
+        let tpot: Vec<f64> = ok().filter_map(|o| o.tpot_ms).collect();
+        let q = |v: &[f64]| [quantile(v, 0.5), quantile(v, 0.9), quantile(v, 0.99)];
+        let mut per_server = BTreeMap::new();
+        for s in outcomes.iter().filter_map(|o| o.served_by.as_ref()) {
+            *per_server.entry(s.clone()).or_default() += 1;
+        }
+        Summary {
+            requests: outcomes.len(),
+            offered_rps: outcomes.len() as f64 / window_s,
+            attainment: met / n,
+            goodput_rps: met / window_s,
+            ttft_ms: q(&ttft),
+            tpot_ms: q(&tpot),
+            shed: shed / n,
+            failed: failed / n,
+            per_server,
+        }
+    }
+
+    /// Fewest and most requests any server took (a server that took none counts when `servers` says it exists).
+    pub fn load_spread(&self, servers: usize) -> (usize, usize) {
+        let mut counts: Vec<usize> = self.per_server.values().copied().collect();
+        counts.resize(counts.len().max(servers), 0);
+        (counts.iter().copied().min().unwrap_or(0), counts.iter().copied().max().unwrap_or(0))
+    }
+}
+
+/// The highest offered rate that keeps attainment at or above a threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Capacity {
+    /// Already under the threshold at the lowest rate tried (that rate).
+    Below(f64),
+    /// Interpolated between the last rate at or above and the first below.
+    At(f64),
+    /// Never under the threshold up to the highest rate tried (that rate).
+    AtLeast(f64),
+}
+
+impl Capacity {
+    /// A number to compare and chart (the bound for open-ended results).
+    pub fn rps(self) -> f64 {
+        match self {
+            Capacity::Below(x) | Capacity::At(x) | Capacity::AtLeast(x) => x,
+        }
+    }
+
+    /// `"< 20.0"`, `"43.5"`, `"≥ 120.0"` req/s.
+    pub fn label(self) -> String {
+        match self {
+            Capacity::Below(x) => format!("< {x:.1}"),
+            Capacity::At(x) => format!("{x:.1}"),
+            Capacity::AtLeast(x) => format!("≥ {x:.1}"),
+        }
+    }
+}
+
+/// Capacity at `threshold` from `(offered rps, attainment)` points in increasing
+/// rate order: the first crossing from at-or-above to below, linearly interpolated.
+/// `None` for no points.
+pub fn capacity(points: &[(f64, f64)], threshold: f64) -> Option<Capacity> {
+    let first = points.first()?;
+    if first.1 < threshold {
+        return Some(Capacity::Below(first.0));
+    }
+    for pair in points.windows(2) {
+        let ((r0, a0), (r1, a1)) = (pair[0], pair[1]);
+        if a1 < threshold {
+            let share = if a0 > a1 { (a0 - threshold) / (a0 - a1) } else { 0.0 };
+            return Some(Capacity::At(r0 + share * (r1 - r0)));
+        }
+    }
+    points.last().map(|p| Capacity::AtLeast(p.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_interpolates_the_first_crossing() {
+        let pts = [(10.0, 0.99), (20.0, 0.95), (30.0, 0.85), (40.0, 0.95)];
+        let Some(Capacity::At(x)) = capacity(&pts, 0.9) else { panic!("no crossing") };
+        assert!((x - 25.0).abs() < 1e-9, "{x}");
+    }
+
+    #[test]
+    fn capacity_is_open_ended_when_never_or_always_below() {
+        assert_eq!(capacity(&[(10.0, 0.5), (20.0, 0.4)], 0.9), Some(Capacity::Below(10.0)));
+        assert_eq!(capacity(&[(10.0, 0.95), (20.0, 0.91)], 0.9), Some(Capacity::AtLeast(20.0)));
+        assert_eq!(capacity(&[], 0.9), None);
+        assert_eq!(Capacity::AtLeast(20.0).label(), "≥ 20.0");
+    }
+
+    #[test]
+    fn capacity_at_exactly_the_threshold_counts_as_kept() {
+        assert_eq!(capacity(&[(10.0, 0.9), (20.0, 0.9)], 0.9), Some(Capacity::AtLeast(20.0)));
+    }
+
+    fn outcome(status: u16, ttft: f64, served_by: &str) -> Outcome {
+        Outcome {
+            index: 0,
+            class: "interactive".into(),
+            at_s: 0.0,
+            stream: true,
+            prompt_tokens: 10,
+            max_tokens: 10,
+            slo_ttft_ms: Some(100.0),
+            slo_tpot_ms: None,
+            priority: 0,
+            status,
+            ttft_ms: (status == 200).then_some(ttft),
+            tpot_ms: None,
+            e2e_ms: ttft,
+            output_tokens: Some(10),
+            served_by: Some(served_by.into()),
+            chosen: None,
+            tier: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn summary_counts_misses_sheds_and_load() {
+        let outs = [outcome(200, 50.0, "a"), outcome(200, 150.0, "a"), outcome(429, 0.0, "b"), outcome(503, 0.0, "b")];
+        let s = Summary::of(&outs, 2.0);
+        assert_eq!(s.requests, 4);
+        assert!((s.attainment - 0.25).abs() < 1e-9);
+        assert!((s.goodput_rps - 0.5).abs() < 1e-9);
+        assert!((s.shed - 0.25).abs() < 1e-9 && (s.failed - 0.25).abs() < 1e-9);
+        assert_eq!(s.load_spread(3), (0, 2));
+        assert_eq!(s.ttft_ms[0], Some(50.0));
+    }
+}

@@ -1,0 +1,51 @@
+//! A reduced `make bench`: every router, one workload, two short rates on three servers.
+//! Checks the pipeline end to end (stacks, identical traffic, report, chart, raw results);
+//! the full comparison runs in `make bench` (docs/benchmark.md).
+
+use std::process::Command;
+
+use headroom_stack::bench::{BenchResults, CONTENDERS};
+use headroom_stack::locate;
+
+#[test]
+fn reduced_bench_writes_report_chart_and_results_for_every_router() {
+    let bin = locate::bin_dir().unwrap().join("headroom-stack");
+    let base = std::env::temp_dir().join(format!("headroom-bench-smoke-{}", std::process::id()));
+    let (run_dir, out) = (base.join("run"), base.join("results"));
+    let run = Command::new(&bin)
+        .args(["--run-dir", run_dir.to_str().unwrap(), "bench", "--workloads", "mixed", "--rates", "6,12"])
+        .args(["--step", "4", "--warmup", "3", "--servers", "h100,h100,a100", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
+    assert!(run.status.success(), "bench failed: {stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+
+    let results: BenchResults =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(results.workloads.len(), 1);
+    let mixed = &results.workloads[0];
+    assert_eq!(mixed.runs.len(), CONTENDERS.len());
+    for (run, contender) in mixed.runs.iter().zip(CONTENDERS.iter()) {
+        assert_eq!(run.router, contender.name);
+        assert!(!run.points.is_empty(), "{} measured nothing", run.router);
+        let (rate, first) = &run.points[0];
+        assert_eq!(*rate, 6.0);
+        assert!(first.requests > 0 && first.attainment > 0.0, "{}: {first:?}", run.router);
+        assert!(!first.per_server.is_empty(), "{}: no server named in responses", run.router);
+    }
+    // Identical traffic: every router got the same number of requests at the first rate.
+    let sent: Vec<usize> = mixed.runs.iter().map(|r| r.points[0].1.requests).collect();
+    assert!(sent.windows(2).all(|w| w[0] == w[1]), "different request counts: {sent:?}");
+
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("## mixed") && report.contains("At equal load"), "{report}");
+    assert!(report.contains("capacity"), "{report}");
+    for c in CONTENDERS {
+        assert!(report.contains(&format!("| {} |", c.name)), "{} missing from the report:\n{report}", c.name);
+    }
+    let svg = std::fs::read_to_string(out.join("mixed.svg")).unwrap();
+    assert_eq!(svg.matches(r#"class="series""#).count(), CONTENDERS.len());
+    let raw = std::fs::read_dir(out.join("requests")).unwrap().count();
+    assert!(raw >= CONTENDERS.len(), "per-request results: {raw} files");
+    let _ = std::fs::remove_dir_all(&base);
+}
