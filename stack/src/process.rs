@@ -42,21 +42,34 @@ pub fn spawn(name: &str, exe: &Path, args: &[String], log: &Path, attached: bool
 }
 
 /// True while `proc` is alive and still the program we started (pids get reused).
+/// A binary rebuilt while it runs shows as `<path> (deleted)`: still ours.
 pub fn is_ours(proc: &Proc) -> bool {
     let exe = std::fs::read_link(format!("/proc/{}/exe", proc.pid));
     let alive = std::fs::read_to_string(format!("/proc/{}/stat", proc.pid))
         .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
         .unwrap_or(false);
-    alive && exe.is_ok_and(|e| e == proc.exe)
+    let same = |e: PathBuf| {
+        let text = e.to_string_lossy();
+        e == proc.exe || text.strip_suffix(" (deleted)").is_some_and(|t| Path::new(t) == proc.exe)
+    };
+    alive && exe.is_ok_and(same)
 }
 
 /// Stops `proc`: SIGTERM, then SIGKILL after `grace`. Returns once it is gone.
+/// With its `Child` handle the pid is certainly ours (it cannot be reused before we reap it).
 pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
     let pid = proc.pid as libc::pid_t;
-    if !is_ours(proc) {
-        if let Some(c) = child {
-            let _ = c.wait();
+    let running = match child {
+        Some(ref c) => c.id() == proc.pid,
+        None => is_ours(proc),
+    };
+    let mut child = child;
+    if let Some(c) = child.as_mut() {
+        if matches!(c.try_wait(), Ok(Some(_))) {
+            return;
         }
+    }
+    if !running {
         return;
     }
     // SAFETY: plain kill(2) on a pid verified to be our process just above.
@@ -64,7 +77,6 @@ pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
         libc::kill(pid, libc::SIGTERM);
     }
     let deadline = Instant::now() + grace;
-    let mut child = child;
     loop {
         let gone = match child.as_mut() {
             Some(c) => matches!(c.try_wait(), Ok(Some(_))),

@@ -32,6 +32,14 @@ pub struct FilterConfig {
     pub pool: String,
     /// Envoy cluster of predictor-svc.
     pub predictor_cluster: String,
+    /// Envoy clusters of several predictor replicas (overrides `predictor_cluster`): each
+    /// pool is owned by one, chosen by rendezvous hashing, with failover (`shards` module).
+    pub predictor_shards: Vec<String>,
+    /// Wait for the request body (token count, prefix, `stream`, `max_tokens`) before
+    /// routing. Needs `allow_on_headers_stop_iteration: true` in the Envoy Wasm config,
+    /// which Istio's WasmPlugin cannot set: with a WasmPlugin use `false`, routing on
+    /// headers alone (input tokens estimated from `content-length`).
+    pub read_body: bool,
     /// `:authority` of predictor calls.
     pub predictor_authority: String,
     /// Give up on a predict call after this long and fall back.
@@ -90,6 +98,8 @@ impl Default for FilterConfig {
         FilterConfig {
             pool: "default".into(),
             predictor_cluster: "headroom_predictor".into(),
+            predictor_shards: Vec::new(),
+            read_body: true,
             predictor_authority: "headroom-predictor".into(),
             predictor_timeout_ms: 50,
             flush_interval_ms: 100,
@@ -175,6 +185,13 @@ impl FilterConfig {
                 return Err(bad(field, "header names must be lower case with no spaces"));
             }
         }
+        if self.predictor_shards.iter().any(|c| c.trim().is_empty()) {
+            return Err(bad("predictor_shards", "cluster names must not be empty"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if !self.predictor_shards.iter().all(|c| seen.insert(c)) {
+            return Err(bad("predictor_shards", "a cluster is listed twice"));
+        }
         if !(1..=60_000).contains(&self.predictor_timeout_ms) {
             return Err(bad("predictor_timeout_ms", "must be within 1..=60000"));
         }
@@ -218,6 +235,15 @@ impl FilterConfig {
             return Err(bad("fallback_endpoints", "must be within 0..=16"));
         }
         Ok(())
+    }
+
+    /// The predictor clusters: `predictor_shards`, or else `predictor_cluster` alone.
+    pub fn predictor_clusters(&self) -> Vec<String> {
+        if self.predictor_shards.is_empty() {
+            vec![self.predictor_cluster.clone()]
+        } else {
+            self.predictor_shards.clone()
+        }
     }
 
     /// True when `path` (query string ignored) is an inference path.
@@ -276,12 +302,22 @@ mod tests {
             (br#"{"prefix_ttft_penalty_ms":-1}"#, "prefix_ttft_penalty_ms"),
             (br#"{"cold_kv_usage":1.5}"#, "cold_kv_usage"),
             (br#"{"fallback_endpoints":99}"#, "fallback_endpoints"),
+            (br#"{"predictor_shards":["a","a"]}"#, "predictor_shards"),
+            (br#"{"predictor_shards":[""]}"#, "predictor_shards"),
+            (br#"{"read_body":"no"}"#, "read_body"),
         ];
         for (json, field) in cases {
             let err = FilterConfig::parse(json).unwrap_err();
             assert_eq!(err.field, *field, "{}", String::from_utf8_lossy(json));
         }
         assert!(FilterConfig::parse(b"{not json").is_err());
+    }
+
+    #[test]
+    fn shards_override_the_single_cluster() {
+        assert_eq!(FilterConfig::default().predictor_clusters(), ["headroom_predictor"]);
+        let c = FilterConfig::parse(br#"{"predictor_shards":["p0","p1"]}"#).unwrap();
+        assert_eq!(c.predictor_clusters(), ["p0", "p1"]);
     }
 
     #[test]

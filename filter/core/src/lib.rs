@@ -12,6 +12,7 @@ pub mod meter;
 pub mod policy;
 pub mod queue;
 pub mod rng;
+pub mod shards;
 
 pub use config::{ConfigError, FilterConfig};
 

@@ -1,6 +1,7 @@
 //! One HTTP stream through the filter.
 //!
 //! headers: strip client routing headers, read SLO hints (400 when invalid), pause
+//!          (with `read_body: false`: features from the headers, the callout starts here)
 //! body:    parse the OpenAI body (400 when invalid), one predictor callout
 //! callout: decide (route / shed 429 / fall back), set the destination header, resume
 //! response: measure TTFT/TPOT as the body streams past
@@ -43,7 +44,8 @@ pub struct Request {
     path: String,
     prediction_based: bool,
     features: RequestFeatures,
-    callout: Option<(u32, u64)>,
+    /// Token, start time (ns) and cluster of the predictor call under way.
+    callout: Option<(u32, u64, String)>,
     choice: Option<Choice>,
     forwarded_ns: u64,
     meter: Option<ResponseMeter>,
@@ -100,7 +102,21 @@ impl Request {
         self.features.prefix_hashes = tokens::prefix_block_hashes(&parsed.prompt_text, config.max_prefix_blocks);
         self.features.streaming = parsed.stream;
         self.features.max_tokens = parsed.max_tokens;
+        self.start_callout()
+    }
 
+    /// Header-only routing: the input size estimated from `content-length`; streaming
+    /// assumed when a TPOT SLO is given (it only means something for a stream).
+    fn features_from_headers(&mut self) {
+        let bytes =
+            host::header(MapType::HttpRequestHeaders, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+        self.features.input_tokens = bytes.map_or(0, |b| u32::try_from(b.div_ceil(4)).unwrap_or(u32::MAX));
+        self.features.streaming = self.features.slo.tpot_ms.is_some();
+    }
+
+    /// Sends the one predictor call; the answer arrives in `on_http_call_response`.
+    fn start_callout(&mut self) -> Action {
+        let config = self.config();
         let predict = PredictRequest {
             pool: config.pool.clone(),
             request_id: self.request_id.clone(),
@@ -117,12 +133,16 @@ impl Request {
             ("accept", codec::MSGPACK),
         ];
         let timeout = Duration::from_millis(config.predictor_timeout_ms);
-        match host::http_call(&config.predictor_cluster, &headers, &bytes, timeout) {
+        let cluster = self.vm.borrow().predictor_cluster();
+        match host::http_call(&cluster, &headers, &bytes, timeout) {
             Ok(token) => {
-                self.callout = Some((token, host::now_ns()));
+                self.callout = Some((token, host::now_ns(), cluster));
                 Action::Pause
             }
-            Err(_) => self.fall_back(FallbackCause::CallFailed, false),
+            Err(_) => {
+                self.vm.borrow_mut().record_call(&cluster, None);
+                self.fall_back(FallbackCause::CallFailed, false)
+            }
         }
     }
 
@@ -263,11 +283,15 @@ impl Request {
 
 impl Context for Request {
     fn on_http_call_response(&mut self, token_id: u32, _: usize, body_size: usize, _: usize) {
-        let Some((token, started)) = self.callout.take() else { return };
+        let Some((token, started, cluster)) = self.callout.take() else { return };
         if token != token_id {
             return;
         }
-        self.vm.borrow().stats.predictor_call(host::now_ns().saturating_sub(started) / 1_000_000);
+        let status = host::header(MapType::HttpCallResponseHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
+        let mut vm = self.vm.borrow_mut();
+        vm.record_call(&cluster, status);
+        vm.stats.predictor_call(host::now_ns().saturating_sub(started) / 1_000_000);
+        drop(vm);
         self.on_predictions(body_size);
     }
 }
@@ -302,6 +326,11 @@ impl HttpContext for Request {
                 format!("headroom-{}-{}-{}", host::now_ns(), self.context_id, vm.next_request)
             }
         };
+        if !config.read_body {
+            self.routed = true;
+            self.features_from_headers();
+            return self.start_callout();
+        }
         if end_of_stream {
             return self.reject(400, "body", "an inference request needs a JSON body");
         }
@@ -311,7 +340,8 @@ impl HttpContext for Request {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.routed || self.choice.is_some() {
+        // Header-only routing decided (or fell back) before the body.
+        if !self.routed || self.choice.is_some() || !self.config().read_body {
             return Action::Continue;
         }
         if !end_of_stream {

@@ -7,7 +7,7 @@ use std::hash::BuildHasher;
 use std::rc::Rc;
 use std::time::Duration;
 
-use headroom_filter_core::{fallback::StateCache, queue::BoundedQueue, rng::Rng, FilterConfig};
+use headroom_filter_core::{fallback::StateCache, queue::BoundedQueue, rng::Rng, shards::Shards, FilterConfig};
 use headroom_protocol::{codec, paths, Dispatch, DispatchBatch, Format, Observation, ReportBatch};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
@@ -27,6 +27,25 @@ pub struct Vm {
     pub observations: BoundedQueue<Observation>,
     /// Counter for request ids when the client sent no `x-request-id`.
     pub next_request: u64,
+    /// The predictor replica that owns this pool, with failover.
+    pub shards: Shards,
+}
+
+impl Vm {
+    /// The predictor cluster to call now.
+    pub fn predictor_cluster(&self) -> String {
+        self.shards.current(host::now_ms()).to_string()
+    }
+
+    /// Records how a call to `cluster` went: no answer, a timeout or a 5xx count
+    /// against the replica; any other answer shows it alive.
+    pub fn record_call(&mut self, cluster: &str, status: Option<u16>) {
+        let alive = status.is_some_and(|s| s != 0 && s < 500);
+        if self.shards.record(cluster, alive, host::now_ms()) {
+            self.stats.predictor_ejected();
+            host::log(Level::Warn, &format!("headroom: predictor cluster {cluster} failing; using the next replica"));
+        }
+    }
 }
 
 pub type SharedVm = Rc<RefCell<Vm>>;
@@ -40,7 +59,8 @@ enum InFlightBatch {
 #[derive(Default)]
 pub struct Root {
     vm: Option<SharedVm>,
-    sending: HashMap<u32, InFlightBatch>,
+    /// Batch calls under way: token -> (cluster called, batch).
+    sending: HashMap<u32, (String, InFlightBatch)>,
 }
 
 /// Timeout of a dispatch or report batch call.
@@ -50,28 +70,35 @@ impl Root {
     fn flush(&mut self) {
         let Some(vm) = self.vm.clone() else { return };
         let mut vm = vm.borrow_mut();
-        let sending_dispatches = self.sending.values().any(|b| matches!(b, InFlightBatch::Dispatches(_)));
-        let sending_reports = self.sending.values().any(|b| matches!(b, InFlightBatch::Observations(_)));
+        let sending_dispatches = self.sending.values().any(|(_, b)| matches!(b, InFlightBatch::Dispatches(_)));
+        let sending_reports = self.sending.values().any(|(_, b)| matches!(b, InFlightBatch::Observations(_)));
         let max = vm.config.max_batch;
+        let cluster = vm.predictor_cluster();
         // Dispatches before reports: the predictor starts tracking before it stops.
         if !sending_dispatches && !vm.dispatches.is_empty() {
             let batch = vm.dispatches.take(max);
             let body = DispatchBatch { dispatches: batch };
-            match self.send(&vm.config, paths::DISPATCH, &body) {
+            match self.send(&vm.config, &cluster, paths::DISPATCH, &body) {
                 Some(token) => {
-                    self.sending.insert(token, InFlightBatch::Dispatches(body.dispatches));
+                    self.sending.insert(token, (cluster.clone(), InFlightBatch::Dispatches(body.dispatches)));
                 }
-                None => vm.dispatches.requeue(body.dispatches),
+                None => {
+                    vm.record_call(&cluster, None);
+                    vm.dispatches.requeue(body.dispatches)
+                }
             }
         }
         if !sending_reports && !vm.observations.is_empty() {
             let batch = vm.observations.take(max);
             let body = ReportBatch { observations: batch };
-            match self.send(&vm.config, paths::REPORT, &body) {
+            match self.send(&vm.config, &cluster, paths::REPORT, &body) {
                 Some(token) => {
-                    self.sending.insert(token, InFlightBatch::Observations(body.observations));
+                    self.sending.insert(token, (cluster, InFlightBatch::Observations(body.observations)));
                 }
-                None => vm.observations.requeue(body.observations),
+                None => {
+                    vm.record_call(&cluster, None);
+                    vm.observations.requeue(body.observations)
+                }
             }
         }
         let dropped = vm.dispatches.take_dropped() + vm.observations.take_dropped();
@@ -80,7 +107,7 @@ impl Root {
         }
     }
 
-    fn send<T: serde::Serialize>(&self, config: &FilterConfig, path: &str, body: &T) -> Option<u32> {
+    fn send<T: serde::Serialize>(&self, config: &FilterConfig, cluster: &str, path: &str, body: &T) -> Option<u32> {
         let bytes = codec::encode(Format::MsgPack, body).ok()?;
         let headers = [
             (":method", "POST"),
@@ -88,24 +115,30 @@ impl Root {
             (":authority", config.predictor_authority.as_str()),
             ("content-type", codec::MSGPACK),
         ];
-        host::http_call(&config.predictor_cluster, &headers, &bytes, FLUSH_TIMEOUT).ok()
+        host::http_call(cluster, &headers, &bytes, FLUSH_TIMEOUT).ok()
     }
 }
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _: usize, _: usize, _: usize) {
-        let Some(batch) = self.sending.remove(&token_id) else { return };
+        let Some((cluster, batch)) = self.sending.remove(&token_id) else { return };
         let Some(vm) = self.vm.clone() else { return };
         let mut vm = vm.borrow_mut();
-        let ok = host::header(MapType::HttpCallResponseHeaders, ":status").is_some_and(|s| s.starts_with('2'));
-        match (ok, batch) {
-            (true, InFlightBatch::Observations(sent)) => vm.stats.reports(sent.len() as u64, 0),
-            (true, InFlightBatch::Dispatches(_)) => {}
-            (false, InFlightBatch::Dispatches(batch)) => {
+        let status = host::header(MapType::HttpCallResponseHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
+        vm.record_call(&cluster, status);
+        match (status.unwrap_or(0), batch) {
+            (200..=299, InFlightBatch::Observations(sent)) => vm.stats.reports(sent.len() as u64, 0),
+            (200..=299, InFlightBatch::Dispatches(_)) => {}
+            // Refused as invalid: sending it again cannot succeed, and it would hold back
+            // everything queued behind it. Dropped and counted.
+            (400..=499, InFlightBatch::Dispatches(batch)) => vm.stats.refused(batch.len() as u64),
+            (400..=499, InFlightBatch::Observations(batch)) => vm.stats.refused(batch.len() as u64),
+            // No answer, a timeout or a 5xx: sent again on a later tick.
+            (_, InFlightBatch::Dispatches(batch)) => {
                 vm.stats.flush_failed();
                 vm.dispatches.requeue(batch);
             }
-            (false, InFlightBatch::Observations(batch)) => {
+            (_, InFlightBatch::Observations(batch)) => {
                 vm.stats.flush_failed();
                 vm.observations.requeue(batch);
             }
@@ -127,8 +160,13 @@ impl RootContext for Root {
             host::log(Level::Error, "headroom: could not set the flush tick");
             return false;
         }
+        let shards = Shards::new(config.predictor_clusters(), &config.pool);
         match &self.vm {
-            Some(vm) => vm.borrow_mut().config = config,
+            Some(vm) => {
+                let mut vm = vm.borrow_mut();
+                vm.config = config;
+                vm.shards = shards;
+            }
             None => {
                 let seed = RandomState::new().hash_one(host::now_ns());
                 self.vm = Some(Rc::new(RefCell::new(Vm {
@@ -138,6 +176,7 @@ impl RootContext for Root {
                     dispatches: BoundedQueue::new(config.max_queued),
                     observations: BoundedQueue::new(config.max_queued),
                     next_request: 0,
+                    shards,
                     config,
                 })));
             }

@@ -52,6 +52,8 @@ pub struct Stats {
     reports_sent: Option<u32>,
     reports_dropped: Option<u32>,
     flush_failed: Option<u32>,
+    reports_refused: Option<u32>,
+    predictor_ejected: Option<u32>,
     slo_violation_ttft: Option<u32>,
     slo_violation_tpot: Option<u32>,
 }
@@ -73,6 +75,8 @@ impl Stats {
             reports_sent: counter("reports.sent"),
             reports_dropped: counter("reports.dropped"),
             flush_failed: counter("reports.flush_failed"),
+            reports_refused: counter("reports.refused"),
+            predictor_ejected: counter("predictor.ejected"),
             slo_violation_ttft: counter("slo_violation.ttft"),
             slo_violation_tpot: counter("slo_violation.tpot"),
         }
@@ -124,6 +128,16 @@ impl Stats {
 
     pub fn flush_failed(&self) {
         Self::inc(self.flush_failed, 1);
+    }
+
+    /// Items of a batch the predictor refused (4xx): dropped, never retried.
+    pub fn refused(&self, items: u64) {
+        Self::inc(self.reports_refused, items);
+    }
+
+    /// A predictor replica skipped after repeated failures.
+    pub fn predictor_ejected(&self) {
+        Self::inc(self.predictor_ejected, 1);
     }
 
     /// Counts observed SLO misses of a finished streaming request.
