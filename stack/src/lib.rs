@@ -62,6 +62,8 @@ pub struct StackOptions {
     pub objective: String,
     /// Envoy with headroom, or a plain Envoy baseline.
     pub router: Router,
+    /// predictor-svc replicas; more than one are shards (`predictor_shards` in the filter).
+    pub predictor_replicas: usize,
 }
 
 impl Default for StackOptions {
@@ -75,6 +77,7 @@ impl Default for StackOptions {
             external_predictor: None,
             objective: "mean".into(),
             router: Router::Headroom,
+            predictor_replicas: 1,
         }
     }
 }
@@ -84,9 +87,24 @@ impl Default for StackOptions {
 pub struct StackState {
     pub gateway: SocketAddr,
     pub admin: SocketAddr,
+    /// The first (or only) predictor replica.
     pub predictor: SocketAddr,
+    /// Every predictor replica, `predictor` first.
+    #[serde(default)]
+    pub predictors: Vec<SocketAddr>,
     pub servers: Vec<SocketAddr>,
     pub procs: Vec<Proc>,
+}
+
+impl StackState {
+    /// Envoy cluster name of predictor replica `i` (of `n`).
+    pub fn predictor_cluster(i: usize, n: usize) -> String {
+        if n <= 1 {
+            "headroom_predictor".to_string()
+        } else {
+            format!("headroom_predictor_{i}")
+        }
+    }
 }
 
 impl StackState {
@@ -123,7 +141,6 @@ pub struct Stack {
     pub state: StackState,
     pub run_dir: PathBuf,
     children: Vec<Option<Child>>,
-    predictor_config: PathBuf,
     attached: bool,
 }
 
@@ -156,7 +173,24 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
     ok()
 }
 
-/// Renders the Envoy bootstrap template.
+/// The predictor clusters of the bootstrap: one per replica.
+fn predictor_clusters(predictors: &[SocketAddr]) -> String {
+    predictors
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let name = StackState::predictor_cluster(i, predictors.len());
+            format!(
+                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                p.ip(),
+                p.port()
+            )
+        })
+        .collect()
+}
+
+/// Renders the Envoy bootstrap template. The Wasm filter may pause on headers
+/// (`allow_on_headers_stop_iteration`) unless the plugin says `read_body: false`.
 pub fn render_envoy(
     template: &str,
     addresses: &StackState,
@@ -164,7 +198,9 @@ pub fn render_envoy(
     plugin: &Value,
     lb_policy: &str,
 ) -> anyhow::Result<String> {
-    let StackState { admin, gateway, predictor, servers, .. } = addresses;
+    let StackState { admin, gateway, predictor, predictors, servers, .. } = addresses;
+    let predictors = if predictors.is_empty() { std::slice::from_ref(predictor) } else { predictors.as_slice() };
+    let read_body = plugin.get("read_body").and_then(Value::as_bool).unwrap_or(true);
     let endpoints: Vec<String> = servers
         .iter()
         .map(|s| {
@@ -180,8 +216,8 @@ pub fn render_envoy(
     let out = template
         .replace("{{ADMIN_PORT}}", &admin.port().to_string())
         .replace("{{GATEWAY_PORT}}", &gateway.port().to_string())
-        .replace("{{PREDICTOR_HOST}}", &predictor.ip().to_string())
-        .replace("{{PREDICTOR_PORT}}", &predictor.port().to_string())
+        .replace("{{PREDICTOR_CLUSTERS}}", predictor_clusters(predictors).trim_end())
+        .replace("{{ALLOW_ON_HEADERS_STOP_ITERATION}}", &read_body.to_string())
         .replace("{{WASM_PATH}}", &wasm.display().to_string())
         .replace("{{PLUGIN_CONFIG}}", &plugin_text)
         .replace("{{MODEL_SERVER_ENDPOINTS}}", &endpoints.join("\n"))
@@ -199,24 +235,17 @@ impl Stack {
         let bins = locate::bin_dir()?;
         let envoy = locate::envoy()?;
         let wasm = locate::wasm()?;
-        let mut ports = free_ports(opts.profiles.len() + 3)?.into_iter().map(local);
+        let replicas = opts.predictor_replicas.max(1);
+        let mut ports = free_ports(opts.profiles.len() + 2 + replicas)?.into_iter().map(local);
         let mut next = || ports.next().ok_or_else(|| anyhow::anyhow!("port allocation came up short"));
-        let (gateway, admin, own_predictor) = (next()?, next()?, next()?);
+        let (gateway, admin) = (next()?, next()?);
+        let mut predictors: Vec<SocketAddr> = (0..replicas).map(|_| next()).collect::<Result<_, _>>()?;
+        if let Some(external) = opts.external_predictor {
+            predictors = vec![external];
+        }
         let servers: Vec<SocketAddr> = opts.profiles.iter().map(|_| next()).collect::<Result<_, _>>()?;
-        let state = StackState {
-            gateway,
-            admin,
-            predictor: opts.external_predictor.unwrap_or(own_predictor),
-            servers,
-            procs: Vec::new(),
-        };
-        let mut stack = Stack {
-            predictor_config: run_dir.join("predictor.toml"),
-            run_dir: run_dir.clone(),
-            state,
-            children: Vec::new(),
-            attached: opts.attached,
-        };
+        let state = StackState { gateway, admin, predictor: predictors[0], predictors, servers, procs: Vec::new() };
+        let mut stack = Stack { run_dir: run_dir.clone(), state, children: Vec::new(), attached: opts.attached };
 
         // Simulated model servers, one process.
         let mut args: Vec<String> = vec!["--time-scale".into(), opts.time_scale.to_string()];
@@ -229,26 +258,31 @@ impl Stack {
             stack.wait_ready("simulator", || http::get(s, "/health").is_ok_and(|(code, _)| code == 200))?;
         }
 
-        // predictor-svc.
+        // predictor-svc, one config and data directory per replica.
         let endpoints: Vec<String> = stack.state.servers.iter().map(|s| format!("\"{s}\"")).collect();
         // Each server's profile is its hardware class: a model feature, so the pool may mix GPUs.
         let hardware: Vec<String> =
             stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| format!("\"{s}\" = \"{p}\"")).collect();
-        let toml = format!(
-            "listen = \"{}\"\nscrape_interval_ms = 100\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\nobjective = \"{}\"\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\nhardware = {{{}}}\n",
-            stack.state.predictor,
-            run_dir.join("predictor-data").display(),
-            opts.objective,
-            endpoints.join(", "),
-            hardware.join(", ")
-        );
-        std::fs::write(&stack.predictor_config, toml)?;
-        if opts.external_predictor.is_none() {
-            stack.start_predictor()?;
+        for (i, listen) in stack.state.predictors.clone().into_iter().enumerate() {
+            let toml = format!(
+                "listen = \"{listen}\"\nscrape_interval_ms = 100\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\nobjective = \"{}\"\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\nhardware = {{{}}}\n",
+                run_dir.join(Self::replica_name("predictor-data", i)).display(),
+                opts.objective,
+                endpoints.join(", "),
+                hardware.join(", ")
+            );
+            std::fs::write(stack.predictor_config(i), toml)?;
+            if opts.external_predictor.is_none() {
+                stack.start_predictor_replica(i)?;
+            }
         }
 
         // Envoy with the filter.
         let mut plugin = default_plugin_config();
+        if replicas > 1 {
+            let shards: Vec<String> = (0..replicas).map(|i| StackState::predictor_cluster(i, replicas)).collect();
+            plugin.insert("predictor_shards".into(), json!(shards));
+        }
         plugin.extend(opts.plugin.clone());
         let (file, lb_policy) = match opts.router {
             Router::Headroom => ("envoy/envoy.yaml.tmpl", ""),
@@ -308,18 +342,42 @@ impl Stack {
         anyhow::bail!("{name} {why}; last lines of {}:\n{tail}", log.display())
     }
 
+    /// `base` for replica 0, `base-i` for the others (process names, files).
+    fn replica_name(base: &str, i: usize) -> String {
+        if i == 0 {
+            base.to_string()
+        } else {
+            format!("{base}-{i}")
+        }
+    }
+
+    fn predictor_config(&self, i: usize) -> PathBuf {
+        self.run_dir.join(format!("{}.toml", Self::replica_name("predictor", i)))
+    }
+
     /// Starts (or restarts) predictor-svc on its port and waits for `/readyz`.
     pub fn start_predictor(&mut self) -> anyhow::Result<()> {
+        self.start_predictor_replica(0)
+    }
+
+    /// Starts (or restarts) predictor replica `i` and waits for `/readyz`.
+    pub fn start_predictor_replica(&mut self, i: usize) -> anyhow::Result<()> {
         let bins = locate::bin_dir()?;
-        let args = vec!["--config".to_string(), self.predictor_config.display().to_string()];
-        self.spawn("predictor", &bins.join("headroom-predictor"), &args)?;
-        let addr = self.state.predictor;
-        self.wait_ready("predictor", || http::get(addr, "/readyz").is_ok_and(|(c, _)| c == 200))
+        let args = vec!["--config".to_string(), self.predictor_config(i).display().to_string()];
+        let name = Self::replica_name("predictor", i);
+        self.spawn(&name, &bins.join("headroom-predictor"), &args)?;
+        let addr = self.state.predictors.get(i).copied().unwrap_or(self.state.predictor);
+        self.wait_ready(&name, || http::get(addr, "/readyz").is_ok_and(|(c, _)| c == 200))
     }
 
     /// Stops the running predictor-svc (the rest keeps running).
     pub fn stop_predictor(&mut self) {
         self.stop_named("predictor");
+    }
+
+    /// Stops predictor replica `i` (the rest keeps running).
+    pub fn stop_predictor_replica(&mut self, i: usize) {
+        self.stop_named(&Self::replica_name("predictor", i));
     }
 
     fn stop_named(&mut self, name: &str) {

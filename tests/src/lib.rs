@@ -46,16 +46,18 @@ impl Harness {
 
     /// Like [`Harness::start`], with the filter talking to a predictor already at `predictor`.
     pub fn start_with(plugin: Value, predictor: Option<SocketAddr>) -> anyhow::Result<Harness> {
-        let turn = ONE_STACK.lock().unwrap_or_else(|p| p.into_inner());
-        let run_dir = std::env::temp_dir().join(format!("headroom-e2e-{}", std::process::id()));
-        let opts = StackOptions {
+        Self::start_opts(StackOptions {
             plugin: plugin.as_object().cloned().unwrap_or_default(),
-            run_dir,
-            attached: true,
             external_predictor: predictor,
             ..Default::default()
-        };
-        let stack = Stack::start(opts)?;
+        })
+    }
+
+    /// A stack built from `opts` (its run directory and attachment are the harness's own).
+    pub fn start_opts(opts: StackOptions) -> anyhow::Result<Harness> {
+        let turn = ONE_STACK.lock().unwrap_or_else(|p| p.into_inner());
+        let run_dir = std::env::temp_dir().join(format!("headroom-e2e-{}", std::process::id()));
+        let stack = Stack::start(StackOptions { run_dir, attached: true, ..opts })?;
         let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build()?;
         Ok(Harness { stack, http, _turn: turn })
     }
