@@ -7,7 +7,7 @@ STACK      := target/release/headroom-stack
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm up down demo bench test fmt fmt-check clippy unit wasm-test e2e sim-bench clean
+.PHONY: setup build wasm oci validate up down demo bench test fmt fmt-check clippy unit wasm-test e2e sim-bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,15 @@ setup:
 wasm: setup
 	$(CARGO) build -p headroom-filter --target wasm32-wasip1 --profile wasm
 	@ls -l $(WASM_OUT)
+
+# The filter as an OCI image layout + archive under target/oci (no Docker needed): what an
+# Istio WasmPlugin pulls. Prints the digests and a push command.
+oci: wasm
+	$(CARGO) run --release -q -p headroom-deploy-check --bin headroom-oci
+
+# Validate istio/ offline: CRD schemas, Kubernetes types, the assembled Envoy config.
+validate: wasm
+	$(CARGO) run --release -q -p headroom-deploy-check --bin headroom-deploy-check
 
 build: setup wasm
 	$(CARGO) build --release $(NATIVE) --bins
@@ -48,8 +57,9 @@ clippy: setup
 	$(CARGO) clippy --release $(NATIVE) --all-targets -- -D warnings
 	$(CARGO) clippy -p headroom-filter --target wasm32-wasip1 --profile wasm -- -D warnings
 
-# Unit and in-process tests of the native crates (everything but the end-to-end crate).
-unit: setup
+# Unit and in-process tests of the native crates (everything but the end-to-end crate),
+# including the manifest validation of istio/ (which needs Envoy and the .wasm).
+unit: setup wasm
 	$(CARGO) test --release $(NATIVE) --exclude headroom-e2e
 
 # The filter core's unit tests again, compiled to wasm32 and run under Node (wasm-bindgen-test):
