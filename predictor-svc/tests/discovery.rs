@@ -3,7 +3,7 @@
 //! Covers add, remove and a readiness flip, and that requests in flight survive on
 //! endpoints that stay.
 
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
