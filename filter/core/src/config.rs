@@ -114,7 +114,8 @@ impl Default for FilterConfig {
             tpot_buffer: 1.0,
             negative_tier_epsilon: 0.01,
             ttft_weight: 0.8,
-            strategy: Strategy::Least,
+            // Spreading: measured better than bin-packing on every mixed workload (docs/benchmark.md).
+            strategy: Strategy::Most,
             default_profile: DefaultProfile::LowestLatency,
             fallback_endpoints: 0,
             prefix_strict_threshold: 0.99,

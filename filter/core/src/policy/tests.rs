@@ -211,7 +211,7 @@ fn reference_flaw_missing_tpot_slo_never_switches_protection_off() {
 fn least_bin_packs_and_most_spreads() {
     let eps = [ep(Some(190.0), Some(10.0)), ep(Some(100.0), Some(10.0)), ep(Some(20.0), Some(10.0))];
     let r = req(Some(200.0), None, true, 0);
-    let least = shares(&r, &eps, &cfg(), 4000);
+    let least = shares(&r, &eps, &FilterConfig { strategy: Strategy::Least, ..cfg() }, 4000);
     assert!(least[0] > least[1] && least[1] > least[2], "least favours the smallest headroom: {least:?}");
     let most = shares(&r, &eps, &FilterConfig { strategy: Strategy::Most, ..cfg() }, 4000);
     assert!(most[2] > most[1] && most[1] > most[0], "most favours the largest headroom: {most:?}");
