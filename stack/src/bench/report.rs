@@ -92,6 +92,23 @@ pub fn verdict(w: &WorkloadRun) -> String {
             if open { "; an open-ended capacity (≥ or <) means the ladder did not reach the crossing" } else { "" }
         );
     }
+    // Why a capacity target can be out of reach: no router serves more than the fleet can.
+    // With goodput at most G, 90% attainment is possible only up to G / 0.9 offered.
+    let goodput = w.runs.iter().flat_map(|r| r.points.iter().map(|(_, s)| s.goodput_rps)).fold(0.0, f64::max);
+    if let Some(b) = best(true) {
+        let (cb, ceiling) = (router_capacity(b).rps(), goodput / TARGET);
+        if cb > 0.0 && goodput > 0.0 && ceiling / cb < CAPACITY_TARGET_RATIO {
+            let _ = writeln!(
+                out,
+                "\nCeiling: {}x the best baseline's capacity is {:.0} req/s offered; {}% attainment there means {:.0} SLO-meeting requests/s, but no router delivered that at any rate: the most was {goodput:.1}, enough for at most {:.2}x. The fleet, not the routing, sets the limit here.",
+                CAPACITY_TARGET_RATIO,
+                CAPACITY_TARGET_RATIO * cb,
+                100.0 * TARGET,
+                CAPACITY_TARGET_RATIO * cb * TARGET,
+                ceiling / cb
+            );
+        }
+    }
     out.replace("% -attainment", "%-attainment")
 }
 
@@ -220,6 +237,15 @@ mod tests {
         assert!(v.contains("(+4.0 points)"), "{v}");
         // lr crosses 0.9 at 20 + 0.2*10 = 22; pred at 30 + (0.03/0.33)*10 ≈ 30.9 -> 1.40x
         assert!(v.contains("**1.40x**") && v.contains(": met)"), "{v}");
+        assert!(!v.contains("Ceiling"), "a met target needs no ceiling note: {v}");
+    }
+
+    #[test]
+    fn verdict_explains_a_target_out_of_reach() {
+        let mut w = workload();
+        w.runs[2] = run("pred", false, &[(10.0, 1.0), (20.0, 0.99), (30.0, 0.5)]);
+        let v = verdict(&w);
+        assert!(v.contains(": missed)") && v.contains("Ceiling: 1.3x the best baseline"), "{v}");
     }
 
     #[test]
