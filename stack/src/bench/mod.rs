@@ -88,7 +88,7 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
     match workload {
         // 2-6k-token prompts: an A100 alone takes ~0.5 s for 6k tokens, beyond the 400 ms
         // interactive TTFT, so routers that ignore hardware miss SLOs even at light load.
-        "long-short" => vec![5.0, 10.0, 15.0, 20.0, 30.0, 40.0],
+        "long-short" => vec![20.0, 35.0, 50.0, 65.0, 80.0, 100.0],
         "short-long" => vec![80.0, 120.0, 150.0, 175.0, 200.0, 230.0],
         "azure" => vec![60.0, 100.0, 140.0, 180.0, 220.0, 260.0],
         // Cached system prompts make these cheap: every router meets its SLOs up to 200 req/s.
