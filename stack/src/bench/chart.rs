@@ -9,10 +9,10 @@ pub struct Series<'a> {
     pub points: Vec<(f64, f64)>,
 }
 
-const W: f64 = 720.0;
+const W: f64 = 760.0;
 const H: f64 = 420.0;
 const LEFT: f64 = 60.0;
-const RIGHT: f64 = 200.0;
+const RIGHT: f64 = 240.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 const COLORS: [&str; 6] = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];

@@ -28,10 +28,23 @@ pub fn router_capacity(run: &RouterRun) -> Capacity {
     capacity(&curve(run), TARGET).unwrap_or(Capacity::Below(0.0))
 }
 
-/// The highest requested rate every router was measured at (the equal-load comparison point).
+/// The best baseline by capacity (ties: the first).
+fn best_baseline(w: &WorkloadRun) -> Option<&RouterRun> {
+    w.runs.iter().filter(|r| r.baseline).fold(None, |best: Option<&RouterRun>, r| match best {
+        Some(b) if router_capacity(b).rps() >= router_capacity(r).rps() => Some(b),
+        _ => Some(r),
+    })
+}
+
+/// The equal-load comparison point: of the rates every router ran, the heaviest at which
+/// the best baseline still met its SLOs for 90% of requests (where a user would run it);
+/// the lightest when it never did. Heavier rates show every router in overload.
 pub fn equal_load_rate(w: &WorkloadRun) -> Option<f64> {
-    let last = |r: &RouterRun| r.points.last().map(|p| p.0);
-    w.runs.iter().map(last).try_fold(f64::INFINITY, |acc, r| r.map(|r| acc.min(r))).filter(|r| r.is_finite())
+    let mut common: Vec<f64> = w.runs.first()?.points.iter().map(|p| p.0).collect();
+    common.retain(|rate| w.runs.iter().all(|r| at_rate(r, *rate).is_some()));
+    let baseline = best_baseline(w);
+    let kept = |rate: &&f64| baseline.and_then(|b| at_rate(b, **rate)).is_some_and(|s| s.attainment >= TARGET);
+    common.iter().rev().find(kept).or(common.first()).copied()
 }
 
 fn at_rate(run: &RouterRun, rate: f64) -> Option<&Summary> {
@@ -54,11 +67,18 @@ pub fn verdict(w: &WorkloadRun) -> String {
             scored.iter().filter(|(r, _)| r.baseline == baseline).max_by(|a, b| a.1.total_cmp(&b.1)).copied()
         };
         if let Some(winner) = scored.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+            // Routers within a tenth of a point of the best share the lead.
+            let leaders: Vec<String> =
+                scored.iter().filter(|(_, a)| winner.1 - a < 0.001).map(|(r, _)| format!("**{}**", r.router)).collect();
+            let lead = if leaders.len() == 1 {
+                format!("{} wins with {}", leaders[0], pct(winner.1))
+            } else {
+                format!("{} tie at {}", leaders.join(", "), pct(winner.1))
+            };
             let _ = write!(
                 out,
-                "At equal load ({rate:.0} req/s requested) **{}** wins with {}",
-                winner.0.router,
-                pct(winner.1)
+                "At equal load ({rate:.0} req/s requested, the heaviest at which the best baseline still met {}) {lead}",
+                pct(TARGET),
             );
             match (top(false), top(true)) {
                 (Some(p), Some(b)) => {
@@ -97,7 +117,11 @@ pub fn verdict(w: &WorkloadRun) -> String {
     let goodput = w.runs.iter().flat_map(|r| r.points.iter().map(|(_, s)| s.goodput_rps)).fold(0.0, f64::max);
     if let Some(b) = best(true) {
         let (cb, ceiling) = (router_capacity(b).rps(), goodput / TARGET);
-        if cb > 0.0 && goodput > 0.0 && ceiling / cb < CAPACITY_TARGET_RATIO {
+        // Only meaningful when every sweep reached its crossing: an open-ended capacity
+        // says the ladder, not the fleet, stopped.
+        let closed = w.runs.iter().all(|r| matches!(router_capacity(r), Capacity::At(_)));
+        let short = (100.0 * ceiling / cb.max(f64::MIN_POSITIVE)).round() < (100.0 * CAPACITY_TARGET_RATIO).round();
+        if closed && cb > 0.0 && goodput > 0.0 && short {
             let _ = writeln!(
                 out,
                 "\nCeiling: {}x the best baseline's capacity is {:.0} req/s offered; {}% attainment there means {:.0} SLO-meeting requests/s, but no router delivered that at any rate: the most was {goodput:.1}, enough for at most {:.2}x. The fleet, not the routing, sets the limit here.",
@@ -135,7 +159,7 @@ pub fn section(w: &WorkloadRun) -> String {
     if let Some(rate) = equal_load_rate(w) {
         let _ = writeln!(
             s,
-            "\nAt {rate:.0} req/s requested:\n\n| router | requests | offered req/s | SLO attainment | goodput (req/s) | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | shed | failed | requests per server (min-max) |\n| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |"
+            "\nAt {rate:.0} req/s requested (the equal-load point):\n\n| router | requests | offered req/s | SLO attainment | goodput (req/s) | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | shed | failed | requests per server (min-max) |\n| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |"
         );
         for r in &w.runs {
             if let Some(x) = at_rate(r, rate) {
@@ -228,6 +252,16 @@ mod tests {
     #[test]
     fn equal_load_is_the_highest_rate_everyone_ran() {
         assert_eq!(equal_load_rate(&workload()), Some(20.0));
+    }
+
+    #[test]
+    fn equal_load_skips_rates_where_the_best_baseline_is_overloaded() {
+        let mut w = workload();
+        w.runs[0] = run("rr", true, &[(10.0, 0.99), (20.0, 0.7), (30.0, 0.5)]);
+        assert_eq!(equal_load_rate(&w), Some(20.0), "lr (best baseline) still at 95% at 20, 70% at 30");
+        w.runs[1] = run("lr", true, &[(10.0, 0.8), (20.0, 0.7), (30.0, 0.5)]);
+        w.runs[0] = run("rr", true, &[(10.0, 0.85), (20.0, 0.7), (30.0, 0.5)]);
+        assert_eq!(equal_load_rate(&w), Some(10.0), "never at 90%: the lightest rate");
     }
 
     #[test]
