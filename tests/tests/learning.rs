@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use headroom_e2e::{wait_until, Harness};
+use headroom_e2e::{wait_until, Harness, StackOptions};
 use headroom_loadgen::runner::{self, Target};
 use headroom_loadgen::workload::{RequestSpec, SloClass};
 use serde_json::{json, Value};
@@ -24,7 +24,10 @@ fn predict_model_version(h: &Harness) -> String {
 
 #[test]
 fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
-    let mut h = Harness::start(json!({})).unwrap();
+    // A100 servers: the analytic prior is calibrated for H100, so a model trained on this
+    // traffic must beat it on the holdout to take over (an accurate prior is rightly kept).
+    let opts = StackOptions { profiles: vec!["a100".into(); 3], ..Default::default() };
+    let mut h = Harness::start_opts(opts).unwrap();
     assert_eq!(predict_model_version(&h), "analytic-prior", "cold start: the prior predicts");
 
     let class = SloClass { name: "t".into(), ttft_ms: Some(2000.0), tpot_ms: Some(200.0), priority: 0 };
