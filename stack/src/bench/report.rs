@@ -28,12 +28,12 @@ pub fn router_capacity(run: &RouterRun) -> Capacity {
     capacity(&curve(run), TARGET).unwrap_or(Capacity::Below(0.0))
 }
 
-/// The best baseline by capacity (ties: the first).
-fn best_baseline(w: &WorkloadRun) -> Option<&RouterRun> {
-    w.runs.iter().filter(|r| r.baseline).fold(None, |best: Option<&RouterRun>, r| match best {
-        Some(b) if router_capacity(b).rps() >= router_capacity(r).rps() => Some(b),
-        _ => Some(r),
-    })
+/// The baseline (or predicted) router with the highest capacity (ties: the last listed).
+fn best_by_capacity(w: &WorkloadRun, baseline: bool) -> Option<&RouterRun> {
+    w.runs
+        .iter()
+        .filter(|r| r.baseline == baseline)
+        .max_by(|a, b| router_capacity(a).rps().total_cmp(&router_capacity(b).rps()))
 }
 
 /// The equal-load comparison point: of the rates every router ran, the heaviest at which
@@ -42,7 +42,7 @@ fn best_baseline(w: &WorkloadRun) -> Option<&RouterRun> {
 pub fn equal_load_rate(w: &WorkloadRun) -> Option<f64> {
     let mut common: Vec<f64> = w.runs.first()?.points.iter().map(|p| p.0).collect();
     common.retain(|rate| w.runs.iter().all(|r| at_rate(r, *rate).is_some()));
-    let baseline = best_baseline(w);
+    let baseline = best_by_capacity(w, true);
     let kept = |rate: &&f64| baseline.and_then(|b| at_rate(b, **rate)).is_some_and(|s| s.attainment >= TARGET);
     common.iter().rev().find(kept).or(common.first()).copied()
 }
@@ -54,12 +54,7 @@ fn at_rate(run: &RouterRun, rate: f64) -> Option<&Summary> {
 /// Who won a workload, and by how much, in words.
 pub fn verdict(w: &WorkloadRun) -> String {
     let mut out = String::new();
-    let best = |baseline: bool| {
-        w.runs
-            .iter()
-            .filter(|r| r.baseline == baseline)
-            .max_by(|a, b| router_capacity(a).rps().total_cmp(&router_capacity(b).rps()))
-    };
+    let best = |baseline: bool| best_by_capacity(w, baseline);
     if let Some(rate) = equal_load_rate(w) {
         let scored: Vec<(&RouterRun, f64)> =
             w.runs.iter().filter_map(|r| at_rate(r, rate).map(|s| (r, s.attainment))).collect();
