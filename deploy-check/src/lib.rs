@@ -105,27 +105,37 @@ pub struct Report {
     pub problems: Vec<Problem>,
 }
 
+/// `root` and every directory below it except `schemas/`, sorted.
+fn directories(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && p.file_name().is_some_and(|n| n != "schemas") {
+                stack.push(p);
+            }
+        }
+        out.push(dir);
+    }
+    out.sort();
+    out
+}
+
 /// Resource files under `root`: `*.yaml` but kustomizations, schemas, and patch files
 /// (a patch is a YAML list, or lives in a kustomization's `patches`).
 pub fn resource_files(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                if p.file_name().is_some_and(|n| n != "schemas") {
-                    stack.push(p);
-                }
-            } else if p.extension().is_some_and(|x| x == "yaml")
-                && p.file_name().is_some_and(|n| n != "kustomization.yaml")
-            {
-                let text = std::fs::read_to_string(&p).unwrap_or_default();
-                let is_patch = documents(&text).map(|d| d.iter().all(Value::is_array)).unwrap_or(false);
-                if !is_patch {
-                    out.push(p);
-                }
+    for dir in directories(root) {
+        for p in std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()) {
+            let yaml = p.is_file() && p.extension().is_some_and(|x| x == "yaml");
+            if !yaml || p.file_name().is_some_and(|n| n == "kustomization.yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let is_patch = documents(&text).map(|d| d.iter().all(Value::is_array)).unwrap_or(false);
+            if !is_patch {
+                out.push(p);
             }
         }
     }
@@ -135,23 +145,13 @@ pub fn resource_files(root: &Path) -> Vec<PathBuf> {
 
 /// Directories under `root` holding a `kustomization.yaml` of kind Kustomization (not Component).
 pub fn kustomizations(root: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let k = dir.join("kustomization.yaml");
-        if let Ok(text) = std::fs::read_to_string(&k) {
-            if !text.lines().any(|l| l.trim() == "kind: Component") {
-                out.push(dir.clone());
-            }
-        }
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.path().is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    out.sort();
-    out
+    directories(root)
+        .into_iter()
+        .filter(|dir| {
+            std::fs::read_to_string(dir.join("kustomization.yaml"))
+                .is_ok_and(|text| !text.lines().any(|l| l.trim() == "kind: Component"))
+        })
+        .collect()
 }
 
 /// `kubectl kustomize dir`; `Ok(None)` when kubectl is not installed.
