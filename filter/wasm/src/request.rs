@@ -205,11 +205,11 @@ impl Request {
     }
 
     /// Handles the predictor's answer to the callout.
-    fn on_predictions(&mut self, body_size: usize) {
-        let status = host::header(MapType::HttpCallResponseHeaders, ":status").unwrap_or_default();
-        match status.as_str() {
-            "200" => {}
-            "504" => {
+    /// `status`: the callout's `:status` (`None`: none or unreadable).
+    fn on_predictions(&mut self, status: Option<u16>, body_size: usize) {
+        match status {
+            Some(200) => {}
+            Some(504) => {
                 self.fall_back(FallbackCause::Timeout, true);
                 return;
             }
@@ -292,7 +292,7 @@ impl Context for Request {
         vm.record_call(&cluster, status);
         vm.stats.predictor_call(host::now_ns().saturating_sub(started) / 1_000_000);
         drop(vm);
-        self.on_predictions(body_size);
+        self.on_predictions(status, body_size);
     }
 }
 
