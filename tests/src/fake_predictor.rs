@@ -1,12 +1,16 @@
-//! A predictor that misbehaves on purpose: answers garbage, or sleeps past the
-//! filter's timeout. Plain HTTP/1.1 with keep-alive, on 127.0.0.1, stopped on drop.
+//! A predictor that misbehaves on purpose: answers garbage, sleeps past the
+//! filter's timeout, or names an endpoint Envoy does not have. Plain HTTP/1.1
+//! with keep-alive, on 127.0.0.1, stopped on drop; it keeps the reports it gets.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use headroom_protocol::codec::{decode, encode, Format};
+use headroom_protocol::{EndpointPrediction, EndpointState, Observation, PredictRequest, PredictResponse, ReportBatch};
 
 /// How the fake answers `POST /v1/predict` (dispatch and report always get 200).
 #[derive(Debug, Clone, Copy)]
@@ -15,12 +19,20 @@ pub enum Misbehaviour {
     Garbage,
     /// Waits this long before answering (past the filter's timeout).
     Sleep(Duration),
+    /// A well-formed answer whose only endpoint, [`UNKNOWN_ENDPOINT`], is in no
+    /// Envoy cluster (a predictor pool out of step with the gateway's).
+    UnknownEndpoint,
 }
+
+/// The endpoint [`Misbehaviour::UnknownEndpoint`] predicts for (nothing listens there).
+pub const UNKNOWN_ENDPOINT: &str = "127.0.0.1:9";
 
 pub struct FakePredictor {
     pub addr: SocketAddr,
     /// Predict calls received.
     pub predicts: Arc<AtomicU64>,
+    /// Observations reported to it, decoded.
+    pub observations: Arc<Mutex<Vec<Observation>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -32,19 +44,20 @@ impl FakePredictor {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let predicts = Arc::new(AtomicU64::new(0));
-        let (s, p) = (stop.clone(), predicts.clone());
+        let observations = Arc::new(Mutex::new(Vec::new()));
+        let seen = Seen { stop: stop.clone(), predicts: predicts.clone(), observations: observations.clone() };
         let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
+            while !seen.stop.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((conn, _)) => {
-                        let (s, p) = (s.clone(), p.clone());
-                        std::thread::spawn(move || serve(conn, mode, &s, &p));
+                        let seen = seen.clone();
+                        std::thread::spawn(move || serve(conn, mode, &seen));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
         });
-        Ok(FakePredictor { addr, predicts, stop, thread: Some(thread) })
+        Ok(FakePredictor { addr, predicts, observations, stop, thread: Some(thread) })
     }
 }
 
@@ -57,7 +70,32 @@ impl Drop for FakePredictor {
     }
 }
 
-fn serve(conn: TcpStream, mode: Misbehaviour, stop: &AtomicBool, predicts: &AtomicU64) {
+/// What the connection threads share with the test.
+#[derive(Clone)]
+struct Seen {
+    stop: Arc<AtomicBool>,
+    predicts: Arc<AtomicU64>,
+    observations: Arc<Mutex<Vec<Observation>>>,
+}
+
+/// A positive prediction for [`UNKNOWN_ENDPOINT`] alone, MessagePack-encoded.
+fn unknown_endpoint_answer(request: &[u8]) -> Vec<u8> {
+    let pool = decode::<PredictRequest>(Format::MsgPack, request).map(|r| r.pool).unwrap_or_default();
+    let answer = PredictResponse {
+        pool,
+        model_version: "fake".into(),
+        endpoints: vec![EndpointPrediction {
+            address: UNKNOWN_ENDPOINT.into(),
+            ttft_ms: Some(1.0),
+            tpot_ms: Some(1.0),
+            state: EndpointState { running: 1, kv_usage: 0.5, ..Default::default() },
+        }],
+    };
+    encode(Format::MsgPack, &answer).unwrap_or_default()
+}
+
+fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
+    let Seen { stop, predicts, observations } = seen;
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
     let Ok(mut writer) = conn.try_clone() else { return };
     let mut reader = BufReader::new(conn);
@@ -89,21 +127,27 @@ fn serve(conn: TcpStream, mode: Misbehaviour, stop: &AtomicBool, predicts: &Atom
         if reader.read_exact(&mut body).is_err() {
             return;
         }
-        let answer: &[u8] = if path == "/v1/predict" {
+        let answer: Vec<u8> = if path == "/v1/predict" {
             predicts.fetch_add(1, Ordering::Relaxed);
             match mode {
-                Misbehaviour::Garbage => b"\xc1 this is not messagepack \xff",
+                Misbehaviour::Garbage => b"\xc1 this is not messagepack \xff".to_vec(),
                 Misbehaviour::Sleep(d) => {
                     std::thread::sleep(d);
-                    b"\x80"
+                    b"\x80".to_vec()
                 }
+                Misbehaviour::UnknownEndpoint => unknown_endpoint_answer(&body),
             }
         } else {
-            b"\x82\xa8accepted\x00\xa8rejected\x00"
+            if path == "/v1/report" {
+                if let Ok(batch) = decode::<ReportBatch>(Format::MsgPack, &body) {
+                    observations.lock().unwrap().extend(batch.observations);
+                }
+            }
+            b"\x82\xa8accepted\x00\xa8rejected\x00".to_vec()
         };
         let head =
             format!("HTTP/1.1 200 OK\r\ncontent-type: application/msgpack\r\ncontent-length: {}\r\n\r\n", answer.len());
-        if writer.write_all(head.as_bytes()).and_then(|_| writer.write_all(answer)).is_err() {
+        if writer.write_all(head.as_bytes()).and_then(|_| writer.write_all(&answer)).is_err() {
             return;
         }
     }

@@ -5,8 +5,9 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use headroom_e2e::fake_predictor::{FakePredictor, Misbehaviour};
+use headroom_e2e::fake_predictor::{FakePredictor, Misbehaviour, UNKNOWN_ENDPOINT};
 use headroom_e2e::{wait_until, Harness, SLO};
+use headroom_protocol::RouteSource;
 use serde_json::json;
 
 fn harness(plugin: serde_json::Value) -> Harness {
@@ -115,6 +116,29 @@ fn garbage_from_the_predictor_still_serves_every_request() {
 #[test]
 fn predictor_sleeping_past_the_timeout_still_serves_every_request() {
     fails_open_with(Misbehaviour::Sleep(Duration::from_millis(400)), "headroom_fallback_timeout");
+}
+
+#[test]
+fn a_request_served_elsewhere_is_reported_without_the_chosen_endpoints_state() {
+    // The predictor names an endpoint Envoy's cluster lacks: override_host falls back
+    // to round robin, so another server answers. The report must name that server and
+    // must not pass the chosen endpoint's state off as its own (it would train on it).
+    let fake = FakePredictor::start(Misbehaviour::UnknownEndpoint).unwrap();
+    let h = Harness::start_with(json!({}), Some(fake.addr)).unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
+    for stream in [false, true] {
+        let r = h.completion(3, stream, &SLO).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.chosen.as_deref(), Some(UNKNOWN_ENDPOINT), "the filter followed the prediction");
+        assert!(r.served_by.as_deref().is_some_and(|s| s != UNKNOWN_ENDPOINT), "served by {:?}", r.served_by);
+    }
+    let observations = || fake.observations.lock().unwrap().clone();
+    assert!(wait_until(Duration::from_secs(8), || observations().len() >= 2), "reports: {:?}", observations());
+    for o in observations() {
+        assert!(h.stack.state.servers.iter().any(|s| s.to_string() == o.endpoint), "reported endpoint: {o:?}");
+        assert_eq!(o.source, RouteSource::PredictedPositive);
+        assert!(o.state_at_dispatch.is_none() && o.predicted_ttft_ms.is_none(), "chosen endpoint's state kept: {o:?}");
+    }
+    assert!(wait_until(Duration::from_secs(6), || h.envoy_stat("headroom_served_elsewhere") >= 2.0));
 }
 
 #[test]

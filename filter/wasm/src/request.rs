@@ -414,10 +414,17 @@ impl HttpContext for Request {
         };
         let served = host::property(&["upstream", "address"]).map(|b| String::from_utf8_lossy(&b).into_owned());
         let choice = self.choice.take();
+        let mut vm = self.vm.borrow_mut();
+        // Served elsewhere (a retry, or a chosen endpoint Envoy's cluster lacks): the
+        // state and predictions of the chosen endpoint do not describe where it ran.
+        let elsewhere = matches!((&served, &choice), (Some(s), Some(c)) if *s != c.endpoint);
+        if elsewhere {
+            vm.stats.served_elsewhere();
+        }
+        let chosen = choice.as_ref().filter(|_| !elsewhere);
         let endpoint = served.or_else(|| choice.as_ref().map(|c| c.endpoint.clone())).unwrap_or_default();
         let mut request = std::mem::take(&mut self.features);
         request.prefix_hashes = Vec::new();
-        let mut vm = self.vm.borrow_mut();
         if self.status == 200 && request.streaming {
             let missed = |slo: Option<f64>, seen: Option<f64>| matches!((slo, seen), (Some(s), Some(v)) if v > s);
             vm.stats.slo_violations(
@@ -431,9 +438,9 @@ impl HttpContext for Request {
             request_id: std::mem::take(&mut self.request_id),
             endpoint,
             request,
-            state_at_dispatch: choice.as_ref().and_then(|c| c.state.clone()),
-            predicted_ttft_ms: choice.as_ref().and_then(|c| c.predicted_ttft_ms),
-            predicted_tpot_ms: choice.as_ref().and_then(|c| c.predicted_tpot_ms),
+            state_at_dispatch: chosen.and_then(|c| c.state.clone()),
+            predicted_ttft_ms: chosen.and_then(|c| c.predicted_ttft_ms),
+            predicted_tpot_ms: chosen.and_then(|c| c.predicted_tpot_ms),
             source: choice.as_ref().map_or(RouteSource::Envoy, |c| c.source),
             ttft_ms: measured.ttft_ms,
             tpot_ms: measured.tpot_ms,

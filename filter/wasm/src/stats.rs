@@ -54,6 +54,7 @@ pub struct Stats {
     flush_failed: Option<u32>,
     reports_refused: Option<u32>,
     predictor_ejected: Option<u32>,
+    served_elsewhere: Option<u32>,
     slo_violation_ttft: Option<u32>,
     slo_violation_tpot: Option<u32>,
 }
@@ -77,6 +78,7 @@ impl Stats {
             flush_failed: counter("reports.flush_failed"),
             reports_refused: counter("reports.refused"),
             predictor_ejected: counter("predictor.ejected"),
+            served_elsewhere: counter("served_elsewhere"),
             slo_violation_ttft: counter("slo_violation.ttft"),
             slo_violation_tpot: counter("slo_violation.tpot"),
         }
@@ -138,6 +140,12 @@ impl Stats {
     /// A predictor replica skipped after repeated failures.
     pub fn predictor_ejected(&self) {
         Self::inc(self.predictor_ejected, 1);
+    }
+
+    /// A routed request served by another endpoint than the chosen one (a retry,
+    /// or a chosen endpoint missing from Envoy's cluster).
+    pub fn served_elsewhere(&self) {
+        Self::inc(self.served_elsewhere, 1);
     }
 
     /// Counts observed SLO misses of a finished streaming request.
