@@ -251,7 +251,7 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
     let body = serde_json::json!({
         "active": active,
         "training": state.models.trains(),
-        "samples": {"train": train, "holdout": holdout},
+        "samples": {"train": train, "holdout": holdout, "since_training": state.models.samples_since_training()},
         "versions": versions,
     });
     axum::Json(body).into_response()

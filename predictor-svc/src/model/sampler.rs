@@ -102,6 +102,12 @@ impl Samples {
             self.new_since_training += 1;
         }
     }
+
+    /// A training round used the `taken` new samples counted when it copied the
+    /// reservoirs; those that arrived while it fitted still count as new.
+    pub fn trained_on(&mut self, taken: usize) {
+        self.new_since_training = self.new_since_training.saturating_sub(taken);
+    }
 }
 
 fn fnv(s: &str) -> u64 {
@@ -129,6 +135,16 @@ mod tests {
         r.push(sample(20.0, 0.95, 1.0)); // one rare sample
         assert_eq!(r.len(), 11, "the common bucket is capped, the rare one kept");
         assert!(r.samples().any(|s| s.row[2] == 20.0));
+    }
+
+    #[test]
+    fn samples_arriving_during_training_still_count_as_new() {
+        let mut s = Samples::new(1000, 0);
+        (0..60).for_each(|i| s.push(&format!("a{i}"), sample(0.0, 0.1, 0.0)));
+        let taken = s.new_since_training; // a round copies the reservoirs here
+        (0..7).for_each(|i| s.push(&format!("b{i}"), sample(0.0, 0.1, 0.0))); // and fits while these arrive
+        s.trained_on(taken);
+        assert_eq!(s.new_since_training, 7);
     }
 
     #[test]

@@ -272,12 +272,12 @@ impl ModelStore {
     }
 
     fn train(&self) -> TrainOutcome {
-        let (train, holdout): (Vec<Sample>, Vec<Sample>) = {
+        let (train, holdout, taken): (Vec<Sample>, Vec<Sample>, usize) = {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
             if s.new_since_training < self.config.min_new_samples {
                 return TrainOutcome::Skipped;
             }
-            (s.train.samples().cloned().collect(), s.holdout.samples().cloned().collect())
+            (s.train.samples().cloned().collect(), s.holdout.samples().cloned().collect(), s.new_since_training)
         };
         let column = |f: fn(&Sample) -> Option<f64>| -> (Vec<Row>, Vec<f64>) {
             train.iter().filter_map(|s| f(s).map(|y| (s.row, y))).unzip()
@@ -301,7 +301,7 @@ impl ModelStore {
             return TrainOutcome::Skipped;
         };
         let train_ms = started.elapsed().as_millis() as u64;
-        self.samples.lock().unwrap_or_else(|p| p.into_inner()).new_since_training = 0;
+        self.samples.lock().unwrap_or_else(|p| p.into_inner()).trained_on(taken);
 
         let objective = self.config.objective();
         let candidate = score(&holdout, objective, |r| (ttft.predict(r), tpot.predict(r)));
@@ -406,6 +406,12 @@ impl ModelStore {
     pub fn sample_counts(&self) -> (usize, usize) {
         let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         (s.train.len(), s.holdout.len())
+    }
+
+    /// Training samples filed since the last training round used them (a round
+    /// starts once there are `min_new_samples`).
+    pub fn samples_since_training(&self) -> usize {
+        self.samples.lock().unwrap_or_else(|p| p.into_inner()).new_since_training
     }
 }
 
