@@ -65,6 +65,17 @@ fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
     assert_eq!(onnx.status(), 200);
     assert!(onnx.bytes().unwrap().len() > 1000, "the model downloads as ONNX");
 
+    // Let training catch up before the restart: every request's sample filed and fewer
+    // than `min_new_samples` (50) left unused. Otherwise the restarted predictor rightly
+    // trains on the pending ones at once, and what it serves would not show the restore.
+    let settled = wait_until(Duration::from_secs(20), || {
+        let s = &models(&h)["samples"];
+        let filed = s["train"].as_u64().unwrap_or(0) + s["holdout"].as_u64().unwrap_or(0);
+        filed == work.len() as u64 && s["since_training"].as_u64().is_some_and(|n| n < 50)
+    });
+    assert!(settled, "samples never settled: {}", models(&h)["samples"]);
+    let active = models(&h)["active"].as_str().unwrap().to_string();
+
     let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     h.stack.stop_predictor();
     let stopped_at = now_ms();
