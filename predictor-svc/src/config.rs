@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::model::gbdt::Objective;
+use crate::predict::AnalyticPrior;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
@@ -109,6 +110,9 @@ pub struct ModelConfig {
     pub model_path: Option<PathBuf>,
     /// The ONNX Runtime library (default: `ORT_DYLIB_PATH`, then the project's `.venv`).
     pub onnxruntime_library: Option<PathBuf>,
+    /// How many times slower than the prior's calibration GPU (H100) each hardware
+    /// class runs, e.g. `{ a100 = 1.7 }`: only the analytic prior, before a model trains.
+    pub prior_hardware_scale: BTreeMap<String, f64>,
 }
 
 impl Default for ModelConfig {
@@ -129,6 +133,7 @@ impl Default for ModelConfig {
             keep_versions: 5,
             model_path: None,
             onnxruntime_library: None,
+            prior_hardware_scale: BTreeMap::new(),
         }
     }
 }
@@ -196,8 +201,8 @@ impl Config {
         Ok(config)
     }
 
-    /// Class id of every hardware name used anywhere, 1-based in name order.
-    pub fn hardware_class(&self, name: &str) -> u32 {
+    /// Every hardware name used anywhere, sorted: class ids are 1-based positions here.
+    fn hardware_names(&self) -> Vec<&String> {
         let mut names: Vec<&String> = self
             .pools
             .iter()
@@ -205,7 +210,21 @@ impl Config {
             .collect();
         names.sort();
         names.dedup();
-        names.iter().position(|n| *n == name).map_or(0, |i| i as u32 + 1)
+        names
+    }
+
+    /// Class id of a hardware name, 1-based in name order (0: not used anywhere).
+    pub fn hardware_class(&self, name: &str) -> u32 {
+        self.hardware_names().iter().position(|n| *n == name).map_or(0, |i| i as u32 + 1)
+    }
+
+    /// The analytic prior, slowed per hardware class by `model.prior_hardware_scale`.
+    pub fn prior(&self) -> AnalyticPrior {
+        let mut hardware_scale = vec![1.0];
+        hardware_scale.extend(
+            self.hardware_names().iter().map(|n| self.model.prior_hardware_scale.get(*n).copied().unwrap_or(1.0)),
+        );
+        AnalyticPrior { hardware_scale, ..AnalyticPrior::default() }
     }
 
     fn validate(&self) -> anyhow::Result<()> {
@@ -222,6 +241,17 @@ impl Config {
             self.model.learning_rate > 0.0 && self.model.learning_rate <= 1.0,
             "model.learning_rate must be within (0, 1]"
         );
+        let names = self.hardware_names();
+        for (name, scale) in &self.model.prior_hardware_scale {
+            anyhow::ensure!(
+                scale.is_finite() && (0.05..=20.0).contains(scale),
+                "model.prior_hardware_scale.{name} must be within 0.05..=20 (times slower than an H100)"
+            );
+            anyhow::ensure!(
+                names.contains(&name),
+                "model.prior_hardware_scale.{name}: no pool names this hardware (known: {names:?})"
+            );
+        }
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
         anyhow::ensure!(self.scrape_interval_ms >= 10, "scrape_interval_ms must be >= 10");
         anyhow::ensure!(self.scrape_timeout_ms >= 10, "scrape_timeout_ms must be >= 10");
@@ -282,6 +312,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.hardware_class("a100"), c.hardware_class("h100"), c.hardware_class("tpu")), (1, 2, 0));
+    }
+
+    #[test]
+    fn prior_scales_follow_the_class_ids_and_bad_ones_are_refused_by_name() {
+        let pool = "[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nhardware = {\"127.0.0.1:2\" = \"h100\", \"127.0.0.1:1\" = \"a100\"}\n";
+        let c = Config::parse(&format!("[model]\nprior_hardware_scale = {{a100 = 1.7}}\n{pool}")).unwrap();
+        assert_eq!(c.prior().hardware_scale, vec![1.0, 1.7, 1.0], "class 0 (unknown), a100, h100");
+        for (scale, field) in [("{a100 = 0}", "prior_hardware_scale.a100"), ("{tpu = 2.0}", "prior_hardware_scale.tpu")]
+        {
+            let err = Config::parse(&format!("[model]\nprior_hardware_scale = {scale}\n{pool}")).unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //! TTFT     = 10 + (uncached prompt + uncached prompts in flight) * 0.03 + waiting * step
 //! TPOT     = step + prompt tokens in flight * 65e-6 (longer contexts read more KV)
 //! ```
+//!
+//! Other GPUs: `model.prior_hardware_scale` multiplies every engine term (all
+//! but the 10 ms overhead) for the endpoints of a hardware class (e.g. 1.7 for
+//! an A100).
 
 use crate::model::features::Row;
 
@@ -18,7 +22,7 @@ use crate::model::features::Row;
 pub const ANALYTIC_PRIOR: &str = "analytic-prior";
 
 /// Constants of the prior (milliseconds).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct AnalyticPrior {
     pub overhead_ms: f64,
     pub step_fixed_ms: f64,
@@ -26,6 +30,9 @@ pub struct AnalyticPrior {
     pub per_batched_token_ms: f64,
     pub per_context_token_ms: f64,
     pub prefill_per_token_ms: f64,
+    /// Engine-time multiplier by hardware class id (the row's `hardware_class`);
+    /// classes past the end run at 1.0.
+    pub hardware_scale: Vec<f64>,
 }
 
 impl Default for AnalyticPrior {
@@ -37,6 +44,7 @@ impl Default for AnalyticPrior {
             per_batched_token_ms: 0.024,
             per_context_token_ms: 65e-6,
             prefill_per_token_ms: 0.03,
+            hardware_scale: Vec::new(),
         }
     }
 }
@@ -48,12 +56,14 @@ impl AnalyticPrior {
         let (waiting, running, uncached_in_flight, effective_input, in_flight, tokens_in_flight) =
             (f(2), f(3), f(5), f(6), f(7), f(8));
         let input = f(1);
-        let step = self.step_fixed_ms
-            + self.weight_floor_ms.max(running.max(in_flight) * self.per_batched_token_ms)
-            + tokens_in_flight * self.per_context_token_ms;
-        let prefill = (effective_input + uncached_in_flight) * self.prefill_per_token_ms;
+        let scale = self.hardware_scale.get(f(9) as usize).copied().unwrap_or(1.0);
+        let step = scale
+            * (self.step_fixed_ms
+                + self.weight_floor_ms.max(running.max(in_flight) * self.per_batched_token_ms)
+                + tokens_in_flight * self.per_context_token_ms);
+        let prefill = scale * (effective_input + uncached_in_flight) * self.prefill_per_token_ms;
         let ttft = self.overhead_ms + prefill + waiting * step;
-        let tpot = step + input * self.per_context_token_ms;
+        let tpot = step + scale * input * self.per_context_token_ms;
         (ttft, tpot)
     }
 }
@@ -78,5 +88,18 @@ mod tests {
         assert!((busy.1 - 15.5).abs() < 1.0, "{busy:?}");
         let cached = p.predict(&row(&req, &EndpointState { prefix_match: 1.0, ..Default::default() }));
         assert!(cached.0 < idle.0);
+    }
+
+    #[test]
+    fn a_scaled_hardware_class_is_slower_by_its_factor() {
+        let p = AnalyticPrior { hardware_scale: vec![1.0, 1.7], ..AnalyticPrior::default() };
+        let req = RequestFeatures { input_tokens: 2000, ..Default::default() };
+        let h100 = p.predict(&row(&req, &EndpointState::default()));
+        let a100 = p.predict(&row(&req, &EndpointState { hardware_class: 1, ..Default::default() }));
+        let unknown = p.predict(&row(&req, &EndpointState { hardware_class: 7, ..Default::default() }));
+        assert!((a100.1 / h100.1 - 1.7).abs() < 1e-6, "TPOT {a100:?} vs {h100:?}");
+        let engine = |t: (f64, f64)| t.0 - p.overhead_ms;
+        assert!((engine(a100) / engine(h100) - 1.7).abs() < 1e-6, "TTFT beyond the API overhead scales");
+        assert_eq!(unknown, h100, "a class without a factor runs at the calibration");
     }
 }

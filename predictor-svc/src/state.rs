@@ -26,7 +26,7 @@ impl AppState {
     pub fn new(config: Config) -> anyhow::Result<AppState> {
         Ok(AppState {
             pools: Pools::from_config(&config),
-            models: ModelStore::open(config.model.clone())?,
+            models: ModelStore::open(config.model.clone())?.with_prior(config.prior()),
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),
             metrics: Metrics::new(),
             scraped_once: AtomicBool::new(false),

@@ -146,6 +146,12 @@ impl ModelStore {
         Ok(store)
     }
 
+    /// Replaces the analytic prior (e.g. with `Config::prior`'s hardware scales).
+    pub fn with_prior(mut self, prior: AnalyticPrior) -> Self {
+        self.prior = prior;
+        self
+    }
+
     fn install(&self, onnx: OnnxModel, info: ModelInfo, bytes: Arc<Vec<u8>>) {
         let mut versions = self.versions.lock().unwrap_or_else(|p| p.into_inner());
         versions.retain(|(i, _)| i.version != info.version);
