@@ -54,6 +54,9 @@ pub struct Checker {
     pub schemas: crd::Schemas,
 }
 
+/// The ConfigMap key holding predictor-svc's TOML (`istio/base/predictor/configmap.yaml`).
+pub const PREDICTOR_CONFIG_KEY: &str = "predictor.toml";
+
 impl Checker {
     /// Loads the CRD schemas from a CRD YAML text (`istio/schemas/istio-crds.gen.yaml`).
     pub fn new(crds_yaml: &str) -> anyhow::Result<Checker> {
@@ -69,6 +72,12 @@ impl Checker {
         match builtin::check(api_version, kind, doc).or_else(|| self.schemas.check(api_version, kind, doc)) {
             Some(p) => problems.extend(p),
             None => problems.push(format!("no schema for {api_version} {kind}")),
+        }
+        // The predictor's own configuration, as predictor-svc will read it at start.
+        if let Some(toml) = doc["data"][PREDICTOR_CONFIG_KEY].as_str().filter(|_| kind == "ConfigMap") {
+            if let Err(e) = headroom_predictor::config::Config::parse(toml) {
+                problems.push(format!("data.{PREDICTOR_CONFIG_KEY}: {e:#}"));
+            }
         }
         problems
     }
