@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use headroom_protocol::{
-    codec, paths, BatchAck, DispatchBatch, EndpointPrediction, ErrorBody, Format, PredictRequest, PredictResponse,
-    ReportBatch, Slo,
+    codec, limits, paths, BatchAck, DispatchBatch, EndpointPrediction, ErrorBody, Format, Invalid, PredictRequest,
+    PredictResponse, ReportBatch,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -23,22 +23,33 @@ use crate::model::features;
 use crate::pool::Applied;
 use crate::state::AppState;
 
-/// Largest request body accepted (a report batch of a few thousand items).
-const MAX_BODY_BYTES: usize = 16 << 20;
-
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    // Guarded: what teaches the model, reveals traffic or hands out models (`crate::auth`).
+    let guarded = Router::new()
         .route(paths::PREDICT, post(predict))
         .route(paths::DISPATCH, post(dispatch))
         .route(paths::REPORT, post(report))
-        .route("/v1/pools", get(pools))
         .route("/v1/observations", get(observations))
-        .route("/v1/models", get(models))
         .route("/v1/models/{file}", get(model_file))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::auth::require_token));
+    let on_panic = {
+        let state = state.clone();
+        move |_: Box<dyn std::any::Any + Send>| -> Response {
+            state.metrics.panicked();
+            ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, body: ErrorBody::message("internal error") }
+                .into_response()
+        }
+    };
+    Router::new()
+        .merge(guarded)
+        .route("/v1/pools", get(pools))
+        .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(limits::MAX_BODY_BYTES))
+        // The last resort: a panic in a handler is a 500 and a counted bug, never a dropped connection.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(on_panic))
         .with_state(state)
 }
 
@@ -85,17 +96,10 @@ fn reply<T: Serialize>(headers: &HeaderMap, request_format: Format, value: &T) -
     }
 }
 
-fn check_slo(slo: &Slo, prefix: &str) -> Result<(), ApiError> {
-    for (name, value) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
-        if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
-            return Err(ApiError::field(
-                StatusCode::BAD_REQUEST,
-                &format!("{prefix}.slo.{name}"),
-                "must be a number > 0",
-            ));
-        }
-    }
-    Ok(())
+/// A body out of the contract's bounds (`headroom_protocol::limits`): `400` naming the field.
+fn invalid(state: &AppState, route: &str, e: Invalid) -> ApiError {
+    state.metrics.invalid(route);
+    ApiError::field(StatusCode::BAD_REQUEST, &e.field, e.message)
 }
 
 fn unknown_pool(pool: &str) -> ApiError {
@@ -105,7 +109,7 @@ fn unknown_pool(pool: &str) -> ApiError {
 async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let started = Instant::now();
     let (req, format): (PredictRequest, Format) = decode_body(&headers, &body)?;
-    check_slo(&req.request.slo, "request")?;
+    req.check().map_err(|e| invalid(&state, paths::PREDICT, e))?;
     let now = Instant::now();
     let stale_ms = state.config.stale_after_ms;
     let (addresses, states) = state
@@ -125,9 +129,10 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
         .zip(states)
         .map(|(address, s)| EndpointPrediction { address, ttft_ms: None, tpot_ms: None, state: s })
         .collect();
+    // A model or prior answer out of range says "unknown", never a number the filter cannot use.
     for (&i, (ttft, tpot)) in fresh.iter().zip(predicted) {
-        endpoints[i].ttft_ms = Some(ttft);
-        endpoints[i].tpot_ms = Some(tpot);
+        endpoints[i].ttft_ms = limits::ms_or_none(Some(ttft));
+        endpoints[i].tpot_ms = limits::ms_or_none(Some(tpot));
     }
     let answer = PredictResponse { pool: req.pool, model_version, endpoints };
     state.metrics.predicted(started.elapsed().as_secs_f64());
@@ -138,9 +143,7 @@ async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
     let now = Instant::now();
     // Validate the whole batch before applying any of it: a 400 leaves no half-applied batch.
-    for (i, d) in batch.dispatches.iter().enumerate() {
-        check_slo(&d.request.slo, &format!("dispatches[{i}].request"))?;
-    }
+    batch.check().map_err(|e| invalid(&state, paths::DISPATCH, e))?;
     let mut ack = BatchAck::default();
     for d in &batch.dispatches {
         let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
@@ -148,6 +151,7 @@ async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
             Some(Applied::Accepted) => "accepted",
             Some(Applied::AlreadyFinished) => "already_finished",
             Some(Applied::UnknownEndpoint) => "unknown_endpoint",
+            Some(Applied::PoolFull) => "pool_full",
             None => "unknown_pool",
         };
         if applied == Some(Applied::Accepted) {
@@ -163,19 +167,28 @@ async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
 
 async fn report(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let (batch, format): (ReportBatch, Format) = decode_body(&headers, &body)?;
+    batch.check().map_err(|e| invalid(&state, paths::REPORT, e))?;
     let now = Instant::now();
     let mut ack = BatchAck::default();
-    for o in batch.observations {
-        if state.pools.with(&o.pool, |p| p.finish(&o.request_id, now)).is_none() {
+    for mut o in batch.observations {
+        // Prefix hashes serve placement only; dropping them keeps the log small.
+        o.request.prefix_hashes = Vec::new();
+        let Some(tracked) = state.pools.with(&o.pool, |p| p.finish(&o.request_id, now)) else {
             ack.rejected += 1;
             state.metrics.report("unknown_pool", 1);
             continue;
-        }
+        };
         ack.accepted += 1;
         state.metrics.report("accepted", 1);
-        state.metrics.observed(&o);
-        if state.models.observe(&o) {
-            state.metrics.report("sampled", 1);
+        // Learn only from requests this predictor saw dispatched, to the endpoint that served
+        // them: a report for a request never made teaches nothing.
+        if tracked.as_deref() == Some(o.endpoint.as_str()) {
+            state.metrics.observed(&o);
+            if state.models.observe(&o) {
+                state.metrics.report("sampled", 1);
+            }
+        } else {
+            state.metrics.report("not_dispatched", 1);
         }
         state.observations.lock().unwrap_or_else(|p| p.into_inner()).push(o);
     }
@@ -272,6 +285,8 @@ async fn model_file(
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    // Series of endpoints that left the pool go with them: per-endpoint series stay bounded.
+    state.metrics.in_flight.clear();
     for name in state.pools.names() {
         state.pools.with(&name, |p| {
             for e in &p.endpoints {

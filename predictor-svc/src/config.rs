@@ -45,9 +45,23 @@ pub struct Config {
     /// Prefix blocks remembered per endpoint (LRU).
     #[serde(default = "default_prefix_blocks")]
     pub prefix_blocks_per_endpoint: usize,
-    /// Observations kept in memory for `GET /v1/observations`.
+    /// Observations kept in memory for `GET /v1/observations` (at most 100000;
+    /// each is under 2 KiB once validated, so the log stays under 200 MiB).
     #[serde(default = "default_observations_kept")]
     pub observations_kept: usize,
+    /// Requests tracked in flight per pool; a dispatch beyond it is refused and counted
+    /// (`headroom_dispatches{result="pool_full"}`), so a flood cannot grow memory.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Largest `/metrics` body read from a model server; a larger one is a failed scrape.
+    #[serde(default = "default_max_scrape_bytes")]
+    pub max_scrape_bytes: usize,
+    /// File holding the shared token that `/v1/predict`, `/v1/dispatch`, `/v1/report`,
+    /// `/v1/observations` and model downloads require (`authorization: Bearer <token>`).
+    /// The environment variable `HEADROOM_PREDICTOR_TOKEN`, when set, takes precedence.
+    /// Neither: those routes are open (trusted network only; `docs/reliability.md`).
+    #[serde(default)]
+    pub auth_token_file: Option<PathBuf>,
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
     /// Latency models: training, persistence, or a user-supplied model.
@@ -186,6 +200,17 @@ fn default_prefix_blocks() -> usize {
 fn default_observations_kept() -> usize {
     10_000
 }
+fn default_max_in_flight() -> usize {
+    100_000
+}
+fn default_max_scrape_bytes() -> usize {
+    4 << 20
+}
+
+/// Environment variable holding the API token (takes precedence over `auth_token_file`).
+pub const TOKEN_ENV: &str = "HEADROOM_PREDICTOR_TOKEN";
+/// Shortest token accepted: a guessable token is no protection.
+pub const MIN_TOKEN_BYTES: usize = 16;
 
 impl Config {
     /// Reads and validates a config file.
@@ -199,6 +224,28 @@ impl Config {
         let config: Config = toml::from_str(text)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The API token from `HEADROOM_PREDICTOR_TOKEN` or `auth_token_file` (trimmed);
+    /// `None` when neither is set. A token too short or with non-visible characters is refused.
+    pub fn auth_token(&self) -> anyhow::Result<Option<String>> {
+        let (token, from) = match std::env::var(TOKEN_ENV) {
+            Ok(t) if !t.trim().is_empty() => (t, TOKEN_ENV.to_string()),
+            _ => match &self.auth_token_file {
+                None => return Ok(None),
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| anyhow::anyhow!("auth_token_file {}: {e}", path.display()))?;
+                    (text, format!("auth_token_file {}", path.display()))
+                }
+            },
+        };
+        let token = token.trim().to_string();
+        anyhow::ensure!(
+            token.len() >= MIN_TOKEN_BYTES && token.bytes().all(|b| b.is_ascii_graphic()),
+            "{from}: the token must be at least {MIN_TOKEN_BYTES} visible ASCII characters"
+        );
+        Ok(Some(token))
     }
 
     /// Every hardware name used anywhere, sorted: class ids are 1-based positions here.
@@ -253,11 +300,26 @@ impl Config {
             );
         }
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
+        anyhow::ensure!(
+            (1..=100_000).contains(&self.observations_kept),
+            "observations_kept must be within 1..=100000"
+        );
+        anyhow::ensure!((1..=10_000_000).contains(&self.max_in_flight), "max_in_flight must be within 1..=10000000");
+        anyhow::ensure!(
+            (1024..=256 << 20).contains(&self.max_scrape_bytes),
+            "max_scrape_bytes must be within 1024..=268435456"
+        );
+        anyhow::ensure!((1..=1000).contains(&self.model.keep_versions), "model.keep_versions must be within 1..=1000");
         anyhow::ensure!(self.scrape_interval_ms >= 10, "scrape_interval_ms must be >= 10");
         anyhow::ensure!(self.scrape_timeout_ms >= 10, "scrape_timeout_ms must be >= 10");
         let mut names = std::collections::HashSet::new();
         for pool in &self.pools {
             anyhow::ensure!(!pool.name.is_empty(), "pool.name must not be empty");
+            anyhow::ensure!(
+                pool.name.len() <= headroom_protocol::limits::MAX_NAME_BYTES,
+                "pool.name must be at most {} bytes",
+                headroom_protocol::limits::MAX_NAME_BYTES
+            );
             anyhow::ensure!(names.insert(&pool.name), "pool {:?} is defined twice", pool.name);
             anyhow::ensure!(
                 !pool.endpoints.is_empty() || !pool.kubernetes.is_empty(),

@@ -2,11 +2,12 @@
 //! tracks requests in flight, and predicts TTFT/TPOT for every candidate.
 //!
 //! Modules, one job each: `config` (file format), `pool` (endpoint state and
-//! in-flight tracking), `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, training,
+//! in-flight tracking), `auth` (the token guarding what teaches the model), `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, training,
 //! ONNX export and inference, the model store), `predict` (the analytic prior),
 //! `api` (HTTP), `metrics` (Prometheus), `state` (what handlers share).
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod discovery;
 pub mod metrics;
@@ -27,9 +28,11 @@ pub async fn serve(
     let state = Arc::new(state::AppState::new(config)?);
     let watches = discovery::start(state.clone()).await?;
     let scraper = tokio::spawn(scrape::run(state.clone()));
+    let expiry = tokio::spawn(scrape::expire(state.clone()));
     let trainer = tokio::spawn(train_loop(state.clone()));
     let result = axum::serve(listener, api::router(state.clone())).with_graceful_shutdown(shutdown).await;
     scraper.abort();
+    expiry.abort();
     trainer.abort();
     watches.iter().for_each(|w| w.abort());
     state.models.persist_samples();

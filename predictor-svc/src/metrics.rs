@@ -83,10 +83,19 @@ pub struct Metrics {
     live_coverage: Family<TargetLabel, FloatGauge>,
     windows: Mutex<[Window; 2]>,
     pub in_flight: Family<EndpointLabel, Gauge>,
+    unauthorized: Counter,
+    panics: Counter,
+    invalid: Family<RouteLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: String,
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// `persist_failures` is the model store's count of failed writes to its data directory.
+    pub fn new(persist_failures: Counter) -> Metrics {
         let mut r = Registry::default();
         let latency = || Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let duration = || Histogram::new(exponential_buckets(1e-6, 2.0, 20));
@@ -108,8 +117,27 @@ impl Metrics {
             live_coverage: Family::default(),
             windows: Mutex::new([Window::default(), Window::default()]),
             in_flight: Family::default(),
+            unauthorized: Counter::default(),
+            panics: Counter::default(),
+            invalid: Family::default(),
             registry: Registry::default(),
         };
+        r.register(
+            "headroom_unauthorized_requests",
+            "Calls to a guarded route without the right token (401)",
+            m.unauthorized.clone(),
+        );
+        r.register(
+            "headroom_handler_panics",
+            "Requests whose handler panicked, answered 500 (a bug: please report it)",
+            m.panics.clone(),
+        );
+        r.register("headroom_invalid_requests", "Bodies refused as invalid (400), by route", m.invalid.clone());
+        r.register(
+            "headroom_persist_failures",
+            "Failed writes to the data directory (full, read-only, gone)",
+            persist_failures,
+        );
         r.register("headroom_predictions", "Predict requests answered", m.predictions.clone());
         r.register(
             "headroom_predict_duration_seconds",
@@ -177,6 +205,18 @@ impl Metrics {
         family.get_or_create(&ResultLabel { result: result.to_string() }).inc_by(n);
     }
 
+    pub fn unauthorized(&self) {
+        self.unauthorized.inc();
+    }
+
+    pub fn panicked(&self) {
+        self.panics.inc();
+    }
+
+    pub fn invalid(&self, route: &str) {
+        self.invalid.get_or_create(&RouteLabel { route: route.to_string() }).inc();
+    }
+
     pub fn dispatch(&self, result: &str, n: u64) {
         Self::count(&self.dispatches, result, n);
     }
@@ -239,6 +279,6 @@ impl Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(Counter::default())
     }
 }

@@ -1,7 +1,7 @@
 //! Pools, their endpoints, and what is known of each endpoint: scraped engine
 //! metrics, requests dispatched there and not yet reported, cached prefixes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -57,8 +57,55 @@ pub struct Pool {
     discovered: BTreeMap<usize, Vec<(String, u32)>>,
     prefix_blocks: usize,
     in_flight: HashMap<String, InFlight>,
+    /// Most requests tracked in flight; beyond it a dispatch is refused.
+    max_in_flight: usize,
     /// Requests reported recently; a late dispatch for one of them is ignored.
-    finished: HashMap<String, Instant>,
+    finished: RecentIds,
+}
+
+/// Request ids seen finishing, oldest first: bounded in count and forgotten after
+/// [`FINISHED_MEMORY`], so a flood of reports for unknown ids cannot grow memory.
+#[derive(Debug, Default)]
+struct RecentIds {
+    order: VecDeque<(String, Instant)>,
+    ids: HashSet<String>,
+    cap: usize,
+}
+
+impl RecentIds {
+    fn new(cap: usize) -> Self {
+        RecentIds { order: VecDeque::new(), ids: HashSet::new(), cap: cap.max(1) }
+    }
+
+    fn insert(&mut self, id: &str, now: Instant) {
+        if !self.ids.insert(id.to_string()) {
+            return;
+        }
+        self.order.push_back((id.to_string(), now));
+        while self.order.len() > self.cap {
+            self.pop_oldest();
+        }
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.ids.contains(id)
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((id, _)) = self.order.pop_front() {
+            self.ids.remove(&id);
+        }
+    }
+
+    fn expire(&mut self, now: Instant, memory: Duration) {
+        while self.order.front().is_some_and(|(_, t)| now.saturating_duration_since(*t) >= memory) {
+            self.pop_oldest();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.order.len()
+    }
 }
 
 /// What happened to one dispatch or report item.
@@ -67,7 +114,12 @@ pub enum Applied {
     Accepted,
     UnknownEndpoint,
     AlreadyFinished,
+    /// `max_in_flight` requests are tracked already.
+    PoolFull,
 }
+
+/// Tracked requests per pool when a pool is built without a configuration.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 100_000;
 
 /// How long a finished request id is remembered.
 const FINISHED_MEMORY: Duration = Duration::from_secs(60);
@@ -96,7 +148,8 @@ impl Pool {
             discovered: BTreeMap::new(),
             prefix_blocks,
             in_flight: HashMap::new(),
-            finished: HashMap::new(),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
         };
         pool.rebuild();
         pool
@@ -156,6 +209,13 @@ impl Pool {
         change
     }
 
+    /// Bounds the requests tracked in flight (and the finished ids remembered) to `max`.
+    pub fn with_max_in_flight(mut self, max: usize) -> Self {
+        self.max_in_flight = max.max(1);
+        self.finished = RecentIds::new(max);
+        self
+    }
+
     fn index_of(&self, address: &str) -> Option<usize> {
         self.endpoints.iter().position(|e| e.address == address)
     }
@@ -163,8 +223,11 @@ impl Pool {
     /// Starts tracking a dispatched request.
     pub fn dispatch(&mut self, d: &Dispatch, now: Instant) -> Applied {
         let Some(i) = self.index_of(&d.endpoint) else { return Applied::UnknownEndpoint };
-        if self.finished.contains_key(&d.request_id) {
+        if self.finished.contains(&d.request_id) {
             return Applied::AlreadyFinished;
+        }
+        if self.in_flight.len() >= self.max_in_flight && !self.in_flight.contains_key(&d.request_id) {
+            return Applied::PoolFull;
         }
         let prefix = self.endpoints[i].prefix.match_fraction(&d.request.prefix_hashes);
         self.endpoints[i].prefix.insert(&d.request.prefix_hashes);
@@ -177,25 +240,36 @@ impl Pool {
                 uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
                 expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
                 tpot_slo_ms: r.slo.tpot_ms.filter(|_| r.streaming),
-                prefill_done_by: d.predicted_ttft_ms.map(|ms| now + Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
+                // Checked: a prediction too large for an Instant means "not known", never a panic.
+                prefill_done_by: d
+                    .predicted_ttft_ms
+                    .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
+                    .and_then(|d| now.checked_add(d)),
                 dispatched_at: now,
             },
         );
         Applied::Accepted
     }
 
-    /// Ends tracking of a reported request (known or not).
-    pub fn finish(&mut self, request_id: &str, now: Instant) {
-        self.in_flight.remove(request_id);
-        self.finished.insert(request_id.to_string(), now);
+    /// Ends tracking of a reported request (known or not). Returns the address it was
+    /// dispatched to, or `None` when this pool never saw it dispatched.
+    pub fn finish(&mut self, request_id: &str, now: Instant) -> Option<String> {
+        let tracked = self.in_flight.remove(request_id);
+        self.finished.insert(request_id, now);
+        tracked.and_then(|f| self.endpoints.get(f.endpoint)).map(|e| e.address.clone())
     }
 
     /// Forgets requests never reported within `ttl` and old finished ids.
     pub fn expire(&mut self, now: Instant, ttl: Duration) -> usize {
         let before = self.in_flight.len();
-        self.in_flight.retain(|_, f| now.duration_since(f.dispatched_at) < ttl);
-        self.finished.retain(|_, t| now.duration_since(*t) < FINISHED_MEMORY);
+        self.in_flight.retain(|_, f| now.saturating_duration_since(f.dispatched_at) < ttl);
+        self.finished.expire(now, FINISHED_MEMORY);
         before - self.in_flight.len()
+    }
+
+    /// (requests in flight, finished ids remembered): both bounded by `max_in_flight`.
+    pub fn tracked(&self) -> (usize, usize) {
+        (self.in_flight.len(), self.finished.len())
     }
 
     /// Requests in flight on the endpoint at `address`.
@@ -216,18 +290,19 @@ impl Pool {
                     waiting: m.waiting,
                     kv_usage: m.kv_usage,
                     prefix_match: e.prefix.match_fraction(&request.prefix_hashes),
-                    metrics_age_ms: e.scraped_at.map(|t| now.duration_since(t).as_millis() as u64),
+                    metrics_age_ms: e.scraped_at.map(|t| now.saturating_duration_since(t).as_millis() as u64),
                     hardware_class: e.hardware_class,
                     ..Default::default()
                 }
             })
             .collect();
         for f in self.in_flight.values() {
-            let s = &mut states[f.endpoint];
-            s.in_flight += 1;
-            s.tokens_in_flight += u64::from(f.input_tokens) + u64::from(f.expected_output);
+            let Some(s) = states.get_mut(f.endpoint) else { continue };
+            s.in_flight = s.in_flight.saturating_add(1);
+            s.tokens_in_flight =
+                s.tokens_in_flight.saturating_add(u64::from(f.input_tokens) + u64::from(f.expected_output));
             if f.prefill_done_by.is_none_or(|t| now < t) {
-                s.uncached_tokens_in_flight += f.uncached_tokens;
+                s.uncached_tokens_in_flight = s.uncached_tokens_in_flight.saturating_add(f.uncached_tokens);
             }
             if let Some(slo) = f.tpot_slo_ms {
                 s.tightest_tpot_slo_ms = Some(s.tightest_tpot_slo_ms.map_or(slo, |t: f64| t.min(slo)));
@@ -254,7 +329,9 @@ impl Pools {
                     .iter()
                     .map(|a| (a.clone(), p.hardware.get(a).map_or(0, |name| config.hardware_class(name))))
                     .collect();
-                (p.name.clone(), Mutex::new(Pool::with_hardware(&p.name, endpoints, config.prefix_blocks_per_endpoint)))
+                let pool = Pool::with_hardware(&p.name, endpoints, config.prefix_blocks_per_endpoint)
+                    .with_max_in_flight(config.max_in_flight);
+                (p.name.clone(), Mutex::new(pool))
             })
             .collect();
         Pools { pools }
@@ -312,9 +389,39 @@ mod tests {
         assert_eq!(s[0].tokens_in_flight, 170);
         assert_eq!(s[0].tightest_tpot_slo_ms, Some(10.0));
         assert_eq!(s[1].in_flight, 0);
-        p.finish("r1", now);
+        assert_eq!(p.finish("r1", now).as_deref(), Some("a:1"));
         p.finish("r2", now);
         assert_eq!(p.in_flight_on("a:1"), 0);
+        assert_eq!(p.finish("never-dispatched", now), None, "a report for an unseen request is not tracked");
+    }
+
+    #[test]
+    fn a_huge_predicted_ttft_is_not_a_panic() {
+        let mut p = pool();
+        let now = Instant::now();
+        for (i, ms) in [1e300, 1e22, f64::MAX, f64::INFINITY, f64::NAN, -5.0].into_iter().enumerate() {
+            let mut d = dispatch(&format!("r{i}"), "a:1", 10, None);
+            d.predicted_ttft_ms = Some(ms);
+            assert_eq!(p.dispatch(&d, now), Applied::Accepted, "{ms}");
+        }
+        assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].in_flight, 6);
+    }
+
+    #[test]
+    fn tracking_is_bounded() {
+        let mut p = pool().with_max_in_flight(3);
+        let now = Instant::now();
+        for i in 0..3 {
+            assert_eq!(p.dispatch(&dispatch(&format!("r{i}"), "a:1", 1, None), now), Applied::Accepted);
+        }
+        assert_eq!(p.dispatch(&dispatch("r3", "a:1", 1, None), now), Applied::PoolFull);
+        for i in 0..100 {
+            p.finish(&format!("flood{i}"), now);
+        }
+        assert_eq!(p.tracked(), (3, 3), "finished ids capped too");
+        // Expiry forgets finished ids without any scrape.
+        p.expire(now + FINISHED_MEMORY, Duration::from_secs(3600));
+        assert_eq!(p.tracked(), (3, 0));
     }
 
     #[test]

@@ -29,8 +29,9 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
             continue;
         }
         match series {
-            "vllm:num_requests_running" => m.running += value as u32,
-            "vllm:num_requests_waiting" => m.waiting += value as u32,
+            // `as` saturates a huge float; the sum saturates too.
+            "vllm:num_requests_running" => m.running = m.running.saturating_add(value as u32),
+            "vllm:num_requests_waiting" => m.waiting = m.waiting.saturating_add(value as u32),
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => m.kv_usage = m.kv_usage.max(value.min(1.0)),
             _ => continue,
         }
@@ -61,8 +62,9 @@ pub async fn run(state: Arc<AppState>) {
             for address in addresses.unwrap_or_default() {
                 let client = client.clone();
                 let pool = pool.clone();
+                let max_bytes = state.config.max_scrape_bytes;
                 jobs.push(async move {
-                    let result = scrape_one(&client, &address).await;
+                    let result = scrape_one(&client, &address, max_bytes).await;
                     (pool, address, result)
                 });
             }
@@ -88,7 +90,18 @@ pub async fn run(state: Arc<AppState>) {
             state.metrics.scrape(result.is_ok());
         }
         state.scraped_once.store(true, std::sync::atomic::Ordering::Relaxed);
-        let ttl = Duration::from_secs(state.config.in_flight_ttl_s);
+    }
+}
+
+/// Forgets requests never reported and old finished ids, every second, on its own
+/// ticker: tracking stays bounded even while every scrape fails or hangs.
+pub async fn expire(state: Arc<AppState>) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ttl = Duration::from_secs(state.config.in_flight_ttl_s);
+    loop {
+        ticker.tick().await;
+        let now = Instant::now();
         for pool in state.pools.names() {
             let expired = state.pools.with(&pool, |p| p.expire(now, ttl)).unwrap_or(0);
             if expired > 0 {
@@ -98,13 +111,20 @@ pub async fn run(state: Arc<AppState>) {
     }
 }
 
-async fn scrape_one(client: &reqwest::Client, address: &str) -> Result<EngineMetrics, String> {
-    let response = client.get(format!("http://{address}/metrics")).send().await.map_err(|e| e.to_string())?;
+/// One scrape; the body is read only up to `max_bytes` (a larger one fails the scrape).
+async fn scrape_one(client: &reqwest::Client, address: &str, max_bytes: usize) -> Result<EngineMetrics, String> {
+    let mut response = client.get(format!("http://{address}/metrics")).send().await.map_err(|e| e.to_string())?;
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));
     }
-    let text = response.text().await.map_err(|e| e.to_string())?;
-    parse_engine_metrics(&text).ok_or_else(|| "no vllm:* engine metrics in /metrics".to_string())
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > max_bytes {
+            return Err(format!("/metrics body over max_scrape_bytes ({max_bytes})"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    parse_engine_metrics(&String::from_utf8_lossy(&body)).ok_or_else(|| "no vllm:* engine metrics in /metrics".to_string())
 }
 
 #[cfg(test)]
@@ -128,5 +148,11 @@ mod tests {
         assert_eq!(parse_engine_metrics("vllm:gpu_cache_usage_perc 0.5\n").map(|m| m.kv_usage), Some(0.5));
         assert_eq!(parse_engine_metrics("up 1\nnonsense\n{}\n"), None);
         assert_eq!(parse_engine_metrics("vllm:num_requests_running{a=\"}\"} NaN\n"), None);
+    }
+
+    #[test]
+    fn huge_values_saturate() {
+        let text = "vllm:num_requests_running 1e300\nvllm:num_requests_running 5e9\nvllm:kv_cache_usage_perc 7\n";
+        assert_eq!(parse_engine_metrics(text), Some(EngineMetrics { running: u32::MAX, waiting: 0, kv_usage: 1.0 }));
     }
 }

@@ -19,17 +19,21 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Set after the first scrape round; `/readyz` waits for it.
     pub scraped_once: AtomicBool,
+    /// The token guarded routes require (`crate::auth`); `None`: they are open.
+    pub token: Option<String>,
 }
 
 impl AppState {
-    /// Builds the state; fails when ONNX Runtime or a configured model cannot be loaded.
+    /// Builds the state; fails when ONNX Runtime, a configured model or the token cannot be loaded.
     pub fn new(config: Config) -> anyhow::Result<AppState> {
+        let models = ModelStore::open(config.model.clone())?.with_prior(config.prior());
         Ok(AppState {
             pools: Pools::from_config(&config),
-            models: ModelStore::open(config.model.clone())?.with_prior(config.prior()),
+            metrics: Metrics::new(models.persist_failures.clone()),
+            models,
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),
-            metrics: Metrics::new(),
             scraped_once: AtomicBool::new(false),
+            token: config.auth_token()?,
             config,
         })
     }

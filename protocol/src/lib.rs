@@ -6,6 +6,7 @@
 //! `docs/protocol.md` shows one example of each message.
 
 pub mod codec;
+pub mod limits;
 pub mod messages;
 pub mod openai;
 pub mod prefix;
@@ -13,6 +14,7 @@ pub mod stats;
 pub mod tokens;
 
 pub use codec::{decode, encode, CodecError, Format};
+pub use limits::Invalid;
 pub use messages::*;
 
 /// Versioned HTTP paths served by predictor-svc.

@@ -5,7 +5,9 @@
 //! `bucket_cap` samples, so rare regimes (a burst, a full cache) are not
 //! forgotten under a flood of common ones, and old regimes age out bucket by
 //! bucket. A fixed share of requests, chosen by a hash of the request id, goes
-//! to a held-out reservoir of the same shape, used only to validate models.
+//! to a held-out reservoir of the same shape, used only to validate models. The
+//! hash is keyed with a secret drawn at start-up, so no caller can pick which of
+//! its requests land in the holdout that gates model activation.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -81,6 +83,15 @@ pub struct Samples {
     /// Held-out share, in percent of request ids.
     pub holdout_percent: u64,
     pub new_since_training: usize,
+    /// Key of the holdout hash; never serialised, drawn anew each start.
+    #[serde(skip, default = "random_key")]
+    key: u64,
+}
+
+/// A random 64-bit key (std's per-process random SipHash keys; no extra dependency).
+fn random_key() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
 impl Samples {
@@ -90,12 +101,28 @@ impl Samples {
             holdout: Reservoir::new(bucket_cap.div_ceil(4).max(1)),
             holdout_percent,
             new_since_training: 0,
+            key: random_key(),
         }
+    }
+
+    /// Restored samples filed again under the current caps and share: what a file
+    /// says about caps is not trusted, and a sample with a non-finite feature or a
+    /// latency out of range is dropped. Each sample stays on its side.
+    pub fn rehome(restored: Samples, bucket_cap: usize, holdout_percent: u64) -> Samples {
+        let mut fresh = Samples::new(bucket_cap, holdout_percent);
+        let usable = |s: &Sample| {
+            let ok = |v: Option<f64>| v.is_none_or(|x| headroom_protocol::limits::is_ms(x) && x > 0.0);
+            s.row.iter().all(|x| x.is_finite()) && ok(s.ttft_ms) && ok(s.tpot_ms) && (s.ttft_ms.is_some() || s.tpot_ms.is_some())
+        };
+        restored.train.samples().filter(|s| usable(s)).for_each(|s| fresh.train.push(s.clone()));
+        restored.holdout.samples().filter(|s| usable(s)).for_each(|s| fresh.holdout.push(s.clone()));
+        fresh.new_since_training = restored.new_since_training.min(fresh.train.len());
+        fresh
     }
 
     /// Files `sample` by its request id: the same id always lands on the same side.
     pub fn push(&mut self, request_id: &str, sample: Sample) {
-        if fnv(request_id) % 100 < self.holdout_percent {
+        if self.side(request_id) < self.holdout_percent {
             self.holdout.push(sample);
         } else {
             self.train.push(sample);
@@ -108,10 +135,15 @@ impl Samples {
     pub fn trained_on(&mut self, taken: usize) {
         self.new_since_training = self.new_since_training.saturating_sub(taken);
     }
-}
 
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    /// 0..100: below `holdout_percent` is the holdout. Keyed SipHash of the id.
+    fn side(&self, request_id: &str) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.key.hash(&mut h);
+        request_id.hash(&mut h);
+        h.finish() % 100
+    }
 }
 
 #[cfg(test)]
@@ -156,7 +188,33 @@ mod tests {
         let held = s.holdout.len() as f64 / 10_000.0;
         assert!((held - 0.1).abs() < 0.02, "held-out share {held}");
         assert_eq!(s.new_since_training, s.train.len());
-        let again = fnv("req-42") % 100 < 10;
-        assert_eq!(again, fnv("req-42") % 100 < 10);
+        assert_eq!(s.side("req-42"), s.side("req-42"));
+    }
+
+    #[test]
+    fn holdout_side_depends_on_a_secret_key() {
+        // The same ids split differently under two keys: a caller cannot precompute the side.
+        let (a, b) = (Samples::new(10, 10), Samples::new(10, 10));
+        let differ = (0..200).filter(|i| (a.side(&format!("r{i}")) < 10) != (b.side(&format!("r{i}")) < 10)).count();
+        assert!(differ > 5, "only {differ} of 200 ids changed side");
+    }
+
+    #[test]
+    fn rehoming_applies_current_caps_and_drops_unusable_samples() {
+        let mut old = Samples::new(1000, 10);
+        old.train = Reservoir { buckets: BTreeMap::new(), cap: 0 }; // a file claiming an unbounded cap
+        for _ in 0..50 {
+            old.train.buckets.entry("0/2/0".into()).or_default().push_back(sample(0.0, 0.1, 0.0));
+        }
+        let mut nan = sample(0.0, 0.1, 0.0);
+        nan.row[1] = f32::NAN;
+        old.train.buckets.entry("x".into()).or_default().push_back(nan);
+        let mut huge = sample(0.0, 0.1, 0.0);
+        huge.ttft_ms = Some(1e300);
+        old.holdout.push(huge);
+        old.new_since_training = 1_000_000;
+        let fresh = Samples::rehome(old, 10, 10);
+        assert_eq!((fresh.train.len(), fresh.holdout.len()), (10, 0));
+        assert_eq!(fresh.new_since_training, 10);
     }
 }

@@ -7,17 +7,26 @@
 //! the active one's by more than `keep_margin`. The swap is one pointer store:
 //! predictions in flight finish on the model they started with.
 //!
-//! Data directory layout (all writes atomic: temp file, then rename):
-//! `models/v<N>.onnx`, `models/v<N>.json` (its [`ModelInfo`]), `ACTIVE` (the
-//! active version), `samples.msgpack` (the reservoirs).
+//! Data directory layout (all writes atomic and durable: a uniquely named temp
+//! file, fsync, rename, fsync of the directory): `models/v<N>.onnx`,
+//! `models/v<N>.json` (its [`ModelInfo`], with the ONNX file's SHA-256: a model
+//! file is loaded only if it matches), `ACTIVE` (the active version),
+//! `samples.msgpack` (the reservoirs, written after every training round and at
+//! shutdown, so a crash loses at most one round's samples). Only the newest
+//! `keep_versions` models stay on disk. Writes are serialised, so a training
+//! round and the shutdown never write at once; a failed write (disk full,
+//! read-only) is an error log and `headroom_persist_failures`, never a crash.
 
+use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use headroom_protocol::{Observation, RouteSource};
+use headroom_protocol::{limits, Observation, RouteSource};
+use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::features::{self, Row};
 use super::gbdt::{self, Objective, Params};
@@ -48,6 +57,9 @@ pub struct ModelInfo {
     pub holdout_coverage_ttft: Option<f64>,
     pub holdout_coverage_tpot: Option<f64>,
     pub train_ms: u64,
+    /// Hex SHA-256 of the ONNX file, recorded when it was written.
+    #[serde(default)]
+    pub sha256: Option<String>,
 }
 
 impl ModelInfo {
@@ -92,19 +104,44 @@ pub struct ModelStore {
     versions: Mutex<Vec<(ModelInfo, Arc<Vec<u8>>)>>,
     samples: Mutex<Samples>,
     training: AtomicBool,
+    /// Held while writing to the data directory: one writer at a time.
+    persist_lock: Mutex<()>,
+    /// Failed writes to the data directory (`headroom_persist_failures`).
+    pub persist_failures: Counter,
 }
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// Writes `bytes` to `path` atomically (a reader sees the old or the new file, never half).
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Prefix of temp files; leftovers of a crash are removed at start.
+const TMP_PREFIX: &str = ".tmp-";
+
+/// Writes `bytes` to `path` atomically and durably: a reader (or a restart after a
+/// crash or power loss) sees the old or the new file, never half of one. The temp
+/// name is unique per process and write, so concurrent writers never share one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = dir.join(format!("{TMP_PREFIX}{name}.{}.{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 impl ModelStore {
@@ -118,6 +155,8 @@ impl ModelStore {
             active: RwLock::new(Arc::new(None)),
             versions: Mutex::new(Vec::new()),
             training: AtomicBool::new(false),
+            persist_lock: Mutex::new(()),
+            persist_failures: Counter::default(),
         };
         if let Some(path) = store.config.model_path.clone() {
             let bytes = std::fs::read(&path).map_err(|e| anyhow::anyhow!("model_path {}: {e}", path.display()))?;
@@ -135,6 +174,7 @@ impl ModelStore {
                 holdout_coverage_ttft: None,
                 holdout_coverage_tpot: None,
                 train_ms: 0,
+                sha256: Some(sha256_hex(&bytes)),
             };
             tracing::info!(path = %path.display(), "using the user-supplied model; online training is off");
             store.install(onnx, info, Arc::new(bytes));
@@ -187,14 +227,29 @@ impl ModelStore {
             .and_then(|s| s.trim().trim_start_matches('v').parse().ok());
         let mut candidates: Vec<&ModelInfo> = infos.iter().filter(|i| active.is_none_or(|a| i.version <= a)).collect();
         candidates.reverse();
+        remove_temp_files(dir);
+        remove_temp_files(&models);
         for info in candidates {
             let path = models.join(format!("{}.onnx", info.name()));
-            match std::fs::read(&path).map_err(anyhow::Error::from).and_then(|b| Ok((OnnxModel::load(&b)?, b))) {
+            let checked = |b: Vec<u8>| -> anyhow::Result<Vec<u8>> {
+                let actual = sha256_hex(&b);
+                match &info.sha256 {
+                    Some(recorded) if *recorded == actual => Ok(b),
+                    Some(recorded) => anyhow::bail!("checksum {actual} does not match the recorded {recorded}"),
+                    None => anyhow::bail!("no checksum recorded for it"),
+                }
+            };
+            let loaded = std::fs::read(&path)
+                .map_err(anyhow::Error::from)
+                .and_then(checked)
+                .and_then(|b| Ok((OnnxModel::load(&b)?, b)));
+            match loaded {
                 Ok((onnx, bytes)) => {
                     tracing::info!(version = %info.name(), "restored model");
                     // Keep the history of loadable versions up to this one.
                     for older in infos.iter().filter(|i| i.version < info.version) {
-                        if let Ok(b) = std::fs::read(models.join(format!("{}.onnx", older.name()))) {
+                        let file = std::fs::read(models.join(format!("{}.onnx", older.name()))).ok();
+                        if let Some(b) = file.filter(|b| older.sha256.as_deref() == Some(sha256_hex(b).as_str())) {
                             self.versions.lock().unwrap_or_else(|p| p.into_inner()).push((older.clone(), Arc::new(b)));
                         }
                     }
@@ -210,7 +265,8 @@ impl ModelStore {
         }
         match std::fs::read(dir.join("samples.msgpack")) {
             Ok(bytes) => match rmp_serde::from_slice::<Samples>(&bytes) {
-                Ok(s) => {
+                Ok(restored) => {
+                    let s = Samples::rehome(restored, self.config.bucket_cap, self.config.holdout_percent);
                     tracing::info!(train = s.train.len(), holdout = s.holdout.len(), "restored samples");
                     *self.samples.lock().unwrap_or_else(|p| p.into_inner()) = s;
                 }
@@ -234,8 +290,8 @@ impl ModelStore {
         let active = self.active.read().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(ActiveModel { onnx, info }) = &*active {
             match onnx.predict(rows) {
-                Ok(out) if out.iter().all(|(a, b)| a.is_finite() && b.is_finite()) => return (out, info.name()),
-                Ok(_) => tracing::warn!(version = %info.name(), "model predicted a non-finite value; using the prior"),
+                Ok(out) if out.iter().all(|&(a, b)| limits::is_ms(a) && limits::is_ms(b)) => return (out, info.name()),
+                Ok(_) => tracing::warn!(version = %info.name(), "model predicted a value out of range; using the prior"),
                 Err(e) => tracing::warn!(version = %info.name(), error = %e, "model failed; using the prior"),
             }
         }
@@ -328,6 +384,7 @@ impl ModelStore {
                 active = current.error,
                 "new model worse on the holdout; kept the active one"
             );
+            self.persist_samples();
             return TrainOutcome::KeptActive { candidate_error: candidate.error, active_error: current.error };
         }
         let version = self.versions.lock().unwrap_or_else(|p| p.into_inner()).last().map_or(1, |(i, _)| i.version + 1);
@@ -344,6 +401,7 @@ impl ModelStore {
             holdout_coverage_ttft: candidate.coverage_ttft,
             holdout_coverage_tpot: candidate.coverage_tpot,
             train_ms,
+            sha256: None,
         };
         let meta = [
             ("version", info.name()),
@@ -351,6 +409,7 @@ impl ModelStore {
             ("train_samples", format!("{}/{}", info.train_samples_ttft, info.train_samples_tpot)),
         ];
         let bytes = onnx::export(&ttft, &tpot, version as i64, &meta);
+        let info = ModelInfo { sha256: Some(sha256_hex(&bytes)), ..info };
         match OnnxModel::load(&bytes) {
             Ok(model) => {
                 tracing::info!(version = %info.name(), mape_ttft = ?info.holdout_mape_ttft, mape_tpot = ?info.holdout_mape_tpot, train_ms, "activated model");
@@ -361,22 +420,31 @@ impl ModelStore {
             }
             Err(e) => {
                 tracing::error!(error = %e, "exported model does not load; kept the active one");
+                self.persist_samples();
                 TrainOutcome::Skipped
             }
         }
     }
 
+    /// Writes a new model (file, metadata, `ACTIVE`) and prunes versions beyond `keep_versions`.
     fn persist_model(&self, info: &ModelInfo, bytes: &[u8]) {
         let Some(dir) = &self.config.data_dir else { return };
+        let _writing = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
         let models = dir.join("models");
         let result = write_atomic(&models.join(format!("{}.onnx", info.name())), bytes)
             .and_then(|_| {
                 write_atomic(&models.join(format!("{}.json", info.name())), &serde_json::to_vec_pretty(info)?)
             })
             .and_then(|_| write_atomic(&dir.join("ACTIVE"), info.name().as_bytes()));
-        if let Err(e) = result {
-            tracing::error!(dir = %dir.display(), error = %e, "cannot persist the model");
+        match result {
+            Ok(()) => prune_versions(&models, info.version, self.config.keep_versions.max(1) as u64),
+            Err(e) => self.persist_failed(dir, "the model", &e),
         }
+    }
+
+    fn persist_failed(&self, dir: &Path, what: &str, e: &std::io::Error) {
+        self.persist_failures.inc();
+        tracing::error!(dir = %dir.display(), error = %e, "cannot persist {what}; serving on from memory");
     }
 
     /// Writes the sample reservoirs to the data directory (if one is set).
@@ -386,9 +454,10 @@ impl ModelStore {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
             rmp_serde::to_vec_named(&*s)
         };
-        match bytes.map_err(std::io::Error::other).and_then(|b| write_atomic(&dir.join("samples.msgpack"), &b)) {
-            Ok(()) => {}
-            Err(e) => tracing::error!(dir = %dir.display(), error = %e, "cannot persist samples"),
+        let _writing = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = bytes.map_err(std::io::Error::other).and_then(|b| write_atomic(&dir.join("samples.msgpack"), &b))
+        {
+            self.persist_failed(dir, "samples", &e);
         }
     }
 
@@ -418,6 +487,33 @@ impl ModelStore {
     /// starts once there are `min_new_samples`).
     pub fn samples_since_training(&self) -> usize {
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).new_since_training
+    }
+}
+
+/// Removes temp files a crash left in `dir`.
+fn remove_temp_files(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_name().to_str().is_some_and(|n| n.starts_with(TMP_PREFIX)) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Deletes `v<N>.onnx` / `v<N>.json` in `models` older than the `keep` newest up to `newest`.
+fn prune_versions(models: &Path, newest: u64, keep: u64) {
+    let oldest_kept = newest.saturating_sub(keep - 1);
+    for entry in std::fs::read_dir(models).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let version = name
+            .strip_prefix('v')
+            .and_then(|rest| rest.strip_suffix(".onnx").or_else(|| rest.strip_suffix(".json")))
+            .and_then(|n| n.parse::<u64>().ok());
+        if version.is_some_and(|v| v < oldest_kept) {
+            if let Err(e) = std::fs::remove_file(entry.path()) {
+                tracing::warn!(file = %entry.path().display(), error = %e, "cannot prune an old model version");
+            }
+        }
     }
 }
 

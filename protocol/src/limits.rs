@@ -1,0 +1,299 @@
+//! Bounds on every value that crosses the filter <-> predictor contract, and
+//! the checks both sides run against them.
+//!
+//! One definition for both peers: the predictor refuses a message that breaks a
+//! bound with a `400` naming the field (`Invalid::field`), and the filter uses
+//! the same checks on the predictor's answers, treating an out-of-range
+//! prediction as missing. Without bounds, one `1e300` turned into a `Duration`
+//! panics, one 10 MB request id sits in four maps, and one `1e-9` TPOT SLO makes
+//! every other request on its endpoint look hopeless. `docs/reliability.md`
+//! lists them with the reasons for each number.
+
+use crate::messages::{
+    Dispatch, DispatchBatch, EndpointPrediction, EndpointState, Observation, PredictRequest, ReportBatch,
+    RequestFeatures, Slo,
+};
+
+/// Largest latency, SLO or prediction accepted, in milliseconds (one hour): no
+/// inference request is meant to take longer, and every duration built from
+/// such a number fits an `Instant` with room to spare.
+pub const MAX_MS: f64 = 3_600_000.0;
+/// Largest token count accepted (prompt or `max_tokens`): far beyond any
+/// context window served today, small enough that sums of thousands stay exact.
+pub const MAX_TOKENS: u32 = 1 << 24;
+/// Longest pool, model or endpoint name, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Longest request id, in bytes (the filter's own are under 40).
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+/// Most prefix block hashes per request (the filter hashes at most
+/// `max_prefix_blocks`, 256 by default).
+pub const MAX_PREFIX_HASHES: usize = 4096;
+/// Most items in one dispatch or report batch.
+pub const MAX_BATCH_ITEMS: usize = 10_000;
+/// Largest request body the predictor reads. The filter splits its batches to
+/// stay under it (`max_batch_bytes`, a quarter of this by default).
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// A value out of its bound: the field's path and what it must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+fn invalid(at: &str, name: &str, message: impl Into<String>) -> Invalid {
+    let field = if at.is_empty() { name.to_string() } else { format!("{at}.{name}") };
+    Invalid { field, message: message.into() }
+}
+
+/// True for a duration in milliseconds within `0..=MAX_MS`.
+pub fn is_ms(v: f64) -> bool {
+    v.is_finite() && (0.0..=MAX_MS).contains(&v)
+}
+
+/// `v` when it is a usable duration in milliseconds, else `None`: how a
+/// prediction out of range is treated (missing, not an error).
+pub fn ms_or_none(v: Option<f64>) -> Option<f64> {
+    v.filter(|&x| is_ms(x))
+}
+
+fn ms(at: &str, name: &str, v: f64) -> Result<(), Invalid> {
+    if is_ms(v) {
+        Ok(())
+    } else {
+        Err(invalid(at, name, format!("must be a number of milliseconds within 0..={MAX_MS}, got {v}")))
+    }
+}
+
+fn opt_ms(at: &str, name: &str, v: Option<f64>) -> Result<(), Invalid> {
+    v.map_or(Ok(()), |v| ms(at, name, v))
+}
+
+/// An SLO: above zero (a zero goal can never be met) and at most `MAX_MS`.
+fn slo_ms(at: &str, name: &str, v: Option<f64>) -> Result<(), Invalid> {
+    match v {
+        Some(v) if !(is_ms(v) && v > 0.0) => {
+            Err(invalid(at, name, format!("must be a number of milliseconds > 0 and <= {MAX_MS}, got {v}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn unit(at: &str, name: &str, v: f64) -> Result<(), Invalid> {
+    if v.is_finite() && (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(invalid(at, name, format!("must be within 0..=1, got {v}")))
+    }
+}
+
+fn text(at: &str, name: &str, v: &str, max: usize, required: bool) -> Result<(), Invalid> {
+    if required && v.is_empty() {
+        return Err(invalid(at, name, "must not be empty"));
+    }
+    if v.len() > max {
+        return Err(invalid(at, name, format!("must be at most {max} bytes, got {}", v.len())));
+    }
+    Ok(())
+}
+
+fn tokens(at: &str, name: &str, v: Option<u32>) -> Result<(), Invalid> {
+    match v {
+        Some(v) if v > MAX_TOKENS => Err(invalid(at, name, format!("must be at most {MAX_TOKENS}, got {v}"))),
+        _ => Ok(()),
+    }
+}
+
+fn items(name: &str, n: usize) -> Result<(), Invalid> {
+    if n > MAX_BATCH_ITEMS {
+        return Err(invalid("", name, format!("at most {MAX_BATCH_ITEMS} items per batch, got {n}")));
+    }
+    Ok(())
+}
+
+impl Slo {
+    /// Both goals, when stated, within `(0, MAX_MS]`.
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        let at = if at.is_empty() { "slo".to_string() } else { format!("{at}.slo") };
+        slo_ms(&at, "ttft_ms", self.ttft_ms)?;
+        slo_ms(&at, "tpot_ms", self.tpot_ms)
+    }
+}
+
+impl RequestFeatures {
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        text(at, "model", &self.model, MAX_NAME_BYTES, false)?;
+        tokens(at, "input_tokens", Some(self.input_tokens))?;
+        tokens(at, "max_tokens", self.max_tokens)?;
+        if self.prefix_hashes.len() > MAX_PREFIX_HASHES {
+            let n = self.prefix_hashes.len();
+            return Err(invalid(at, "prefix_hashes", format!("at most {MAX_PREFIX_HASHES} hashes, got {n}")));
+        }
+        self.slo.check(at)
+    }
+}
+
+impl EndpointState {
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        unit(at, "kv_usage", self.kv_usage)?;
+        unit(at, "prefix_match", self.prefix_match)?;
+        slo_ms(at, "tightest_tpot_slo_ms", self.tightest_tpot_slo_ms)
+    }
+}
+
+impl EndpointPrediction {
+    /// The address and state; predictions are not judged here (see [`ms_or_none`]).
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        text(at, "address", &self.address, MAX_NAME_BYTES, true)?;
+        self.state.check(&format!("{at}.state"))
+    }
+}
+
+impl PredictRequest {
+    pub fn check(&self) -> Result<(), Invalid> {
+        text("", "pool", &self.pool, MAX_NAME_BYTES, true)?;
+        text("", "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, false)?;
+        self.request.check("request")
+    }
+}
+
+impl Dispatch {
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        text(at, "pool", &self.pool, MAX_NAME_BYTES, true)?;
+        text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, true)?;
+        text(at, "endpoint", &self.endpoint, MAX_NAME_BYTES, true)?;
+        self.request.check(&format!("{at}.request"))?;
+        opt_ms(at, "predicted_ttft_ms", self.predicted_ttft_ms)
+    }
+}
+
+impl Observation {
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        text(at, "pool", &self.pool, MAX_NAME_BYTES, true)?;
+        text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, true)?;
+        text(at, "endpoint", &self.endpoint, MAX_NAME_BYTES, false)?;
+        self.request.check(&format!("{at}.request"))?;
+        if let Some(s) = &self.state_at_dispatch {
+            s.check(&format!("{at}.state_at_dispatch"))?;
+        }
+        opt_ms(at, "predicted_ttft_ms", self.predicted_ttft_ms)?;
+        opt_ms(at, "predicted_tpot_ms", self.predicted_tpot_ms)?;
+        opt_ms(at, "ttft_ms", self.ttft_ms)?;
+        opt_ms(at, "tpot_ms", self.tpot_ms)?;
+        ms(at, "e2e_ms", self.e2e_ms)
+    }
+}
+
+impl DispatchBatch {
+    /// The whole batch, so that a refused batch leaves nothing half-applied.
+    pub fn check(&self) -> Result<(), Invalid> {
+        items("dispatches", self.dispatches.len())?;
+        self.dispatches.iter().enumerate().try_for_each(|(i, d)| d.check(&format!("dispatches[{i}]")))
+    }
+}
+
+impl ReportBatch {
+    pub fn check(&self) -> Result<(), Invalid> {
+        items("observations", self.observations.len())?;
+        self.observations.iter().enumerate().try_for_each(|(i, o)| o.check(&format!("observations[{i}]")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RouteSource;
+
+    fn dispatch() -> Dispatch {
+        Dispatch {
+            pool: "p".into(),
+            request_id: "r".into(),
+            endpoint: "e:1".into(),
+            request: RequestFeatures::default(),
+            predicted_ttft_ms: Some(10.0),
+        }
+    }
+
+    fn observation() -> Observation {
+        Observation {
+            pool: "p".into(),
+            request_id: "r".into(),
+            endpoint: "e:1".into(),
+            request: RequestFeatures::default(),
+            state_at_dispatch: Some(EndpointState::default()),
+            predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
+            source: RouteSource::PredictedPositive,
+            ttft_ms: Some(1.0),
+            tpot_ms: Some(1.0),
+            e2e_ms: 2.0,
+            output_tokens: None,
+            cached_tokens: None,
+            status: 200,
+        }
+    }
+
+    #[test]
+    fn in_range_values_pass() {
+        assert_eq!(DispatchBatch { dispatches: vec![dispatch()] }.check(), Ok(()));
+        assert_eq!(ReportBatch { observations: vec![observation()] }.check(), Ok(()));
+    }
+
+    #[test]
+    fn every_bad_number_names_its_field() {
+        let bad = [f64::NAN, f64::INFINITY, -1.0, 1e22, 1e300, MAX_MS * 1.0001];
+        for v in bad {
+            let mut d = dispatch();
+            d.predicted_ttft_ms = Some(v);
+            let err = DispatchBatch { dispatches: vec![d] }.check().unwrap_err();
+            assert_eq!(err.field, "dispatches[0].predicted_ttft_ms", "{v}");
+            let mut o = observation();
+            o.e2e_ms = v;
+            assert_eq!(o.check("o").unwrap_err().field, "o.e2e_ms", "{v}");
+            let mut o = observation();
+            o.tpot_ms = Some(v);
+            assert_eq!(o.check("o").unwrap_err().field, "o.tpot_ms", "{v}");
+            let slo = Slo { ttft_ms: None, tpot_ms: Some(v) };
+            assert_eq!(slo.check("request").unwrap_err().field, "request.slo.tpot_ms", "{v}");
+        }
+        let zero_slo = Slo { ttft_ms: Some(0.0), tpot_ms: None };
+        assert_eq!(zero_slo.check("").unwrap_err().field, "slo.ttft_ms");
+        let mut o = observation();
+        o.state_at_dispatch = Some(EndpointState { kv_usage: 1.5, ..Default::default() });
+        assert_eq!(o.check("o").unwrap_err().field, "o.state_at_dispatch.kv_usage");
+    }
+
+    #[test]
+    fn sizes_are_capped() {
+        let mut d = dispatch();
+        d.request_id = "x".repeat(MAX_REQUEST_ID_BYTES + 1);
+        assert_eq!(d.check("d").unwrap_err().field, "d.request_id");
+        let mut d = dispatch();
+        d.request.prefix_hashes = vec![0; MAX_PREFIX_HASHES + 1];
+        assert_eq!(d.check("d").unwrap_err().field, "d.request.prefix_hashes");
+        let mut d = dispatch();
+        d.request.model = "m".repeat(MAX_NAME_BYTES + 1);
+        assert_eq!(d.check("d").unwrap_err().field, "d.request.model");
+        let mut d = dispatch();
+        d.request.input_tokens = MAX_TOKENS + 1;
+        assert_eq!(d.check("d").unwrap_err().field, "d.request.input_tokens");
+        let batch = DispatchBatch { dispatches: vec![dispatch(); MAX_BATCH_ITEMS + 1] };
+        assert_eq!(batch.check().unwrap_err().field, "dispatches");
+    }
+
+    #[test]
+    fn out_of_range_predictions_read_as_missing() {
+        assert_eq!(ms_or_none(Some(12.5)), Some(12.5));
+        for v in [f64::NAN, -0.1, f64::INFINITY, 1e300] {
+            assert_eq!(ms_or_none(Some(v)), None, "{v}");
+        }
+    }
+}
