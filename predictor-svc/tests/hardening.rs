@@ -1,0 +1,262 @@
+//! The predictor against hostile or broken input, in-process: each test is one
+//! finding of the hardening review (`docs/reliability.md`) and fails without its fix.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use headroom_predictor::config::ModelConfig;
+use headroom_predictor::model::store::{ModelStore, TrainOutcome};
+use headroom_predictor::{api, config::Config, state::AppState};
+use headroom_protocol::codec;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const POOL: &str = "[[pool]]\nname = \"default\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n";
+const TOKEN: &str = "s3cret-token-0123456789";
+
+fn state_with(extra: &str) -> Arc<AppState> {
+    Arc::new(AppState::new(Config::parse(&format!("{extra}{POOL}")).unwrap()).unwrap())
+}
+
+async fn send(state: &Arc<AppState>, method: &str, path: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(path).header(header::CONTENT_TYPE, codec::JSON);
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let body = if method == "GET" { Body::empty() } else { Body::from(body.to_string()) };
+    let res = api::router(state.clone()).oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = res.status();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+fn request() -> Value {
+    json!({"model": "m", "input_tokens": 100, "streaming": true})
+}
+
+fn dispatch(id: &str, extra: Value) -> Value {
+    let mut d = json!({"pool": "default", "request_id": id, "endpoint": "127.0.0.1:1", "request": request()});
+    if let (Some(d), Some(extra)) = (d.as_object_mut(), extra.as_object()) {
+        d.extend(extra.clone());
+    }
+    json!({"dispatches": [d]})
+}
+
+fn observation(id: &str, i: u64) -> Value {
+    json!({"pool": "default", "request_id": id, "endpoint": "127.0.0.1:1", "request": request(),
+        "state_at_dispatch": {"running": i % 7, "waiting": i % 3, "kv_usage": 0.1, "prefix_match": 0.0,
+            "in_flight": 1, "uncached_tokens_in_flight": 0, "tokens_in_flight": 100},
+        "source": "predicted_positive", "ttft_ms": 50.0 + i as f64, "tpot_ms": 8.0, "e2e_ms": 900.0,
+        "output_tokens": 100, "status": 200})
+}
+
+#[tokio::test]
+async fn a_huge_predicted_ttft_is_a_400_naming_the_field_not_a_dropped_connection() {
+    let s = state_with("");
+    for value in [json!(1e300), json!(1e22), json!(-1.0), json!(3_600_001.0)] {
+        let (status, body) = send(&s, "POST", "/v1/dispatch", None, dispatch("r", json!({"predicted_ttft_ms": value}))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{value}");
+        assert_eq!(body["error"]["field"], "dispatches[0].predicted_ttft_ms", "{value}");
+    }
+    // The service is still up and tracks nothing from the refused batches.
+    assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
+    let (status, _) = send(&s, "POST", "/v1/dispatch", None, dispatch("ok", json!({"predicted_ttft_ms": 120.0}))).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn out_of_range_report_values_and_sizes_are_refused_by_field() {
+    let s = state_with("");
+    let cases = [
+        ("ttft_ms", json!(1e300), "observations[0].ttft_ms"),
+        ("e2e_ms", json!(-3.0), "observations[0].e2e_ms"),
+        ("request_id", json!("x".repeat(129)), "observations[0].request_id"),
+        ("endpoint", json!("e".repeat(257)), "observations[0].endpoint"),
+    ];
+    for (key, value, field) in cases {
+        let mut o = observation("r", 1);
+        o[key] = value;
+        let (status, body) = send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
+        assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some(field)));
+    }
+    let mut o = observation("r", 1);
+    o["state_at_dispatch"]["kv_usage"] = json!(7.5);
+    let (_, body) = send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
+    assert_eq!(body["error"]["field"], "observations[0].state_at_dispatch.kv_usage");
+    let many: Vec<Value> = (0..10_001).map(|i| observation(&format!("r{i}"), i)).collect();
+    let body = json!({"observations": many});
+    let (status, _) = send(&s, "POST", "/v1/report", None, body).await;
+    // Over the item cap, or over the body cap first: refused either way, nothing applied.
+    assert!(status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE, "{status}");
+    let mut d = dispatch("p", json!({}));
+    d["dispatches"][0]["request"]["prefix_hashes"] = json!(vec![1u64; 4097]);
+    let (_, body) = send(&s, "POST", "/v1/dispatch", None, d).await;
+    assert_eq!(body["error"]["field"], "dispatches[0].request.prefix_hashes");
+}
+
+#[tokio::test]
+async fn guarded_routes_need_the_token_and_open_ones_do_not() {
+    std::env::remove_var(headroom_predictor::config::TOKEN_ENV);
+    let dir = std::env::temp_dir().join(format!("headroom-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let s = state_with(&format!("auth_token_file = \"{}\"\n", file.display()));
+    let predict = json!({"pool": "default", "request_id": "r", "request": request()});
+    let guarded = [
+        ("POST", "/v1/predict", predict.clone()),
+        ("POST", "/v1/dispatch", dispatch("r", json!({}))),
+        ("POST", "/v1/report", json!({"observations": []})),
+        ("GET", "/v1/observations", Value::Null),
+        ("GET", "/v1/models/v1.onnx", Value::Null),
+    ];
+    for (method, path, body) in guarded {
+        for wrong in [None, Some("not-the-token-at-all"), Some(&TOKEN[..TOKEN.len() - 1])] {
+            let (status, out) = send(&s, method, path, wrong, body.clone()).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} with {wrong:?}");
+            assert_eq!(out["error"]["field"], "authorization");
+        }
+        let (status, _) = send(&s, method, path, Some(TOKEN), body.clone()).await;
+        assert_ne!(status, StatusCode::UNAUTHORIZED, "{path} with the token");
+    }
+    for path in ["/healthz", "/v1/models", "/v1/pools", "/metrics"] {
+        let (status, _) = send(&s, "GET", path, None, Value::Null).await;
+        assert_eq!(status, StatusCode::OK, "{path} stays open");
+    }
+    let (_, metrics) = {
+        let req = Request::get("/metrics").body(Body::empty()).unwrap();
+        let res = api::router(s.clone()).oneshot(req).await.unwrap();
+        (res.status(), String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap())
+    };
+    assert!(metrics.contains("headroom_unauthorized_requests_total 15"), "{metrics}");
+    // A short token is refused at start, naming where it came from.
+    std::fs::write(&file, "short").unwrap();
+    let err = Config::parse(&format!("auth_token_file = \"{}\"\n{POOL}", file.display())).unwrap().auth_token();
+    assert!(err.unwrap_err().to_string().contains("auth_token_file"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn reports_for_requests_never_dispatched_teach_nothing() {
+    let s = state_with("");
+    let forged: Vec<Value> = (0..300).map(|i| observation(&format!("forged-{i}"), i)).collect();
+    let (status, body) = send(&s, "POST", "/v1/report", None, json!({"observations": forged})).await;
+    assert_eq!(status, StatusCode::OK, "still acknowledged (they end nothing in flight)");
+    assert_eq!(body["accepted"], 300);
+    assert_eq!(s.models.sample_counts(), (0, 0), "no sample filed from a forged report");
+
+    // The same report after its dispatch is learned from.
+    send(&s, "POST", "/v1/dispatch", None, dispatch("real", json!({}))).await;
+    send(&s, "POST", "/v1/report", None, json!({"observations": [observation("real", 1)]})).await;
+    let (train, holdout) = s.models.sample_counts();
+    assert_eq!(train + holdout, 1);
+    // Served by another endpoint than the one dispatched to: not learned either.
+    send(&s, "POST", "/v1/dispatch", None, dispatch("moved", json!({}))).await;
+    let mut o = observation("moved", 2);
+    o["endpoint"] = json!("127.0.0.1:2");
+    send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
+    let (train, holdout) = s.models.sample_counts();
+    assert_eq!(train + holdout, 1);
+}
+
+fn data_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("headroom-hardening-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn store_config(dir: &std::path::Path, keep_versions: usize) -> ModelConfig {
+    ModelConfig {
+        data_dir: Some(dir.to_path_buf()),
+        min_samples: 40,
+        min_new_samples: 20,
+        trees: 10,
+        keep_versions,
+        keep_margin: 10.0,
+        ..ModelConfig::default()
+    }
+}
+
+/// Feeds `n` samples whose latency follows the queue, so every round trains a model.
+fn feed(store: &ModelStore, from: u64, n: u64) {
+    for i in from..from + n {
+        let o: headroom_protocol::Observation = serde_json::from_value(observation(&format!("f{i}"), i)).unwrap();
+        store.observe(&o);
+    }
+}
+
+#[test]
+fn disk_keeps_only_keep_versions_and_samples_after_every_round() {
+    let dir = data_dir("prune");
+    let store = ModelStore::open(store_config(&dir, 2)).unwrap();
+    for round in 0..4 {
+        feed(&store, round * 100, 100);
+        assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)), "round {round}");
+        assert!(dir.join("samples.msgpack").exists(), "samples written after round {round}");
+    }
+    let mut files: Vec<String> = std::fs::read_dir(dir.join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["v3.json", "v3.onnx", "v4.json", "v4.onnx"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_model_file_whose_checksum_does_not_match_is_not_loaded() {
+    let dir = data_dir("checksum");
+    {
+        let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+        for round in 0..2 {
+            feed(&store, round * 100, 100);
+            assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+        }
+    }
+    // Swap v2's file for v1's: a valid ONNX model, but not the one recorded as v2.
+    let v1 = std::fs::read(dir.join("models/v1.onnx")).unwrap();
+    std::fs::write(dir.join("models/v2.onnx"), &v1).unwrap();
+    std::fs::write(dir.join("models/.tmp-v9.onnx.1.1"), b"leftover of a crash").unwrap();
+    let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+    assert_eq!(store.active_name(), "v1", "v2 refused by its checksum, the last good one kept");
+    assert!(!dir.join("models/.tmp-v9.onnx.1.1").exists(), "crash leftovers removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unwritable_data_dir_is_a_metric_and_a_log_not_a_crash() {
+    let dir = data_dir("readonly");
+    // A data dir that cannot be created: a file stands where it should be.
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    std::fs::write(&dir, b"not a directory").unwrap();
+    let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+    feed(&store, 0, 100);
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)), "serves on from memory");
+    store.persist_samples();
+    assert!(store.persist_failures.get() >= 2, "failures counted: {}", store.persist_failures.get());
+    let _ = std::fs::remove_file(&dir);
+}
+
+#[test]
+fn arbitrary_bytes_in_the_data_dir_never_stop_the_start() {
+    let dir = data_dir("garbage");
+    let models = dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let junk: [&[u8]; 5] = [b"", b"\xc1\xff\x00", b"{\"version\": 1}", &[0x93, 0xff, 0xff, 0xff], &[0xdd, 0xff, 0xff, 0xff, 0xff]];
+    for (i, bytes) in junk.iter().enumerate() {
+        std::fs::write(dir.join("samples.msgpack"), bytes).unwrap();
+        std::fs::write(dir.join("ACTIVE"), bytes).unwrap();
+        std::fs::write(models.join("v1.json"), bytes).unwrap();
+        std::fs::write(models.join("v1.onnx"), bytes).unwrap();
+        let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+        assert_eq!(store.active_name(), "analytic-prior", "case {i}");
+        assert_eq!(store.sample_counts(), (0, 0), "case {i}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
