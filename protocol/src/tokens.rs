@@ -19,6 +19,13 @@ pub fn estimate_tokens(text: &str) -> u32 {
     u32::try_from(tokens).unwrap_or(u32::MAX)
 }
 
+/// Estimated token count of a body of `bytes` bytes, when only its size is known
+/// (header-only routing reads `content-length`), capped at `limits::MAX_TOKENS`.
+pub fn estimate_tokens_from_bytes(bytes: u64) -> u32 {
+    let tokens = bytes.div_ceil(BYTES_PER_TOKEN as u64);
+    u32::try_from(tokens).unwrap_or(u32::MAX).min(crate::limits::MAX_TOKENS)
+}
+
 /// Chained hashes of the full [`BLOCK_BYTES`]-byte blocks of `text`, at most
 /// `max_blocks` of them. Block `i`'s hash covers blocks `0..=i`, so two prompts
 /// share hash `i` exactly when they share their first `i + 1` blocks.

@@ -29,6 +29,9 @@ pub enum Router {
     RoundRobin,
     /// Plain Envoy, least request.
     LeastRequest,
+    /// The headroom bootstrap with its Wasm filter left out, as Envoy runs it when the
+    /// VM failed and `FAIL_OPEN` skips the filter (tests what Envoy enforces alone).
+    HeadroomFilterSkipped,
 }
 
 impl Router {
@@ -38,6 +41,7 @@ impl Router {
             Router::Headroom => "headroom",
             Router::RoundRobin => "envoy round robin",
             Router::LeastRequest => "envoy least request",
+            Router::HeadroomFilterSkipped => "headroom, filter skipped",
         }
     }
 }
@@ -94,6 +98,9 @@ pub struct StackState {
     pub predictors: Vec<SocketAddr>,
     pub servers: Vec<SocketAddr>,
     pub procs: Vec<Proc>,
+    /// The token the predictor's guarded routes require (the filter sends it too).
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 impl StackState {
@@ -150,11 +157,31 @@ fn default_plugin_config() -> Map<String, Value> {
     v.as_object().cloned().unwrap_or_default()
 }
 
+/// A fresh random token for a stack's predictor (128 bits from std's random hasher keys).
+fn new_token() -> String {
+    use std::hash::BuildHasher;
+    let part = || std::collections::hash_map::RandomState::new().hash_one((std::process::id(), Instant::now()));
+    format!("{:016x}{:016x}", part(), part())
+}
+
 /// `n` distinct free TCP ports on 127.0.0.1. Every listener is held until all
 /// are chosen: binding port 0 again after closing may return the same port.
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// Writes `text` to a file only the current user can read.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    options.open(path)?.write_all(text.as_bytes())
 }
 
 fn local(port: u16) -> SocketAddr {
@@ -187,6 +214,18 @@ fn predictor_clusters(predictors: &[SocketAddr]) -> String {
             )
         })
         .collect()
+}
+
+/// Marks the Wasm filter's lines in `envoy/envoy.yaml.tmpl` (for [`without_wasm_filter`]).
+const WASM_FILTER_BEGIN: &str = "# headroom-wasm-filter-begin";
+const WASM_FILTER_END: &str = "# headroom-wasm-filter-end";
+
+/// The template without the lines between the Wasm filter's markers.
+fn without_wasm_filter(template: &str) -> anyhow::Result<String> {
+    let begin = template.find(WASM_FILTER_BEGIN).ok_or_else(|| anyhow::anyhow!("no {WASM_FILTER_BEGIN} marker"))?;
+    let end = template.find(WASM_FILTER_END).ok_or_else(|| anyhow::anyhow!("no {WASM_FILTER_END} marker"))?;
+    anyhow::ensure!(begin < end, "Wasm filter markers out of order");
+    Ok(format!("{}{}", &template[..begin], &template[end + WASM_FILTER_END.len()..]))
 }
 
 /// Renders the Envoy bootstrap template. The Wasm filter may pause on headers
@@ -244,7 +283,16 @@ impl Stack {
             predictors = vec![external];
         }
         let servers: Vec<SocketAddr> = opts.profiles.iter().map(|_| next()).collect::<Result<_, _>>()?;
-        let state = StackState { gateway, admin, predictor: predictors[0], predictors, servers, procs: Vec::new() };
+        let token = new_token();
+        let state = StackState {
+            gateway,
+            admin,
+            predictor: predictors[0],
+            predictors,
+            servers,
+            procs: Vec::new(),
+            token: Some(token.clone()),
+        };
         let mut stack = Stack { run_dir: run_dir.clone(), state, children: Vec::new(), attached: opts.attached };
 
         // Simulated model servers, one process.
@@ -263,9 +311,13 @@ impl Stack {
         // Each server's profile is its hardware class: a model feature, so the pool may mix GPUs.
         let hardware: Vec<String> =
             stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| format!("\"{s}\" = \"{p}\"")).collect();
+        // The predictor's guarded routes take this token, from a file only its owner reads.
+        let token_file = run_dir.join("predictor-token");
+        write_private(&token_file, &token)?;
         for (i, listen) in stack.state.predictors.clone().into_iter().enumerate() {
             let toml = format!(
-                "listen = \"{listen}\"\nscrape_interval_ms = 100\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\nobjective = \"{}\"\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\nhardware = {{{}}}\n",
+                "listen = \"{listen}\"\nscrape_interval_ms = 100\nauth_token_file = \"{}\"\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\nobjective = \"{}\"\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\nhardware = {{{}}}\n",
+                token_file.display(),
                 run_dir.join(Self::replica_name("predictor-data", i)).display(),
                 opts.objective,
                 endpoints.join(", "),
@@ -279,6 +331,7 @@ impl Stack {
 
         // Envoy with the filter.
         let mut plugin = default_plugin_config();
+        plugin.insert("predictor_token".into(), json!(token));
         if replicas > 1 {
             let shards: Vec<String> = (0..replicas).map(|i| StackState::predictor_cluster(i, replicas)).collect();
             plugin.insert("predictor_shards".into(), json!(shards));
@@ -288,8 +341,12 @@ impl Stack {
             Router::Headroom => ("envoy/envoy.yaml.tmpl", ""),
             Router::RoundRobin => ("envoy/baseline.yaml.tmpl", "ROUND_ROBIN"),
             Router::LeastRequest => ("envoy/baseline.yaml.tmpl", "LEAST_REQUEST"),
+            Router::HeadroomFilterSkipped => ("envoy/envoy.yaml.tmpl", ""),
         };
-        let template = std::fs::read_to_string(locate::root().join(file))?;
+        let mut template = std::fs::read_to_string(locate::root().join(file))?;
+        if opts.router == Router::HeadroomFilterSkipped {
+            template = without_wasm_filter(&template)?;
+        }
         let yaml = render_envoy(&template, &stack.state, &wasm, &Value::Object(plugin), lb_policy)?;
         let envoy_yaml = run_dir.join("envoy.yaml");
         std::fs::write(&envoy_yaml, yaml)?;

@@ -98,6 +98,10 @@ fn main() -> anyhow::Result<()> {
             let state = stack.detach();
             println!("gateway: http://{}", state.gateway);
             println!("predictor: http://{}", state.predictor);
+            println!(
+                "predictor token (its /v1/predict, dispatch, report, observations, model downloads): {}",
+                run_dir.join("predictor-token").display()
+            );
             for s in &state.servers {
                 println!("server: http://{s}");
             }

@@ -83,6 +83,15 @@ impl Harness {
         Self::reply(self.http.get(url).send()?)
     }
 
+    /// GET on a predictor's guarded route, with the stack's token.
+    pub fn get_guarded(&self, url: &str) -> anyhow::Result<Reply> {
+        let mut req = self.http.get(url);
+        if let Some(token) = &self.stack.state.token {
+            req = req.bearer_auth(token);
+        }
+        Self::reply(req.send()?)
+    }
+
     fn reply(r: reqwest::blocking::Response) -> anyhow::Result<Reply> {
         let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         let (served_by, chosen, tier, content_type, retry_after) =
@@ -117,7 +126,7 @@ impl Harness {
     /// The predictor's newest observations.
     pub fn observations(&self) -> Vec<Value> {
         let url = format!("{}/v1/observations?limit=1000", self.predictor());
-        self.get(&url).map(|r| r.json()["observations"].as_array().cloned().unwrap_or_default()).unwrap_or_default()
+        self.get_guarded(&url).map(|r| r.json()["observations"].as_array().cloned().unwrap_or_default()).unwrap_or_default()
     }
 
     /// In-flight count the predictor holds for `endpoint`.

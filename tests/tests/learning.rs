@@ -61,7 +61,9 @@ fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
     assert_eq!(predict_model_version(&h), active, "predictions now come from the trained model");
     let v = &models(&h)["versions"][0];
     assert!(v["train_samples_ttft"].as_u64() >= Some(200) && v["holdout_samples"].as_u64() > Some(0), "{v}");
-    let onnx = h.http.get(format!("{}/v1/models/{active}.onnx", h.predictor())).send().unwrap();
+    let url = format!("{}/v1/models/{active}.onnx", h.predictor());
+    assert_eq!(h.get(&url).unwrap().status, 401, "model downloads need the token");
+    let onnx = h.http.get(&url).bearer_auth(h.stack.state.token.as_deref().unwrap()).send().unwrap();
     assert_eq!(onnx.status(), 200);
     assert!(onnx.bytes().unwrap().len() > 1000, "the model downloads as ONNX");
 

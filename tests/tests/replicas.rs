@@ -18,7 +18,7 @@ fn replica_view(h: &Harness, i: usize) -> (u64, usize) {
         .map(|es| es.iter().filter_map(|e| e["in_flight"].as_u64()).sum())
         .unwrap_or(0);
     let observations = h
-        .get(&format!("{base}/v1/observations?limit=1000"))
+        .get_guarded(&format!("{base}/v1/observations?limit=1000"))
         .map(|r| r.json()["observations"].as_array().map_or(0, Vec::len))
         .unwrap_or(0);
     (in_flight, observations)

@@ -1,6 +1,7 @@
 //! The plugin configuration: parsed and validated once in `on_configure`,
 //! then shared read-only with every request.
 
+use headroom_protocol::limits;
 use serde::Deserialize;
 
 /// How the positive tier is scored.
@@ -21,6 +22,16 @@ pub enum DefaultProfile {
     LowestLatency,
     /// The composite of free KV, relative queue and prefix match.
     Composite,
+}
+
+/// What happens to a stated SLO below its floor (`min_ttft_slo_ms`, `min_tpot_slo_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloFloorAction {
+    /// Raise it to the floor and route (the caller keeps its request).
+    Clamp,
+    /// Answer `400` naming the header.
+    Reject,
 }
 
 /// Everything the filter can be told. Every field has a default, so `{}` is
@@ -51,6 +62,21 @@ pub struct FilterConfig {
     pub max_queued: usize,
     /// Most items sent in one batch call.
     pub max_batch: usize,
+    /// Largest encoded batch; larger ones are split, and an item larger alone is
+    /// dropped and counted. At most the predictor's body limit (4 MiB).
+    pub max_batch_bytes: usize,
+    /// Sent as `authorization: Bearer <token>` on every predictor call; must match the
+    /// predictor's `auth_token_file` / `HEADROOM_PREDICTOR_TOKEN` (`docs/reliability.md`).
+    pub predictor_token: Option<String>,
+    /// Lowest TTFT SLO honoured, ms. Bounds how far one caller's goal can tighten the
+    /// targets the filter judges others by.
+    pub min_ttft_slo_ms: f64,
+    /// Lowest TPOT SLO honoured, ms. A TPOT SLO also tightens the target of every
+    /// later request on the same endpoint (the tightest running one), so set it near
+    /// the fastest decode your fleet delivers.
+    pub min_tpot_slo_ms: f64,
+    /// What a stated SLO below its floor gets: `clamp` (default) or `reject` (400).
+    pub slo_floor_action: SloFloorAction,
     /// Header the proxy routes by (override_host / ORIGINAL_DST).
     pub destination_header: String,
     /// Request header giving the caller's priority (< 0: sheddable).
@@ -105,6 +131,11 @@ impl Default for FilterConfig {
             flush_interval_ms: 100,
             max_queued: 10_000,
             max_batch: 500,
+            max_batch_bytes: 1 << 20,
+            predictor_token: None,
+            min_ttft_slo_ms: 10.0,
+            min_tpot_slo_ms: 5.0,
+            slo_floor_action: SloFloorAction::Clamp,
             destination_header: "x-gateway-destination-endpoint".into(),
             priority_header: "x-request-priority".into(),
             inference_paths: vec!["/v1/completions".into(), "/v1/chat/completions".into()],
@@ -205,6 +236,19 @@ impl FilterConfig {
         if self.max_batch == 0 {
             return Err(bad("max_batch", "must be at least 1"));
         }
+        if !(1024..=limits::MAX_BODY_BYTES).contains(&self.max_batch_bytes) {
+            return Err(bad("max_batch_bytes", format!("must be within 1024..={}", limits::MAX_BODY_BYTES)));
+        }
+        if let Some(token) = &self.predictor_token {
+            if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(bad("predictor_token", "must be at least 16 visible ASCII characters"));
+            }
+        }
+        for (field, value) in [("min_ttft_slo_ms", self.min_ttft_slo_ms), ("min_tpot_slo_ms", self.min_tpot_slo_ms)] {
+            if !(value.is_finite() && (0.0..=limits::MAX_MS).contains(&value)) {
+                return Err(bad(field, format!("must be a number of milliseconds within 0..={}", limits::MAX_MS)));
+            }
+        }
         if self.inference_paths.iter().any(|p| !p.starts_with('/')) {
             return Err(bad("inference_paths", "every path must start with '/'"));
         }
@@ -232,6 +276,9 @@ impl FilterConfig {
         if !(self.prefix_ttft_penalty_ms.is_finite() && self.prefix_ttft_penalty_ms >= 0.0) {
             return Err(bad("prefix_ttft_penalty_ms", "must be a number >= 0"));
         }
+        if self.max_prefix_blocks > limits::MAX_PREFIX_HASHES {
+            return Err(bad("max_prefix_blocks", format!("must be at most {}", limits::MAX_PREFIX_HASHES)));
+        }
         if self.fallback_endpoints > 16 {
             return Err(bad("fallback_endpoints", "must be within 0..=16"));
         }
@@ -247,11 +294,53 @@ impl FilterConfig {
         }
     }
 
-    /// True when `path` (query string ignored) is an inference path.
+    /// True when `path` (query string ignored) is an inference path, after the
+    /// normalisation a server applies: percent-decoding of unreserved characters,
+    /// repeated slashes merged, a trailing slash dropped. Otherwise
+    /// `//v1/completions` or `/v1/%63ompletions` would reach the model server
+    /// unrouted, and unmetered.
     pub fn is_inference_path(&self, path: &str) -> bool {
-        let path = path.split('?').next().unwrap_or(path);
-        self.inference_paths.iter().any(|p| p == path)
+        let path = normalize_path(path.split('?').next().unwrap_or(path));
+        self.inference_paths.contains(&path)
     }
+}
+
+/// `path` with unreserved percent-escapes decoded (RFC 3986 section 6.2.2.2),
+/// `//` merged, `.` and `..` segments resolved and a trailing slash removed.
+pub fn normalize_path(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escape = (bytes[i] == b'%')
+            .then(|| bytes.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok())
+            .filter(|c| c.is_ascii_alphanumeric() || b"-._~".contains(c));
+        match escape {
+            Some(c) => {
+                decoded.push(c);
+                i += 3;
+            }
+            None => {
+                decoded.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    let decoded = String::from_utf8_lossy(&decoded);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    format!("/{}", segments.join("/"))
 }
 
 /// At the top level serde names an unknown or missing field only in its
@@ -306,6 +395,11 @@ mod tests {
             (br#"{"predictor_shards":["a","a"]}"#, "predictor_shards"),
             (br#"{"predictor_shards":[""]}"#, "predictor_shards"),
             (br#"{"read_body":"no"}"#, "read_body"),
+            (br#"{"max_batch_bytes":100}"#, "max_batch_bytes"),
+            (br#"{"max_batch_bytes":99999999}"#, "max_batch_bytes"),
+            (br#"{"predictor_token":"short"}"#, "predictor_token"),
+            (br#"{"min_tpot_slo_ms":-1}"#, "min_tpot_slo_ms"),
+            (br#"{"slo_floor_action":"ignore"}"#, "slo_floor_action"),
         ];
         for (json, field) in cases {
             let err = FilterConfig::parse(json).unwrap_err();
@@ -327,5 +421,24 @@ mod tests {
         assert!(c.is_inference_path("/v1/completions?x=1"));
         assert!(c.is_inference_path("/v1/chat/completions"));
         assert!(!c.is_inference_path("/v1/models"));
+    }
+
+    #[test]
+    fn paths_that_differ_only_by_normalisation_are_routed() {
+        let c = FilterConfig::default();
+        for path in [
+            "/v1/completions/",
+            "//v1/completions",
+            "/v1//chat/completions",
+            "/v1/%63ompletions",
+            "/v1/%63%6F%6d%70letions?stream=1",
+            "/./v1/completions",
+            "/v1/../v1/completions",
+        ] {
+            assert!(c.is_inference_path(path), "{path}");
+        }
+        for path in ["/v1/completion", "/v1/completions%2F", "/v2/completions", "/v1/x/../../completions"] {
+            assert!(!c.is_inference_path(path), "{path}");
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Reading a caller's routing hints from request headers.
 
-use headroom_protocol::Slo;
+use headroom_protocol::{limits, Slo};
+
+use crate::config::{FilterConfig, SloFloorAction};
 
 /// TTFT SLO headers, preferred first (the newer llm-d name, then its alias).
 pub const TTFT_HEADERS: [&str; 2] = ["x-llm-d-slo-ttft-ms", "x-slo-ttft-ms"];
@@ -26,9 +28,16 @@ pub struct HeaderError {
     pub message: String,
 }
 
-/// Reads the hints; `get` returns a request header's value by lower-case name.
-pub fn parse_hints(get: impl Fn(&str) -> Option<String>, priority_header: &str) -> Result<RoutingHints, HeaderError> {
-    let slo = Slo { ttft_ms: parse_slo(&get, &TTFT_HEADERS)?, tpot_ms: parse_slo(&get, &TPOT_HEADERS)? };
+/// Reads the hints; `get` returns a request header's value by lower-case name. SLOs
+/// are bounded: above `limits::MAX_MS` is refused; below the configured floor is
+/// clamped to it or refused (`slo_floor_action`).
+pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) -> Result<RoutingHints, HeaderError> {
+    let priority_header = config.priority_header.as_str();
+    let floor = |ms| (ms, config.slo_floor_action);
+    let slo = Slo {
+        ttft_ms: parse_slo(&get, &TTFT_HEADERS, floor(config.min_ttft_slo_ms))?,
+        tpot_ms: parse_slo(&get, &TPOT_HEADERS, floor(config.min_tpot_slo_ms))?,
+    };
     let priority = match get(priority_header) {
         None => 0,
         Some(v) => v.trim().parse::<i32>().map_err(|_| HeaderError {
@@ -52,20 +61,27 @@ pub fn parse_hints(get: impl Fn(&str) -> Option<String>, priority_header: &str) 
     Ok(RoutingHints { slo, priority, prediction_based })
 }
 
-/// The first present header of `names`, as milliseconds (finite, > 0).
-fn parse_slo(get: &impl Fn(&str) -> Option<String>, names: &[&str]) -> Result<Option<f64>, HeaderError> {
-    for name in names {
-        if let Some(value) = get(name) {
-            return match value.trim().parse::<f64>() {
-                Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(Some(ms)),
-                _ => Err(HeaderError {
-                    header: (*name).to_string(),
-                    message: format!("must be a number of milliseconds > 0, got {value:?}"),
-                }),
-            };
+/// The first present header of `names`, as milliseconds within `(0, MAX_MS]`, then
+/// held to `floor` (clamped or refused).
+fn parse_slo(
+    get: &impl Fn(&str) -> Option<String>,
+    names: &[&str],
+    (floor, action): (f64, SloFloorAction),
+) -> Result<Option<f64>, HeaderError> {
+    let Some((name, value)) = names.iter().find_map(|n| get(n).map(|v| (*n, v))) else { return Ok(None) };
+    let error = |message: String| HeaderError { header: name.to_string(), message };
+    let ms = match value.trim().parse::<f64>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= limits::MAX_MS => ms,
+        _ => {
+            let max = limits::MAX_MS;
+            return Err(error(format!("must be a number of milliseconds > 0 and <= {max}, got {value:?}")));
         }
+    };
+    match action {
+        _ if ms >= floor => Ok(Some(ms)),
+        SloFloorAction::Clamp => Ok(Some(floor)),
+        SloFloorAction::Reject => Err(error(format!("must be at least {floor} ms here, got {value:?}"))),
     }
-    Ok(None)
 }
 
 /// Every hint header, stripped before the request reaches the model server.
@@ -83,9 +99,26 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn hints(pairs: &[(&str, &str)]) -> Result<RoutingHints, HeaderError> {
+    fn hints_with(pairs: &[(&str, &str)], config: &FilterConfig) -> Result<RoutingHints, HeaderError> {
         let map: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        parse_hints(|name| map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()), "x-request-priority")
+        parse_hints(|name| map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()), config)
+    }
+
+    fn hints(pairs: &[(&str, &str)]) -> Result<RoutingHints, HeaderError> {
+        hints_with(pairs, &FilterConfig::default())
+    }
+
+    #[test]
+    fn slos_below_the_floor_are_clamped_or_refused_as_configured() {
+        let tiny = [("x-slo-tpot-ms", "0.000000001"), ("x-slo-ttft-ms", "1")];
+        let clamped = hints(&tiny).unwrap();
+        assert_eq!(clamped.slo, Slo { ttft_ms: Some(10.0), tpot_ms: Some(5.0) }, "default floors, clamped");
+        let strict = FilterConfig { slo_floor_action: SloFloorAction::Reject, ..FilterConfig::default() };
+        assert_eq!(hints_with(&tiny, &strict).unwrap_err().header, "x-slo-ttft-ms");
+        assert_eq!(hints_with(&[("x-llm-d-slo-tpot-ms", "4.9")], &strict).unwrap_err().header, "x-llm-d-slo-tpot-ms");
+        assert_eq!(hints_with(&[("x-slo-tpot-ms", "5")], &strict).unwrap().slo.tpot_ms, Some(5.0));
+        let open = FilterConfig { min_ttft_slo_ms: 0.0, min_tpot_slo_ms: 0.0, ..FilterConfig::default() };
+        assert_eq!(hints_with(&[("x-slo-tpot-ms", "0.5")], &open).unwrap().slo.tpot_ms, Some(0.5));
     }
 
     #[test]
@@ -113,6 +146,8 @@ mod tests {
             ("x-slo-ttft-ms", "0"),
             ("x-llm-d-slo-tpot-ms", "NaN"),
             ("x-slo-tpot-ms", "inf"),
+            ("x-slo-ttft-ms", "1e300"),
+            ("x-slo-tpot-ms", "3600001"),
             ("x-request-priority", "high"),
             ("x-prediction-based-scheduling", "yes"),
         ];

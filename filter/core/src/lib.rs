@@ -9,6 +9,7 @@ pub mod config;
 pub mod fallback;
 pub mod headers;
 pub mod meter;
+pub mod outbox;
 pub mod policy;
 pub mod queue;
 pub mod rng;

@@ -46,6 +46,11 @@ impl<T> BoundedQueue<T> {
         }
     }
 
+    /// The oldest item, if any.
+    pub fn front(&self) -> Option<&T> {
+        self.items.front()
+    }
+
     pub fn len(&self) -> usize {
         self.items.len()
     }

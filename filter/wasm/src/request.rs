@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use headroom_filter_core::{error_json, fallback, headers as hints, meter::ResponseMeter, policy};
 use headroom_protocol::{
-    codec, openai, paths, tokens, Dispatch, EndpointPrediction, EndpointState, Format, Observation, PredictRequest,
+    codec, limits, openai, paths, tokens, Dispatch, EndpointState, Format, Observation, PredictRequest,
     PredictResponse, RequestFeatures, RouteSource,
 };
 use proxy_wasm::traits::{Context, HttpContext};
@@ -37,10 +37,12 @@ struct Choice {
 
 pub struct Request {
     vm: SharedVm,
-    context_id: u32,
     /// Set once the request is known to be an inference request we route.
     routed: bool,
+    /// The filter's own id for this request (`Vm::new_request_id`).
     request_id: String,
+    /// The outbox's sequence number of this request's dispatch (0: none).
+    dispatch_seq: u64,
     path: String,
     prediction_based: bool,
     features: RequestFeatures,
@@ -53,12 +55,12 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn new(vm: SharedVm, context_id: u32) -> Self {
+    pub fn new(vm: SharedVm) -> Self {
         Request {
             vm,
-            context_id,
             routed: false,
             request_id: String::new(),
+            dispatch_seq: 0,
             path: String::new(),
             prediction_based: false,
             features: RequestFeatures::default(),
@@ -98,10 +100,16 @@ impl Request {
             Err(e) => return self.reject(400, &e.field, &e.message),
         };
         self.features.model = parsed.model;
-        self.features.input_tokens = parsed.prompt_tokens;
+        // Token counts are estimates: held to the contract's bound rather than refused.
+        self.features.input_tokens = parsed.prompt_tokens.min(limits::MAX_TOKENS);
         self.features.prefix_hashes = tokens::prefix_block_hashes(&parsed.prompt_text, config.max_prefix_blocks);
         self.features.streaming = parsed.stream;
-        self.features.max_tokens = parsed.max_tokens;
+        self.features.max_tokens = parsed.max_tokens.map(|t| t.min(limits::MAX_TOKENS));
+        // Anything else out of bounds (a 10 KB model name) is the client's to fix: a 400 here,
+        // rather than a dispatch batch the predictor refuses with everyone else's in it.
+        if let Err(e) = self.features.check("") {
+            return self.reject(400, &e.field, &e.message);
+        }
         self.start_callout()
     }
 
@@ -110,7 +118,7 @@ impl Request {
     fn features_from_headers(&mut self) {
         let bytes =
             host::header(MapType::HttpRequestHeaders, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
-        self.features.input_tokens = bytes.map_or(0, |b| u32::try_from(b.div_ceil(4)).unwrap_or(u32::MAX));
+        self.features.input_tokens = bytes.map_or(0, tokens::estimate_tokens_from_bytes);
         self.features.streaming = self.features.slo.tpot_ms.is_some();
     }
 
@@ -125,16 +133,14 @@ impl Request {
         let Ok(bytes) = codec::encode(Format::MsgPack, &predict) else {
             return self.fall_back(FallbackCause::CallFailed, false);
         };
-        let headers = [
-            (":method", "POST"),
-            (":path", paths::PREDICT),
-            (":authority", config.predictor_authority.as_str()),
-            ("content-type", codec::MSGPACK),
-            ("accept", codec::MSGPACK),
-        ];
         let timeout = Duration::from_millis(config.predictor_timeout_ms);
-        let cluster = self.vm.borrow().predictor_cluster();
-        match host::http_call(&cluster, &headers, &bytes, timeout) {
+        let (cluster, called) = {
+            let vm = self.vm.borrow();
+            let cluster = vm.predictor_cluster();
+            let called = host::http_call(&cluster, &vm.call_headers(paths::PREDICT), &bytes, timeout);
+            (cluster, called)
+        };
+        match called {
             Ok(token) => {
                 self.callout = Some((token, host::now_ns(), cluster));
                 Action::Pause
@@ -183,7 +189,7 @@ impl Request {
                 host::log(Level::Warn, "headroom: could not set the destination header");
             }
             let mut vm = self.vm.borrow_mut();
-            vm.dispatches.push(Dispatch {
+            self.dispatch_seq = vm.outbox.dispatch(Dispatch {
                 pool: config.pool.clone(),
                 request_id: self.request_id.clone(),
                 endpoint: c.endpoint.clone(),
@@ -226,13 +232,17 @@ impl Request {
                 return;
             }
         };
-        let sane = |e: &EndpointPrediction| {
-            let ok = |v: Option<f64>| v.is_none_or(|x| x.is_finite() && x >= 0.0);
-            !e.address.is_empty() && ok(e.ttft_ms) && ok(e.tpot_ms)
-        };
-        if answer.endpoints.is_empty() || !answer.endpoints.iter().all(sane) {
+        let mut answer = answer;
+        // An address or state out of the contract's bounds: the answer is not to be trusted.
+        let sane = answer.endpoints.iter().enumerate().all(|(i, e)| e.check(&format!("endpoints[{i}]")).is_ok());
+        if answer.endpoints.is_empty() || !sane {
             self.fall_back(FallbackCause::BadAnswer, true);
             return;
+        }
+        // A prediction out of range (NaN, negative, beyond an hour) is read as "unknown".
+        for e in &mut answer.endpoints {
+            e.ttft_ms = limits::ms_or_none(e.ttft_ms);
+            e.tpot_ms = limits::ms_or_none(e.tpot_ms);
         }
         let decision = {
             let mut vm = self.vm.borrow_mut();
@@ -306,8 +316,7 @@ impl HttpContext for Request {
         if method != "POST" || !config.is_inference_path(&self.path) {
             return Action::Continue;
         }
-        let parsed =
-            hints::parse_hints(|name| host::header(MapType::HttpRequestHeaders, name), &config.priority_header);
+        let parsed = hints::parse_hints(|name| host::header(MapType::HttpRequestHeaders, name), &config);
         for name in hints::hint_headers(&config.priority_header) {
             let _ = host::remove_header(MapType::HttpRequestHeaders, name);
         }
@@ -318,14 +327,8 @@ impl HttpContext for Request {
         self.features.slo = parsed.slo;
         self.features.priority = parsed.priority;
         self.prediction_based = parsed.prediction_based.unwrap_or(false);
-        self.request_id = match host::header(MapType::HttpRequestHeaders, "x-request-id") {
-            Some(id) if !id.is_empty() => id,
-            _ => {
-                let mut vm = self.vm.borrow_mut();
-                vm.next_request += 1;
-                format!("headroom-{}-{}-{}", host::now_ns(), self.context_id, vm.next_request)
-            }
-        };
+        // Tracked by the filter's own id; the client's `x-request-id` stays a log field upstream.
+        self.request_id = self.vm.borrow_mut().new_request_id();
         if !config.read_body {
             self.routed = true;
             self.features_from_headers();
@@ -433,7 +436,8 @@ impl HttpContext for Request {
             );
         }
         let pool = vm.config.pool.clone();
-        vm.observations.push(Observation {
+        let seq = std::mem::take(&mut self.dispatch_seq);
+        vm.outbox.report(seq, Observation {
             pool,
             request_id: std::mem::take(&mut self.request_id),
             endpoint,
@@ -442,9 +446,10 @@ impl HttpContext for Request {
             predicted_ttft_ms: chosen.and_then(|c| c.predicted_ttft_ms),
             predicted_tpot_ms: chosen.and_then(|c| c.predicted_tpot_ms),
             source: choice.as_ref().map_or(RouteSource::Envoy, |c| c.source),
-            ttft_ms: measured.ttft_ms,
-            tpot_ms: measured.tpot_ms,
-            e2e_ms: measured.e2e_ms,
+            // Held to the contract's bounds (a stream open for over an hour).
+            ttft_ms: limits::ms_or_none(measured.ttft_ms),
+            tpot_ms: limits::ms_or_none(measured.tpot_ms),
+            e2e_ms: measured.e2e_ms.clamp(0.0, limits::MAX_MS),
             output_tokens: measured.output_tokens,
             cached_tokens: measured.cached_tokens,
             status: self.status,

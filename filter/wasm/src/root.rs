@@ -7,8 +7,9 @@ use std::hash::BuildHasher;
 use std::rc::Rc;
 use std::time::Duration;
 
-use headroom_filter_core::{fallback::StateCache, queue::BoundedQueue, rng::Rng, shards::Shards, FilterConfig};
-use headroom_protocol::{codec, paths, Dispatch, DispatchBatch, Format, Observation, ReportBatch};
+use headroom_filter_core::outbox::{Batch, Outbox, Outcome};
+use headroom_filter_core::{fallback::StateCache, rng::Rng, shards::Shards, FilterConfig};
+use headroom_protocol::{codec, paths};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
@@ -23,15 +24,41 @@ pub struct Vm {
     pub rng: Rng,
     /// Last endpoint states from the predictor, for the fallback.
     pub states: StateCache,
-    pub dispatches: BoundedQueue<Dispatch>,
-    pub observations: BoundedQueue<Observation>,
-    /// Counter for request ids when the client sent no `x-request-id`.
+    /// Dispatches and observations waiting for the tick.
+    pub outbox: Outbox,
+    /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
+    pub vm_nonce: u64,
     pub next_request: u64,
     /// The predictor replica that owns this pool, with failover.
     pub shards: Shards,
+    /// `Bearer <predictor_token>`, when one is configured.
+    pub authorization: Option<String>,
 }
 
 impl Vm {
+    /// A request id unique per VM and request, never taken from the client: reused or
+    /// forged `x-request-id`s cannot collide in the predictor's tracking or pick a
+    /// request's holdout side.
+    pub fn new_request_id(&mut self) -> String {
+        self.next_request += 1;
+        format!("{:016x}-{}", self.vm_nonce, self.next_request)
+    }
+
+    /// The headers of a call to the predictor: `path`, the body's format, the token.
+    pub fn call_headers<'a>(&'a self, path: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", path),
+            (":authority", self.config.predictor_authority.as_str()),
+            ("content-type", codec::MSGPACK),
+            ("accept", codec::MSGPACK),
+        ];
+        if let Some(auth) = &self.authorization {
+            headers.push(("authorization", auth.as_str()));
+        }
+        headers
+    }
+
     /// The predictor cluster to call now.
     pub fn predictor_cluster(&self) -> String {
         self.shards.current(host::now_ms()).to_string()
@@ -50,72 +77,46 @@ impl Vm {
 
 pub type SharedVm = Rc<RefCell<Vm>>;
 
-/// A batch on its way to the predictor, kept to requeue if the call fails.
-enum InFlightBatch {
-    Dispatches(Vec<Dispatch>),
-    Observations(Vec<Observation>),
-}
-
 #[derive(Default)]
 pub struct Root {
     vm: Option<SharedVm>,
     /// Batch calls under way: token -> (cluster called, batch).
-    sending: HashMap<u32, (String, InFlightBatch)>,
+    sending: HashMap<u32, (String, Batch)>,
 }
 
 /// Timeout of a dispatch or report batch call.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Root {
+    /// Sends what the outbox has ready: one dispatch batch and one report batch at most
+    /// under way at a time (dispatch batches must complete in order, `outbox` module).
     fn flush(&mut self) {
         let Some(vm) = self.vm.clone() else { return };
         let mut vm = vm.borrow_mut();
-        let sending_dispatches = self.sending.values().any(|(_, b)| matches!(b, InFlightBatch::Dispatches(_)));
-        let sending_reports = self.sending.values().any(|(_, b)| matches!(b, InFlightBatch::Observations(_)));
-        let max = vm.config.max_batch;
+        let sending = |kind: fn(&Batch) -> bool| self.sending.values().any(|(_, b)| kind(b));
+        let (sending_dispatches, sending_reports) =
+            (sending(|b| matches!(b, Batch::Dispatches(_))), sending(|b| matches!(b, Batch::Observations(_))));
         let cluster = vm.predictor_cluster();
-        // Dispatches before reports: the predictor starts tracking before it stops.
-        if !sending_dispatches && !vm.dispatches.is_empty() {
-            let batch = vm.dispatches.take(max);
-            let body = DispatchBatch { dispatches: batch };
-            match self.send(&vm.config, &cluster, paths::DISPATCH, &body) {
-                Some(token) => {
-                    self.sending.insert(token, (cluster.clone(), InFlightBatch::Dispatches(body.dispatches)));
+        let mut ready = Vec::new();
+        if !sending_dispatches {
+            ready.extend(vm.outbox.next_dispatches().map(|b| (paths::DISPATCH, b)));
+        }
+        if !sending_reports {
+            ready.extend(vm.outbox.next_reports().map(|b| (paths::REPORT, b)));
+        }
+        for (path, (batch, body)) in ready {
+            match host::http_call(&cluster, &vm.call_headers(path), &body, FLUSH_TIMEOUT) {
+                Ok(token) => {
+                    self.sending.insert(token, (cluster.clone(), batch));
                 }
-                None => {
+                Err(_) => {
                     vm.record_call(&cluster, None);
-                    vm.dispatches.requeue(body.dispatches)
+                    vm.outbox.sent(batch, Outcome::Failed);
                 }
             }
         }
-        if !sending_reports && !vm.observations.is_empty() {
-            let batch = vm.observations.take(max);
-            let body = ReportBatch { observations: batch };
-            match self.send(&vm.config, &cluster, paths::REPORT, &body) {
-                Some(token) => {
-                    self.sending.insert(token, (cluster, InFlightBatch::Observations(body.observations)));
-                }
-                None => {
-                    vm.record_call(&cluster, None);
-                    vm.observations.requeue(body.observations)
-                }
-            }
-        }
-        let dropped = vm.dispatches.take_dropped() + vm.observations.take_dropped();
-        if dropped > 0 {
-            vm.stats.reports(0, dropped);
-        }
-    }
-
-    fn send<T: serde::Serialize>(&self, config: &FilterConfig, cluster: &str, path: &str, body: &T) -> Option<u32> {
-        let bytes = codec::encode(Format::MsgPack, body).ok()?;
-        let headers = [
-            (":method", "POST"),
-            (":path", path),
-            (":authority", config.predictor_authority.as_str()),
-            ("content-type", codec::MSGPACK),
-        ];
-        host::http_call(cluster, &headers, &bytes, FLUSH_TIMEOUT).ok()
+        let counts = vm.outbox.take_counts();
+        vm.stats.outbox(counts);
     }
 }
 
@@ -123,25 +124,17 @@ impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _: usize, _: usize, _: usize) {
         let Some((cluster, batch)) = self.sending.remove(&token_id) else { return };
         let Some(vm) = self.vm.clone() else { return };
-        let mut vm = vm.borrow_mut();
         let status = host::header(MapType::HttpCallResponseHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
-        vm.record_call(&cluster, status);
-        match (status.unwrap_or(0), batch) {
-            (200..=299, InFlightBatch::Observations(sent)) => vm.stats.reports(sent.len() as u64, 0),
-            (200..=299, InFlightBatch::Dispatches(_)) => {}
-            // Refused as invalid: sending it again cannot succeed, and it would hold back
-            // everything queued behind it. Dropped and counted.
-            (400..=499, InFlightBatch::Dispatches(batch)) => vm.stats.refused(batch.len() as u64),
-            (400..=499, InFlightBatch::Observations(batch)) => vm.stats.refused(batch.len() as u64),
-            // No answer, a timeout or a 5xx: sent again on a later tick.
-            (_, InFlightBatch::Dispatches(batch)) => {
-                vm.stats.flush_failed();
-                vm.dispatches.requeue(batch);
-            }
-            (_, InFlightBatch::Observations(batch)) => {
-                vm.stats.flush_failed();
-                vm.observations.requeue(batch);
-            }
+        let outcome = Outcome::of(status);
+        let delivered_dispatches = outcome != Outcome::Failed && matches!(batch, Batch::Dispatches(_));
+        {
+            let mut vm = vm.borrow_mut();
+            vm.record_call(&cluster, status);
+            vm.outbox.sent(batch, outcome);
+        }
+        // Reports waiting for these dispatches may go now rather than on the next tick.
+        if delivered_dispatches {
+            self.flush();
         }
     }
 }
@@ -161,11 +154,14 @@ impl RootContext for Root {
             return false;
         }
         let shards = Shards::new(config.predictor_clusters(), &config.pool);
+        let authorization = config.predictor_token.as_ref().map(|t| format!("Bearer {t}"));
         match &self.vm {
             Some(vm) => {
                 let mut vm = vm.borrow_mut();
+                vm.outbox.set_limits(config.max_batch, config.max_batch_bytes);
                 vm.config = config;
                 vm.shards = shards;
+                vm.authorization = authorization;
             }
             None => {
                 let seed = RandomState::new().hash_one(host::now_ns());
@@ -173,10 +169,11 @@ impl RootContext for Root {
                     stats: Stats::define(),
                     rng: Rng::new(seed),
                     states: StateCache::default(),
-                    dispatches: BoundedQueue::new(config.max_queued),
-                    observations: BoundedQueue::new(config.max_queued),
+                    outbox: Outbox::new(config.max_queued, config.max_batch, config.max_batch_bytes),
+                    vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
                     next_request: 0,
                     shards,
+                    authorization,
                     config,
                 })));
             }
@@ -189,9 +186,9 @@ impl RootContext for Root {
         self.flush();
     }
 
-    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let vm = self.vm.clone()?;
-        Some(Box::new(Request::new(vm, context_id)))
+        Some(Box::new(Request::new(vm)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

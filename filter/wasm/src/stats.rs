@@ -53,6 +53,7 @@ pub struct Stats {
     reports_dropped: Option<u32>,
     flush_failed: Option<u32>,
     reports_refused: Option<u32>,
+    reports_oversized: Option<u32>,
     predictor_ejected: Option<u32>,
     served_elsewhere: Option<u32>,
     slo_violation_ttft: Option<u32>,
@@ -77,6 +78,7 @@ impl Stats {
             reports_dropped: counter("reports.dropped"),
             flush_failed: counter("reports.flush_failed"),
             reports_refused: counter("reports.refused"),
+            reports_oversized: counter("reports.oversized"),
             predictor_ejected: counter("predictor.ejected"),
             served_elsewhere: counter("served_elsewhere"),
             slo_violation_ttft: counter("slo_violation.ttft"),
@@ -123,18 +125,15 @@ impl Stats {
         }
     }
 
-    pub fn reports(&self, sent: u64, dropped: u64) {
-        Self::inc(self.reports_sent, sent);
-        Self::inc(self.reports_dropped, dropped);
-    }
-
-    pub fn flush_failed(&self) {
-        Self::inc(self.flush_failed, 1);
-    }
-
-    /// Items of a batch the predictor refused (4xx): dropped, never retried.
-    pub fn refused(&self, items: u64) {
-        Self::inc(self.reports_refused, items);
+    /// What the outbox counted since the last tick: observations delivered, items dropped
+    /// (queue full), items too large for any batch, items refused (4xx, never retried),
+    /// batch calls failed (requeued).
+    pub fn outbox(&self, c: headroom_filter_core::outbox::Counts) {
+        Self::inc(self.reports_sent, c.reported);
+        Self::inc(self.reports_dropped, c.dropped);
+        Self::inc(self.reports_oversized, c.oversized);
+        Self::inc(self.reports_refused, c.refused);
+        Self::inc(self.flush_failed, c.failed);
     }
 
     /// A predictor replica skipped after repeated failures.

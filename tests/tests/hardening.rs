@@ -1,0 +1,127 @@
+//! The gateway against hostile clients, through the real Envoy and predictor:
+//! each test is one finding of the hardening review (`docs/reliability.md`).
+
+use std::time::Duration;
+
+use headroom_e2e::{wait_until, Harness, StackOptions, SLO};
+use headroom_stack::Router;
+use serde_json::json;
+
+fn harness(plugin: serde_json::Value) -> Harness {
+    match Harness::start(plugin) {
+        Ok(h) => h,
+        Err(e) => panic!("stack did not start: {e:#}"),
+    }
+}
+
+#[test]
+fn paths_that_differ_only_by_normalisation_are_routed_not_skipped() {
+    let h = harness(json!({}));
+    let body = json!({"model": "sim-llama-8b", "prompt": "hello there", "max_tokens": 2}).to_string();
+    for path in ["//v1/completions", "/v1/completions/", "/v1/%63ompletions", "/v1/./completions", "/v1//completions"] {
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend_from_slice(&SLO);
+        let r = h.post(path, &headers, &body).unwrap();
+        assert!(r.chosen.is_some(), "{path} reached a server without being routed: {}", r.body);
+        assert_eq!(r.chosen, r.served_by, "{path}");
+        // The simulated server, like vLLM, knows no trailing-slash spelling; routed all the same.
+        let want = if path.ends_with('/') { 404 } else { 200 };
+        assert_eq!(r.status, want, "{path}: {}", r.body);
+    }
+}
+
+#[test]
+fn the_filter_tracks_requests_by_its_own_ids_and_the_predictor_by_its_token() {
+    let h = harness(json!({}));
+    // Every client sends the same x-request-id: none may collide in the predictor's tracking.
+    let same_id = [SLO[0], SLO[1], SLO[2], ("x-request-id", "same-id-for-all")];
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let gateway = h.gateway();
+            std::thread::spawn(move || {
+                let body = json!({"model": "sim-llama-8b", "prompt": format!("request {i} ").repeat(30),
+                    "max_tokens": 20 + i, "stream": true, "stream_options": {"include_usage": true}});
+                let mut req = reqwest::blocking::Client::new().post(format!("{gateway}/v1/completions"));
+                for (k, v) in same_id {
+                    req = req.header(k, v);
+                }
+                req.header("content-type", "application/json").body(body.to_string()).send().map(|r| r.status())
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap().unwrap(), 200);
+    }
+    let ids = || {
+        let mut ids: Vec<String> = h
+            .observations()
+            .iter()
+            .filter(|o| o["request"]["max_tokens"].as_u64().is_some_and(|m| (20..28).contains(&m)))
+            .filter_map(|o| o["request_id"].as_str().map(str::to_string))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    assert!(wait_until(Duration::from_secs(8), || ids().len() == 8), "distinct ids reported: {:?}", ids());
+    assert!(ids().iter().all(|id| id != "same-id-for-all"), "the client's id is not the tracking id");
+    for s in &h.stack.state.servers {
+        assert!(
+            wait_until(Duration::from_secs(5), || h.in_flight(&s.to_string()) == Some(0)),
+            "a collision left a request in flight on {s}"
+        );
+    }
+
+    // The predictor's guarded routes refuse anyone without the token; the filter has it.
+    let forged = json!({"observations": []}).to_string();
+    let r = h.http.post(format!("{}/v1/report", h.predictor())).header("content-type", "application/json").body(forged);
+    assert_eq!(r.send().unwrap().status(), 401);
+    let r = h.completion(3, true, &SLO).unwrap();
+    assert_eq!(r.tier.as_deref(), Some("positive"), "routed by prediction: the filter's calls carry the token");
+    assert_eq!(h.envoy_stat("headroom_fallback_unavailable"), 0.0);
+}
+
+#[test]
+fn a_tiny_slo_is_held_to_the_floor() {
+    let h = harness(json!({}));
+    let tiny = [("x-slo-ttft-ms", "2000"), ("x-slo-tpot-ms", "0.000000001"), ("x-prediction-based-scheduling", "true")];
+    let r = h.completion(11, true, &tiny).unwrap();
+    assert_eq!(r.status, 200, "clamped by default: {}", r.body);
+    let slo = || {
+        h.observations()
+            .into_iter()
+            .find(|o| o["request"]["max_tokens"].as_u64() == Some(11))
+            .map(|o| o["request"]["slo"]["tpot_ms"].clone())
+    };
+    assert!(wait_until(Duration::from_secs(5), || slo().is_some()));
+    assert_eq!(slo().unwrap(), json!(5.0), "the TPOT SLO other requests are judged against is the floor");
+    drop(h);
+
+    let strict = harness(json!({"slo_floor_action": "reject"}));
+    let r = strict.completion(3, true, &tiny).unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["field"], "x-slo-tpot-ms");
+    assert!(r.served_by.is_none());
+}
+
+#[test]
+fn a_client_never_picks_its_server_even_when_the_filter_is_skipped() {
+    // When the Wasm VM fails, FAIL_OPEN passes requests by without the filter. Envoy
+    // itself must still drop the client's destination header, or the client would
+    // choose where its request runs: the shipped bootstrap, with the filter left out.
+    let opts = StackOptions { router: Router::HeadroomFilterSkipped, ..Default::default() };
+    let h = match Harness::start_opts(opts) {
+        Ok(h) => h,
+        Err(e) => panic!("stack did not start: {e:#}"),
+    };
+    let servers: Vec<String> = h.stack.state.servers.iter().map(|s| s.to_string()).collect();
+    let mut served = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let pin = servers[0].as_str();
+        let r = h.completion(2, false, &[("x-gateway-destination-endpoint", pin)]).unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        assert!(r.chosen.is_none(), "the filter is not running in this test");
+        served.insert(r.served_by.unwrap_or_default());
+    }
+    assert!(served.len() > 1, "every request went to the client's pin {}: {served:?}", servers[0]);
+}
