@@ -40,6 +40,7 @@ pub fn check(api_version: &str, kind: &str, doc: &Value) -> Option<Vec<String>> 
     let problems = match (api_version, kind) {
         ("v1", "ServiceAccount") => typed::<core::v1::ServiceAccount>(doc).1,
         ("v1", "ConfigMap") => typed::<core::v1::ConfigMap>(doc).1,
+        ("v1", "Secret") => typed::<core::v1::Secret>(doc).1,
         ("v1", "Namespace") => typed::<core::v1::Namespace>(doc).1,
         ("v1", "Service") => {
             let (svc, mut p) = typed::<core::v1::Service>(doc);

@@ -3,7 +3,8 @@
 //!
 //! What is assembled: every EnvoyFilter `CLUSTER ADD` (as a cluster), `CLUSTER MERGE` on a
 //! service's cluster (merged into that cluster as Istio generates it: `outbound|PORT||HOST`,
-//! least request), `HTTP_FILTER INSERT_BEFORE` the router, and every WasmPlugin translated
+//! least request), `HTTP_FILTER INSERT_BEFORE` the router and `INSERT_FIRST` in the chain,
+//! `NETWORK_FILTER MERGE` on the HTTP connection manager, and every WasmPlugin translated
 //! into the Wasm filter Istio would insert (local code, the plugin config as JSON, its fail
 //! strategy). Any other patch is refused rather than skipped.
 
@@ -67,6 +68,8 @@ pub fn assemble(docs: &[Value], wasm: &Path) -> Result<Value, String> {
     let mut clusters: Vec<Value> = Vec::new();
     let mut merged: Vec<(String, Value)> = Vec::new();
     let mut filters: Vec<Value> = Vec::new();
+    let mut first_filters: Vec<Value> = Vec::new();
+    let mut hcm_patches: Vec<Value> = Vec::new();
     for doc in docs {
         let name = doc["metadata"]["name"].as_str().unwrap_or("?");
         match doc["kind"].as_str() {
@@ -90,6 +93,17 @@ pub fn assemble(docs: &[Value], wasm: &Path) -> Result<Value, String> {
                                 return Err(format!("{}: only INSERT_BEFORE the router is assembled", at()));
                             }
                             filters.push(value);
+                        }
+                        (Some("HTTP_FILTER"), Some("INSERT_FIRST")) => first_filters.push(value),
+                        (Some("NETWORK_FILTER"), Some("MERGE")) => {
+                            let filter = &p["match"]["listener"]["filterChain"]["filter"]["name"];
+                            if filter != "envoy.filters.network.http_connection_manager" {
+                                return Err(format!(
+                                    "{}: only a MERGE on the HTTP connection manager is assembled",
+                                    at()
+                                ));
+                            }
+                            hcm_patches.push(value["typed_config"].clone());
                         }
                         (apply, op) => return Err(format!("{}: {apply:?}/{op:?} is not assembled", at())),
                     }
@@ -124,13 +138,20 @@ pub fn assemble(docs: &[Value], wasm: &Path) -> Result<Value, String> {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}));
     let mut all_clusters = clusters;
     all_clusters.extend(model_clusters);
-    let hcm = json!({
+    // INSERT_FIRST patches go first, the last applied ending up in front (as Istio does).
+    first_filters.reverse();
+    first_filters.extend(filters);
+    let filters = first_filters;
+    let mut hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "route_config": {"name": "models", "virtual_hosts": [{"name": "models", "domains": ["*"],
             "routes": [{"match": {"prefix": "/"}, "route": {"cluster": route_to}}]}]},
         "http_filters": filters
     });
+    for patch in &hcm_patches {
+        merge(&mut hcm, patch);
+    }
     let mut bootstrap = Map::new();
     bootstrap.insert(
         "static_resources".into(),

@@ -43,11 +43,7 @@ pub async fn require_token(State(state): State<Arc<AppState>>, request: Request,
     state.metrics.unauthorized();
     let body = serde_json::to_vec(&ErrorBody::field("authorization", "a valid `Bearer` token is required"))
         .unwrap_or_default();
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::CONTENT_TYPE, codec::JSON), (header::WWW_AUTHENTICATE, "Bearer")],
-        body,
-    )
+    (StatusCode::UNAUTHORIZED, [(header::CONTENT_TYPE, codec::JSON), (header::WWW_AUTHENTICATE, "Bearer")], body)
         .into_response()
 }
 

@@ -209,6 +209,8 @@ fn default_max_scrape_bytes() -> usize {
 
 /// Environment variable holding the API token (takes precedence over `auth_token_file`).
 pub const TOKEN_ENV: &str = "HEADROOM_PREDICTOR_TOKEN";
+/// The manifests' placeholder token starts so; the predictor refuses to start with it.
+pub const PLACEHOLDER_TOKEN_PREFIX: &str = "change-me";
 /// Shortest token accepted: a guessable token is no protection.
 pub const MIN_TOKEN_BYTES: usize = 16;
 
@@ -244,6 +246,10 @@ impl Config {
         anyhow::ensure!(
             token.len() >= MIN_TOKEN_BYTES && token.bytes().all(|b| b.is_ascii_graphic()),
             "{from}: the token must be at least {MIN_TOKEN_BYTES} visible ASCII characters"
+        );
+        anyhow::ensure!(
+            !token.starts_with(PLACEHOLDER_TOKEN_PREFIX),
+            "{from}: this is the placeholder the manifests ship with; generate a token (`openssl rand -hex 32`)"
         );
         Ok(Some(token))
     }
@@ -300,10 +306,7 @@ impl Config {
             );
         }
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
-        anyhow::ensure!(
-            (1..=100_000).contains(&self.observations_kept),
-            "observations_kept must be within 1..=100000"
-        );
+        anyhow::ensure!((1..=100_000).contains(&self.observations_kept), "observations_kept must be within 1..=100000");
         anyhow::ensure!((1..=10_000_000).contains(&self.max_in_flight), "max_in_flight must be within 1..=10000000");
         anyhow::ensure!(
             (1024..=256 << 20).contains(&self.max_scrape_bytes),

@@ -124,7 +124,8 @@ async fn scrape_one(client: &reqwest::Client, address: &str, max_bytes: usize) -
         }
         body.extend_from_slice(&chunk);
     }
-    parse_engine_metrics(&String::from_utf8_lossy(&body)).ok_or_else(|| "no vllm:* engine metrics in /metrics".to_string())
+    parse_engine_metrics(&String::from_utf8_lossy(&body))
+        .ok_or_else(|| "no vllm:* engine metrics in /metrics".to_string())
 }
 
 #[cfg(test)]

@@ -24,7 +24,13 @@ fn state_with(extra: &str) -> Arc<AppState> {
     Arc::new(AppState::new(Config::parse(&format!("{extra}{POOL}")).unwrap()).unwrap())
 }
 
-async fn send(state: &Arc<AppState>, method: &str, path: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
+async fn send(
+    state: &Arc<AppState>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Value,
+) -> (StatusCode, Value) {
     let mut req = Request::builder().method(method).uri(path).header(header::CONTENT_TYPE, codec::JSON);
     if let Some(t) = token {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
@@ -60,7 +66,8 @@ fn observation(id: &str, i: u64) -> Value {
 async fn a_huge_predicted_ttft_is_a_400_naming_the_field_not_a_dropped_connection() {
     let s = state_with("");
     for value in [json!(1e300), json!(1e22), json!(-1.0), json!(3_600_001.0)] {
-        let (status, body) = send(&s, "POST", "/v1/dispatch", None, dispatch("r", json!({"predicted_ttft_ms": value}))).await;
+        let (status, body) =
+            send(&s, "POST", "/v1/dispatch", None, dispatch("r", json!({"predicted_ttft_ms": value}))).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{value}");
         assert_eq!(body["error"]["field"], "dispatches[0].predicted_ttft_ms", "{value}");
     }
@@ -139,6 +146,10 @@ async fn guarded_routes_need_the_token_and_open_ones_do_not() {
     std::fs::write(&file, "short").unwrap();
     let err = Config::parse(&format!("auth_token_file = \"{}\"\n{POOL}", file.display())).unwrap().auth_token();
     assert!(err.unwrap_err().to_string().contains("auth_token_file"));
+    // So is the manifests' placeholder: a token everyone knows guards nothing.
+    std::fs::write(&file, "change-me-generate-with-openssl-rand-hex-32").unwrap();
+    let err = Config::parse(&format!("auth_token_file = \"{}\"\n{POOL}", file.display())).unwrap().auth_token();
+    assert!(err.unwrap_err().to_string().contains("placeholder"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -248,7 +259,8 @@ fn arbitrary_bytes_in_the_data_dir_never_stop_the_start() {
     let dir = data_dir("garbage");
     let models = dir.join("models");
     std::fs::create_dir_all(&models).unwrap();
-    let junk: [&[u8]; 5] = [b"", b"\xc1\xff\x00", b"{\"version\": 1}", &[0x93, 0xff, 0xff, 0xff], &[0xdd, 0xff, 0xff, 0xff, 0xff]];
+    let junk: [&[u8]; 5] =
+        [b"", b"\xc1\xff\x00", b"{\"version\": 1}", &[0x93, 0xff, 0xff, 0xff], &[0xdd, 0xff, 0xff, 0xff, 0xff]];
     for (i, bytes) in junk.iter().enumerate() {
         std::fs::write(dir.join("samples.msgpack"), bytes).unwrap();
         std::fs::write(dir.join("ACTIVE"), bytes).unwrap();

@@ -126,7 +126,9 @@ impl Harness {
     /// The predictor's newest observations.
     pub fn observations(&self) -> Vec<Value> {
         let url = format!("{}/v1/observations?limit=1000", self.predictor());
-        self.get_guarded(&url).map(|r| r.json()["observations"].as_array().cloned().unwrap_or_default()).unwrap_or_default()
+        self.get_guarded(&url)
+            .map(|r| r.json()["observations"].as_array().cloned().unwrap_or_default())
+            .unwrap_or_default()
     }
 
     /// In-flight count the predictor holds for `endpoint`.

@@ -437,22 +437,25 @@ impl HttpContext for Request {
         }
         let pool = vm.config.pool.clone();
         let seq = std::mem::take(&mut self.dispatch_seq);
-        vm.outbox.report(seq, Observation {
-            pool,
-            request_id: std::mem::take(&mut self.request_id),
-            endpoint,
-            request,
-            state_at_dispatch: chosen.and_then(|c| c.state.clone()),
-            predicted_ttft_ms: chosen.and_then(|c| c.predicted_ttft_ms),
-            predicted_tpot_ms: chosen.and_then(|c| c.predicted_tpot_ms),
-            source: choice.as_ref().map_or(RouteSource::Envoy, |c| c.source),
-            // Held to the contract's bounds (a stream open for over an hour).
-            ttft_ms: limits::ms_or_none(measured.ttft_ms),
-            tpot_ms: limits::ms_or_none(measured.tpot_ms),
-            e2e_ms: measured.e2e_ms.clamp(0.0, limits::MAX_MS),
-            output_tokens: measured.output_tokens,
-            cached_tokens: measured.cached_tokens,
-            status: self.status,
-        });
+        vm.outbox.report(
+            seq,
+            Observation {
+                pool,
+                request_id: std::mem::take(&mut self.request_id),
+                endpoint,
+                request,
+                state_at_dispatch: chosen.and_then(|c| c.state.clone()),
+                predicted_ttft_ms: chosen.and_then(|c| c.predicted_ttft_ms),
+                predicted_tpot_ms: chosen.and_then(|c| c.predicted_tpot_ms),
+                source: choice.as_ref().map_or(RouteSource::Envoy, |c| c.source),
+                // Held to the contract's bounds (a stream open for over an hour).
+                ttft_ms: limits::ms_or_none(measured.ttft_ms),
+                tpot_ms: limits::ms_or_none(measured.tpot_ms),
+                e2e_ms: measured.e2e_ms.clamp(0.0, limits::MAX_MS),
+                output_tokens: measured.output_tokens,
+                cached_tokens: measured.cached_tokens,
+                status: self.status,
+            },
+        );
     }
 }

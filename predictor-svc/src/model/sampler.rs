@@ -112,7 +112,10 @@ impl Samples {
         let mut fresh = Samples::new(bucket_cap, holdout_percent);
         let usable = |s: &Sample| {
             let ok = |v: Option<f64>| v.is_none_or(|x| headroom_protocol::limits::is_ms(x) && x > 0.0);
-            s.row.iter().all(|x| x.is_finite()) && ok(s.ttft_ms) && ok(s.tpot_ms) && (s.ttft_ms.is_some() || s.tpot_ms.is_some())
+            s.row.iter().all(|x| x.is_finite())
+                && ok(s.ttft_ms)
+                && ok(s.tpot_ms)
+                && (s.ttft_ms.is_some() || s.tpot_ms.is_some())
         };
         restored.train.samples().filter(|s| usable(s)).for_each(|s| fresh.train.push(s.clone()));
         restored.holdout.samples().filter(|s| usable(s)).for_each(|s| fresh.holdout.push(s.clone()));

@@ -291,7 +291,9 @@ impl ModelStore {
         if let Some(ActiveModel { onnx, info }) = &*active {
             match onnx.predict(rows) {
                 Ok(out) if out.iter().all(|&(a, b)| limits::is_ms(a) && limits::is_ms(b)) => return (out, info.name()),
-                Ok(_) => tracing::warn!(version = %info.name(), "model predicted a value out of range; using the prior"),
+                Ok(_) => {
+                    tracing::warn!(version = %info.name(), "model predicted a value out of range; using the prior")
+                }
                 Err(e) => tracing::warn!(version = %info.name(), error = %e, "model failed; using the prior"),
             }
         }
@@ -455,7 +457,8 @@ impl ModelStore {
             rmp_serde::to_vec_named(&*s)
         };
         let _writing = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = bytes.map_err(std::io::Error::other).and_then(|b| write_atomic(&dir.join("samples.msgpack"), &b))
+        if let Err(e) =
+            bytes.map_err(std::io::Error::other).and_then(|b| write_atomic(&dir.join("samples.msgpack"), &b))
         {
             self.persist_failed(dir, "samples", &e);
         }
