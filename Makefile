@@ -7,7 +7,7 @@ STACK      := target/release/headroom-stack
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm oci validate up down demo bench test fmt fmt-check clippy unit wasm-test e2e sim-bench clean
+.PHONY: setup build wasm oci validate up down demo bench test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
 
 setup:
 	@bash scripts/setup.sh
@@ -46,6 +46,12 @@ bench: build
 # Calibration checks and load sweep of the simulated engine (docs/simulator.md).
 sim-bench:
 	$(CARGO) run --release -p headroom-sim --bin sim-bench
+
+# Every cargo-fuzz target (fuzz/) for FUZZ_S seconds each (nightly and cargo-fuzz are
+# installed on first use). The same entry points run as bounded property tests in `make test`.
+FUZZ_S ?= 60
+fuzz: setup
+	FUZZ_S=$(FUZZ_S) bash scripts/fuzz.sh
 
 fmt:
 	$(CARGO) fmt --all

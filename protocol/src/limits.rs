@@ -297,3 +297,59 @@ mod tests {
         }
     }
 }
+
+/// Property tests: any bytes, decoded as any message in either format, give a value
+/// or an error, and checking a decoded value never panics. Native only.
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod proptests {
+    use super::*;
+    use crate::{codec, Format, PredictResponse};
+    use proptest::prelude::*;
+
+    fn decode_and_check(format: Format, bytes: &[u8]) {
+        if let Ok(m) = codec::decode::<PredictRequest>(format, bytes) {
+            let _ = m.check();
+        }
+        if let Ok(m) = codec::decode::<DispatchBatch>(format, bytes) {
+            let _ = m.check();
+        }
+        if let Ok(m) = codec::decode::<ReportBatch>(format, bytes) {
+            let _ = m.check();
+        }
+        if let Ok(m) = codec::decode::<PredictResponse>(format, bytes) {
+            for e in &m.endpoints {
+                let _ = e.check("e");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_bytes_decode_or_fail_cleanly(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            decode_and_check(Format::MsgPack, &bytes);
+            decode_and_check(Format::Json, &bytes);
+        }
+
+        #[test]
+        fn any_numbers_in_a_report_are_checked(
+            e2e in any::<f64>(), ttft in any::<f64>(), kv in any::<f64>(), id in ".{0,200}",
+        ) {
+            let body = serde_json::json!({"observations": [{"pool": "p", "request_id": id, "endpoint": "e",
+                "request": {"model": "m", "input_tokens": 1}, "source": "fallback", "ttft_ms": ttft,
+                "e2e_ms": e2e, "status": 200, "state_at_dispatch": {"running": 0, "waiting": 0, "kv_usage": kv,
+                "prefix_match": 0.0, "in_flight": 0, "uncached_tokens_in_flight": 0, "tokens_in_flight": 0}}]});
+            for format in [Format::MsgPack, Format::Json] {
+                let Ok(bytes) = codec::encode(format, &body) else { continue };
+                if let Ok(batch) = codec::decode::<ReportBatch>(format, &bytes) {
+                    let ok = batch.check().is_ok();
+                    let o = &batch.observations[0];
+                    let in_range = is_ms(o.e2e_ms) && o.ttft_ms.is_none_or(is_ms)
+                        && (0.0..=1.0).contains(&kv) && o.request_id.len() <= MAX_REQUEST_ID_BYTES && !o.request_id.is_empty();
+                    prop_assert_eq!(ok, in_range);
+                }
+            }
+        }
+    }
+}

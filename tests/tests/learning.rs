@@ -14,6 +14,7 @@ fn predict_model_version(h: &Harness) -> String {
     let r = h
         .http
         .post(format!("{}/v1/predict", h.predictor()))
+        .bearer_auth(h.stack.state.token.as_deref().unwrap_or_default())
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()

@@ -187,7 +187,7 @@ impl FilterConfig {
             serde_path_to_error::deserialize(&mut de).map_err(|e| {
                 let message = e.inner().to_string();
                 let field = match e.path().to_string().as_str() {
-                    "." | "?" => field_of_serde_error(&message),
+                    "." | "?" | "" => field_of_serde_error(&message),
                     path => path.to_string(),
                 };
                 bad(&field, message)
@@ -349,6 +349,7 @@ fn field_of_serde_error(message: &str) -> String {
     message
         .split('`')
         .nth(1)
+        .filter(|name| !name.is_empty())
         .filter(|_| message.starts_with("unknown field") || message.starts_with("missing field"))
         .unwrap_or("(configuration)")
         .to_string()
@@ -394,6 +395,7 @@ mod tests {
             (br#"{"fallback_endpoints":99}"#, "fallback_endpoints"),
             (br#"{"predictor_shards":["a","a"]}"#, "predictor_shards"),
             (br#"{"predictor_shards":[""]}"#, "predictor_shards"),
+            (br#"{"":0}"#, "(configuration)"),
             (br#"{"read_body":"no"}"#, "read_body"),
             (br#"{"max_batch_bytes":100}"#, "max_batch_bytes"),
             (br#"{"max_batch_bytes":99999999}"#, "max_batch_bytes"),

@@ -11,6 +11,8 @@ pub mod headers;
 pub mod meter;
 pub mod outbox;
 pub mod policy;
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod proptests;
 pub mod queue;
 pub mod rng;
 pub mod shards;
