@@ -32,25 +32,29 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/observations", get(observations))
         .route("/v1/models/{file}", get(model_file))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::auth::require_token));
-    let on_panic = {
-        let state = state.clone();
-        move |_: Box<dyn std::any::Any + Send>| -> Response {
-            state.metrics.panicked();
-            ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, body: ErrorBody::message("internal error") }
-                .into_response()
-        }
-    };
-    Router::new()
+    let routes = Router::new()
         .merge(guarded)
         .route("/v1/pools", get(pools))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .with_state(state.clone());
+    guard(routes, state)
+}
+
+/// What every route gets: the body limit, and the last resort against a bug: a panic
+/// in a handler is a `500` and a count in `headroom_handler_panics`, never a dropped
+/// connection (which the filter would take for a transient failure and retry).
+pub fn guard(routes: Router, state: Arc<AppState>) -> Router {
+    let on_panic = move |_: Box<dyn std::any::Any + Send>| -> Response {
+        state.metrics.panicked();
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, body: ErrorBody::message("internal error") }
+            .into_response()
+    };
+    routes
         .layer(axum::extract::DefaultBodyLimit::max(limits::MAX_BODY_BYTES))
-        // The last resort: a panic in a handler is a 500 and a counted bug, never a dropped connection.
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(on_panic))
-        .with_state(state)
 }
 
 /// An API error: status plus the JSON body naming the field at fault.

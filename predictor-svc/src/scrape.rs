@@ -112,7 +112,7 @@ pub async fn expire(state: Arc<AppState>) {
 }
 
 /// One scrape; the body is read only up to `max_bytes` (a larger one fails the scrape).
-async fn scrape_one(client: &reqwest::Client, address: &str, max_bytes: usize) -> Result<EngineMetrics, String> {
+pub async fn scrape_one(client: &reqwest::Client, address: &str, max_bytes: usize) -> Result<EngineMetrics, String> {
     let mut response = client.get(format!("http://{address}/metrics")).send().await.map_err(|e| e.to_string())?;
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));

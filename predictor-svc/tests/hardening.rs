@@ -272,3 +272,75 @@ fn arbitrary_bytes_in_the_data_dir_never_stop_the_start() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_panicking_handler_is_a_counted_500_not_a_dropped_connection() {
+    let s = state_with("");
+    let boom = axum::Router::new().route(
+        "/boom",
+        axum::routing::get(|| async {
+            let v: Vec<u8> = Vec::new();
+            #[allow(clippy::indexing_slicing)]
+            v[3].to_string() // a bug stands in for any panic
+        }),
+    );
+    let app = api::guard(boom, s.clone());
+    let res = app.oneshot(Request::get("/boom").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body: Value = serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["error"]["message"], "internal error");
+    let metrics = s.metrics.render();
+    assert!(metrics.contains("headroom_handler_panics_total 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_metrics_body_over_the_cap_fails_the_scrape() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let big = format!("vllm:num_requests_running 1\n{}", "# padding\n".repeat(2000)); // about 20 KB
+    let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { big.clone() }));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let err = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 4096).await.unwrap_err();
+    assert!(err.contains("max_scrape_bytes"), "{err}");
+    let ok = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20).await.unwrap();
+    assert_eq!(ok.running, 1);
+    server.abort();
+}
+
+#[test]
+fn concurrent_writes_never_leave_a_torn_file() {
+    let dir = data_dir("concurrent");
+    let store = Arc::new(ModelStore::open(store_config(&dir, 5)).unwrap());
+    feed(&store, 0, 200);
+    let writers: Vec<_> = (0..6)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || (0..40).for_each(|_| store.persist_samples()))
+        })
+        .collect();
+    // A training round persists too, racing the writers (as at shutdown).
+    let trainer = {
+        let store = store.clone();
+        std::thread::spawn(move || store.train_if_due())
+    };
+    let mut reads = 0;
+    while writers.iter().any(|w| !w.is_finished()) {
+        if let Ok(bytes) = std::fs::read(dir.join("samples.msgpack")) {
+            let decoded = rmp_serde::from_slice::<headroom_predictor::model::sampler::Samples>(&bytes);
+            assert!(decoded.is_ok(), "a reader saw a torn samples file");
+            reads += 1;
+        }
+    }
+    writers.into_iter().for_each(|w| w.join().unwrap());
+    trainer.join().unwrap();
+    assert!(reads > 0);
+    assert_eq!(store.persist_failures.get(), 0, "no writer tripped over another's temp file");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
