@@ -72,7 +72,7 @@ unit: setup wasm
 # nothing in the decision path may depend on the native target.
 wasm-test: setup
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/.tools/bin/wasm-bindgen-test-runner \
-	  $(CARGO) test --release -p headroom-filter-core --target wasm32-unknown-unknown
+	  $(CARGO) test --release -p headroom-filter-core -p headroom-protocol --target wasm32-unknown-unknown
 
 # End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1.
 # One test at a time: each starts a whole stack on a 2-core machine.

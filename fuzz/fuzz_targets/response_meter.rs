@@ -2,7 +2,7 @@
 //! The first byte picks streaming or not, the next four where to cut.
 #![no_main]
 
-use headroom_filter_core::meter::ResponseMeter;
+use headroom_protocol::meter::ResponseMeter;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use headroom_protocol::RouteSource;
+
 use crate::runner::Outcome;
 
 pub use headroom_protocol::stats::quantile;
@@ -51,7 +53,8 @@ pub fn table(outcomes: &[Outcome]) -> String {
         let shed = list.iter().filter(|o| o.shed()).count();
         let met = list.iter().filter(|o| o.met_slo()).count();
         let tiered = list.iter().filter(|o| o.tier.is_some()).count();
-        let positive = list.iter().filter(|o| o.tier.as_deref() == Some("positive")).count();
+        let positive_tier = RouteSource::PredictedPositive.tier();
+        let positive = list.iter().filter(|o| o.tier.as_deref() == Some(positive_tier)).count();
         let positive =
             if tiered == 0 { "-".to_string() } else { format!("{:.0}%", 100.0 * positive as f64 / tiered as f64) };
         let attain = if list.is_empty() { 0.0 } else { 100.0 * met as f64 / list.len() as f64 };

@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use headroom_filter_core::meter::ResponseMeter;
+use headroom_protocol::headers;
+use headroom_protocol::meter::ResponseMeter;
 use serde::{Deserialize, Serialize};
 
 use crate::workload::RequestSpec;
@@ -113,15 +114,15 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
     let mut req = client.post(format!("{}/v1/completions", target.url)).header("content-type", "application/json");
     if target.slo_headers {
         if let Some(t) = spec.class.ttft_ms {
-            req = req.header("x-slo-ttft-ms", t.to_string());
+            req = req.header(headers::SLO_TTFT[1], t.to_string());
         }
         if let Some(t) = spec.class.tpot_ms {
-            req = req.header("x-slo-tpot-ms", t.to_string());
+            req = req.header(headers::SLO_TPOT[1], t.to_string());
         }
-        req = req.header("x-request-priority", spec.class.priority.to_string());
+        req = req.header(headers::PRIORITY, spec.class.priority.to_string());
     }
     if let Some(p) = target.prediction_based {
-        req = req.header("x-prediction-based-scheduling", p.to_string());
+        req = req.header(headers::PREDICTION_BASED, p.to_string());
     }
     let mut outcome = Outcome {
         index,
@@ -155,9 +156,9 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
     };
     outcome.status = response.status().as_u16();
     let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-    outcome.served_by = header("x-served-by");
-    outcome.chosen = header("x-headroom-endpoint");
-    outcome.tier = header("x-headroom-tier");
+    outcome.served_by = header(headers::SERVED_BY);
+    outcome.chosen = header(headers::DEBUG_ENDPOINT);
+    outcome.tier = header(headers::DEBUG_TIER);
     let streaming = header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
     let mut meter = ResponseMeter::new(streaming, 0, 4 << 20);
     let mut stream = response.bytes_stream();

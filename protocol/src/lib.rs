@@ -3,11 +3,16 @@
 //! Every message both sides exchange is defined here, once. Bodies travel as
 //! MessagePack (named fields, so fields can be added without breaking older
 //! peers) or as JSON when a person asks for it with `content-type` / `accept`.
-//! `docs/protocol.md` shows one example of each message.
+//! `docs/protocol.md` shows one example of each message. Also here, because every
+//! component must agree on them: the header names (`headers`), the bounds of every
+//! value (`limits`), the token approximation (`tokens`), OpenAI body parsing
+//! (`openai`) and the response meter that reads TTFT/TPOT off a stream (`meter`).
 
 pub mod codec;
+pub mod headers;
 pub mod limits;
 pub mod messages;
+pub mod meter;
 pub mod openai;
 pub mod prefix;
 pub mod stats;

@@ -139,6 +139,19 @@ pub enum RouteSource {
     Envoy,
 }
 
+impl RouteSource {
+    /// The tier's name in the `x-headroom-tier` debug header and in reports.
+    pub fn tier(self) -> &'static str {
+        match self {
+            RouteSource::PredictedPositive => "positive",
+            RouteSource::PredictedNegative => "negative",
+            RouteSource::Fallback => "fallback",
+            RouteSource::Composite => "composite",
+            RouteSource::Envoy => "envoy",
+        }
+    }
+}
+
 /// What was observed for one finished request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Observation {

@@ -16,6 +16,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use headroom_protocol::headers as names;
 use headroom_protocol::openai::{parse_inference_body, InferenceBody};
 use headroom_protocol::tokens::prefix_block_hashes;
 use serde_json::json;
@@ -97,14 +98,6 @@ struct Shared {
     leaked_hints: AtomicU64,
 }
 
-/// Headers a gateway uses to route and must not forward to model servers.
-fn is_routing_hint(name: &str) -> bool {
-    name.starts_with("x-slo-")
-        || name.starts_with("x-llm-d-slo-")
-        || name == "x-prediction-based-scheduling"
-        || name == "x-request-priority"
-}
-
 /// Binds `config.address` and serves until `shutdown` resolves.
 pub async fn run(
     config: ServerConfig,
@@ -145,7 +138,7 @@ pub async fn serve(
         .layer(axum::middleware::map_response(move |mut res: Response| {
             let served_by = served_by.clone();
             async move {
-                res.headers_mut().insert("x-served-by", served_by);
+                res.headers_mut().insert(names::SERVED_BY, served_by);
                 res
             }
         }));
@@ -244,7 +237,8 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap,
 }
 
 fn count_leaked_hints(shared: &Shared, headers: &HeaderMap) {
-    if headers.keys().any(|k| is_routing_hint(k.as_str())) {
+    // A gateway routes by these and must not forward them to model servers.
+    if headers.keys().any(|k| names::is_routing_hint(k.as_str(), names::PRIORITY)) {
         shared.leaked_hints.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use headroom_protocol::headers as names;
 pub use headroom_stack::{wait_until, Stack, StackOptions};
 use serde_json::Value;
 
@@ -95,7 +96,7 @@ impl Harness {
     fn reply(r: reqwest::blocking::Response) -> anyhow::Result<Reply> {
         let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         let (served_by, chosen, tier, content_type, retry_after) =
-            (h("x-served-by"), h("x-headroom-endpoint"), h("x-headroom-tier"), h("content-type"), h("retry-after"));
+            (h(names::SERVED_BY), h(names::DEBUG_ENDPOINT), h(names::DEBUG_TIER), h("content-type"), h("retry-after"));
         let status = r.status().as_u16();
         Ok(Reply { status, served_by, chosen, tier, content_type, retry_after, body: r.text()? })
     }

@@ -1,7 +1,7 @@
 //! The plugin configuration: parsed and validated once in `on_configure`,
 //! then shared read-only with every request.
 
-use headroom_protocol::limits;
+use headroom_protocol::{headers, limits};
 use serde::Deserialize;
 
 /// How the positive tier is scored.
@@ -136,8 +136,8 @@ impl Default for FilterConfig {
             min_ttft_slo_ms: 10.0,
             min_tpot_slo_ms: 5.0,
             slo_floor_action: SloFloorAction::Clamp,
-            destination_header: "x-gateway-destination-endpoint".into(),
-            priority_header: "x-request-priority".into(),
+            destination_header: headers::DESTINATION.into(),
+            priority_header: headers::PRIORITY.into(),
             inference_paths: vec!["/v1/completions".into(), "/v1/chat/completions".into()],
             debug_headers: false,
             fallback_state_max_age_ms: 5_000,

@@ -1,15 +1,9 @@
 //! Reading a caller's routing hints from request headers.
 
+use headroom_protocol::headers::{PREDICTION_BASED, SLO_TPOT, SLO_TTFT};
 use headroom_protocol::{limits, Slo};
 
 use crate::config::{FilterConfig, SloFloorAction};
-
-/// TTFT SLO headers, preferred first (the newer llm-d name, then its alias).
-pub const TTFT_HEADERS: [&str; 2] = ["x-llm-d-slo-ttft-ms", "x-slo-ttft-ms"];
-/// TPOT SLO headers, preferred first.
-pub const TPOT_HEADERS: [&str; 2] = ["x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"];
-/// `true` asks for SLO routing; `false` or absent, the default profile.
-pub const PREDICTION_HEADER: &str = "x-prediction-based-scheduling";
 
 /// What the caller asked for in its headers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -35,8 +29,8 @@ pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) 
     let priority_header = config.priority_header.as_str();
     let floor = |ms| (ms, config.slo_floor_action);
     let slo = Slo {
-        ttft_ms: parse_slo(&get, &TTFT_HEADERS, floor(config.min_ttft_slo_ms))?,
-        tpot_ms: parse_slo(&get, &TPOT_HEADERS, floor(config.min_tpot_slo_ms))?,
+        ttft_ms: parse_slo(&get, &SLO_TTFT, floor(config.min_ttft_slo_ms))?,
+        tpot_ms: parse_slo(&get, &SLO_TPOT, floor(config.min_tpot_slo_ms))?,
     };
     let priority = match get(priority_header) {
         None => 0,
@@ -45,14 +39,14 @@ pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) 
             message: format!("must be an integer, got {v:?}"),
         })?,
     };
-    let prediction_based = match get(PREDICTION_HEADER) {
+    let prediction_based = match get(PREDICTION_BASED) {
         None => None,
         Some(v) => match v.trim().to_ascii_lowercase().as_str() {
             "true" => Some(true),
             "false" => Some(false),
             _ => {
                 return Err(HeaderError {
-                    header: PREDICTION_HEADER.to_string(),
+                    header: PREDICTION_BASED.to_string(),
                     message: format!("must be true or false, got {v:?}"),
                 })
             }
@@ -86,8 +80,8 @@ fn parse_slo(
 
 /// Every hint header, stripped before the request reaches the model server.
 pub fn hint_headers(priority_header: &str) -> Vec<&str> {
-    let mut names: Vec<&str> = TTFT_HEADERS.iter().chain(TPOT_HEADERS.iter()).copied().collect();
-    names.push(PREDICTION_HEADER);
+    let mut names: Vec<&str> = SLO_TTFT.iter().chain(SLO_TPOT.iter()).copied().collect();
+    names.push(PREDICTION_BASED);
     names.push(priority_header);
     names
 }
@@ -167,10 +161,10 @@ mod tests {
     #[test]
     fn every_hint_header_is_stripped() {
         let names = hint_headers("x-request-priority");
-        for n in TTFT_HEADERS.iter().chain(TPOT_HEADERS.iter()) {
+        for n in SLO_TTFT.iter().chain(SLO_TPOT.iter()) {
             assert!(names.contains(n));
         }
         assert!(names.contains(&"x-request-priority"));
-        assert!(names.contains(&PREDICTION_HEADER));
+        assert!(names.contains(&PREDICTION_BASED));
     }
 }

@@ -8,7 +8,6 @@
 pub mod config;
 pub mod fallback;
 pub mod headers;
-pub mod meter;
 pub mod outbox;
 pub mod policy;
 #[cfg(all(test, not(target_arch = "wasm32")))]

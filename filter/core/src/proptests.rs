@@ -8,9 +8,9 @@ use headroom_protocol::{limits, openai, EndpointPrediction, EndpointState, Reque
 use proptest::prelude::*;
 
 use crate::config::FilterConfig;
-use crate::meter::ResponseMeter;
 use crate::rng::Rng;
 use crate::{fallback, headers, policy};
+use headroom_protocol::meter::ResponseMeter;
 
 /// Any f64 a hostile or broken peer could send, specials over-represented.
 fn any_number() -> impl Strategy<Value = f64> {
@@ -127,7 +127,7 @@ proptest! {
         let get = |name: &str| (name == "x-slo-ttft-ms").then(|| text.clone());
         if let Ok(h) = headers::parse_hints(get, &FilterConfig::default()) {
             let v = h.slo.ttft_ms.unwrap_or(f64::NAN);
-            prop_assert!(v >= 10.0 && v <= limits::MAX_MS, "{ttft} became {v}");
+            prop_assert!((10.0..=limits::MAX_MS).contains(&v), "{ttft} became {v}");
         }
     }
 

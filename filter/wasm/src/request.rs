@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use headroom_filter_core::{error_json, fallback, headers as hints, meter::ResponseMeter, policy};
+use headroom_filter_core::{error_json, fallback, headers as hints, policy};
+use headroom_protocol::headers::{DEBUG_ENDPOINT, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_TIER};
+use headroom_protocol::meter::{Measurement, ResponseMeter};
 use headroom_protocol::{
     codec, limits, openai, paths, tokens, Dispatch, EndpointState, Format, Observation, PredictRequest,
     PredictResponse, RequestFeatures, RouteSource,
@@ -20,9 +22,6 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use crate::host::{self, Level};
 use crate::root::SharedVm;
 use crate::stats::FallbackCause;
-
-/// Debug response header naming the chosen endpoint.
-const DEBUG_ENDPOINT: &str = "x-headroom-endpoint";
 
 /// The endpoint chosen and what was known about it.
 struct Choice {
@@ -365,27 +364,12 @@ impl HttpContext for Request {
         if config.debug_headers {
             if let Some(c) = &self.choice {
                 let _ = host::set_header(MapType::HttpResponseHeaders, DEBUG_ENDPOINT, &c.endpoint);
-                let source = match c.source {
-                    RouteSource::PredictedPositive => "positive",
-                    RouteSource::PredictedNegative => "negative",
-                    RouteSource::Fallback => "fallback",
-                    RouteSource::Composite => "composite",
-                    RouteSource::Envoy => "envoy",
-                };
-                let _ = host::set_header(MapType::HttpResponseHeaders, "x-headroom-tier", source);
+                let _ = host::set_header(MapType::HttpResponseHeaders, DEBUG_TIER, c.source.tier());
                 if let Some(t) = c.predicted_ttft_ms {
-                    let _ = host::set_header(
-                        MapType::HttpResponseHeaders,
-                        "x-headroom-predicted-ttft-ms",
-                        &format!("{t:.1}"),
-                    );
+                    let _ = host::set_header(MapType::HttpResponseHeaders, DEBUG_PREDICTED_TTFT, &format!("{t:.1}"));
                 }
                 if let Some(t) = c.predicted_tpot_ms {
-                    let _ = host::set_header(
-                        MapType::HttpResponseHeaders,
-                        "x-headroom-predicted-tpot-ms",
-                        &format!("{t:.2}"),
-                    );
+                    let _ = host::set_header(MapType::HttpResponseHeaders, DEBUG_PREDICTED_TPOT, &format!("{t:.2}"));
                 }
             }
         }
@@ -410,10 +394,7 @@ impl HttpContext for Request {
         let now = host::now_ns();
         let measured = match self.meter.take() {
             Some(m) => m.finish(now),
-            None => headroom_filter_core::meter::Measurement {
-                e2e_ms: now.saturating_sub(self.forwarded_ns) as f64 / 1e6,
-                ..Default::default()
-            },
+            None => Measurement { e2e_ms: now.saturating_sub(self.forwarded_ns) as f64 / 1e6, ..Default::default() },
         };
         let served = host::property(&["upstream", "address"]).map(|b| String::from_utf8_lossy(&b).into_owned());
         let choice = self.choice.take();

@@ -1,0 +1,45 @@
+//! Every HTTP header name headroom reads or writes, defined once: the filter, the
+//! simulated model server, the load generator and the tests all use these.
+
+/// TTFT SLO headers, preferred first (the newer llm-d name, then its alias).
+pub const SLO_TTFT: [&str; 2] = ["x-llm-d-slo-ttft-ms", "x-slo-ttft-ms"];
+/// TPOT SLO headers, preferred first.
+pub const SLO_TPOT: [&str; 2] = ["x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"];
+/// `true` asks for SLO routing; `false` or absent, the default profile.
+pub const PREDICTION_BASED: &str = "x-prediction-based-scheduling";
+/// The caller's priority (the filter's default `priority_header`); below zero: sheddable.
+pub const PRIORITY: &str = "x-request-priority";
+/// Where the gateway sends the request (the filter's default `destination_header`),
+/// read by Envoy's override_host load balancer. Never accepted from a client.
+pub const DESTINATION: &str = "x-gateway-destination-endpoint";
+/// Debug response header: the endpoint the filter chose (`debug_headers`).
+pub const DEBUG_ENDPOINT: &str = "x-headroom-endpoint";
+/// Debug response header: the tier it came from ([`crate::RouteSource::tier`]).
+pub const DEBUG_TIER: &str = "x-headroom-tier";
+/// Debug response header: the chosen endpoint's predicted TTFT.
+pub const DEBUG_PREDICTED_TTFT: &str = "x-headroom-predicted-ttft-ms";
+/// Debug response header: the chosen endpoint's predicted TPOT.
+pub const DEBUG_PREDICTED_TPOT: &str = "x-headroom-predicted-tpot-ms";
+/// Response header of the simulated model server: its own address.
+pub const SERVED_BY: &str = "x-served-by";
+
+/// True for a header a gateway routes by and must not forward to model servers
+/// (`priority_header` is the configured priority header name).
+pub fn is_routing_hint(name: &str, priority_header: &str) -> bool {
+    SLO_TTFT.contains(&name) || SLO_TPOT.contains(&name) || name == PREDICTION_BASED || name == priority_header
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_are_recognised_and_nothing_else() {
+        for name in SLO_TTFT.iter().chain(SLO_TPOT.iter()).chain([PREDICTION_BASED, PRIORITY].iter()) {
+            assert!(is_routing_hint(name, PRIORITY), "{name}");
+        }
+        for name in [DESTINATION, SERVED_BY, "x-request-id", "content-type"] {
+            assert!(!is_routing_hint(name, PRIORITY), "{name}");
+        }
+    }
+}
