@@ -75,7 +75,7 @@ impl Checker {
         }
         // The predictor's own configuration, as predictor-svc will read it at start.
         if let Some(toml) = doc["data"][PREDICTOR_CONFIG_KEY].as_str().filter(|_| kind == "ConfigMap") {
-            if let Err(e) = headroom_predictor::config::Config::parse(toml) {
+            if let Err(e) = headroom_predictor_config::Config::parse(toml) {
                 problems.push(format!("data.{PREDICTOR_CONFIG_KEY}: {e:#}"));
             }
         }

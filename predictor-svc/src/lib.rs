@@ -8,7 +8,8 @@
 
 pub mod api;
 pub mod auth;
-pub mod config;
+/// The configuration file, parsed in its own crate (`predictor-config/`).
+pub use headroom_predictor_config as config;
 pub mod discovery;
 pub mod metrics;
 pub mod model;

@@ -10,6 +10,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::model::store::ModelStore;
 use crate::pool::Pools;
+use crate::predict::AnalyticPrior;
 
 pub struct AppState {
     pub config: Config,
@@ -26,7 +27,8 @@ pub struct AppState {
 impl AppState {
     /// Builds the state; fails when ONNX Runtime, a configured model or the token cannot be loaded.
     pub fn new(config: Config) -> anyhow::Result<AppState> {
-        let models = ModelStore::open(config.model.clone())?.with_prior(config.prior());
+        let prior = AnalyticPrior { hardware_scale: config.prior_hardware_scale(), ..AnalyticPrior::default() };
+        let models = ModelStore::open(config.model.clone())?.with_prior(prior);
         Ok(AppState {
             pools: Pools::from_config(&config),
             metrics: Metrics::new(models.persist_failures.clone()),

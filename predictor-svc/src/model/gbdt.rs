@@ -14,15 +14,7 @@ use serde::{Deserialize, Serialize};
 /// Most split thresholds per feature.
 pub const MAX_BINS: usize = 64;
 
-/// What a model predicts.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum Objective {
-    /// The mean (L2 in log space).
-    Mean,
-    /// The `q` quantile, e.g. 0.9.
-    Quantile { q: f64 },
-}
+pub use headroom_predictor_config::Objective;
 
 /// Training knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -1,4 +1,5 @@
-//! predictor-svc configuration (TOML).
+//! predictor-svc configuration (TOML), a leaf crate: the service, and tools that
+//! check a configuration before it ships (`headroom-deploy-check`), parse it here.
 //!
 //! ```toml
 //! listen = "127.0.0.1:9000"
@@ -18,10 +19,17 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::model::gbdt::Objective;
-use crate::predict::AnalyticPrior;
+/// What a model predicts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Objective {
+    /// The mean (L2 in log space).
+    Mean,
+    /// The `q` quantile, e.g. 0.9.
+    Quantile { q: f64 },
+}
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
@@ -271,13 +279,14 @@ impl Config {
         self.hardware_names().iter().position(|n| *n == name).map_or(0, |i| i as u32 + 1)
     }
 
-    /// The analytic prior, slowed per hardware class by `model.prior_hardware_scale`.
-    pub fn prior(&self) -> AnalyticPrior {
+    /// How much slower than the prior's calibration each hardware class runs, by class id
+    /// (`model.prior_hardware_scale`; 1 where unset, and for class 0, unknown).
+    pub fn prior_hardware_scale(&self) -> Vec<f64> {
         let mut hardware_scale = vec![1.0];
         hardware_scale.extend(
             self.hardware_names().iter().map(|n| self.model.prior_hardware_scale.get(*n).copied().unwrap_or(1.0)),
         );
-        AnalyticPrior { hardware_scale, ..AnalyticPrior::default() }
+        hardware_scale
     }
 
     fn validate(&self) -> anyhow::Result<()> {
@@ -383,7 +392,7 @@ mod tests {
     fn prior_scales_follow_the_class_ids_and_bad_ones_are_refused_by_name() {
         let pool = "[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nhardware = {\"127.0.0.1:2\" = \"h100\", \"127.0.0.1:1\" = \"a100\"}\n";
         let c = Config::parse(&format!("[model]\nprior_hardware_scale = {{a100 = 1.7}}\n{pool}")).unwrap();
-        assert_eq!(c.prior().hardware_scale, vec![1.0, 1.7, 1.0], "class 0 (unknown), a100, h100");
+        assert_eq!(c.prior_hardware_scale(), vec![1.0, 1.7, 1.0], "class 0 (unknown), a100, h100");
         for (scale, field) in [("{a100 = 0}", "prior_hardware_scale.a100"), ("{tpu = 2.0}", "prior_hardware_scale.tpu")]
         {
             let err = Config::parse(&format!("[model]\nprior_hardware_scale = {scale}\n{pool}")).unwrap_err();
