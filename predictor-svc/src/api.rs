@@ -13,14 +13,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use headroom_protocol::{
-    codec, limits, paths, BatchAck, DispatchBatch, EndpointPrediction, ErrorBody, Format, Invalid, PredictRequest,
-    PredictResponse, ReportBatch,
-};
+use headroom_protocol::{codec, limits, paths, DispatchBatch, ErrorBody, Format, Invalid, PredictRequest, ReportBatch};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::model::features;
-use crate::pool::Applied;
+use crate::service;
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -114,89 +110,23 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
     let started = Instant::now();
     let (req, format): (PredictRequest, Format) = decode_body(&headers, &body)?;
     req.check().map_err(|e| invalid(&state, paths::PREDICT, e))?;
-    let now = Instant::now();
-    let stale_ms = state.config.stale_after_ms;
-    let (addresses, states) = state
-        .pools
-        .with(&req.pool, |pool| {
-            let addresses: Vec<String> = pool.endpoints.iter().map(|e| e.address.clone()).collect();
-            (addresses, pool.states_for(&req.request, now))
-        })
-        .ok_or_else(|| unknown_pool(&req.pool))?;
-    // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
-    let fresh: Vec<usize> =
-        (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
-    let rows: Vec<features::Row> = fresh.iter().map(|&i| features::row(&req.request, &states[i])).collect();
-    let (predicted, model_version) = state.models.predict(&rows);
-    let mut endpoints: Vec<EndpointPrediction> = addresses
-        .into_iter()
-        .zip(states)
-        .map(|(address, s)| EndpointPrediction { address, ttft_ms: None, tpot_ms: None, state: s })
-        .collect();
-    // A model or prior answer out of range says "unknown", never a number the filter cannot use.
-    for (&i, (ttft, tpot)) in fresh.iter().zip(predicted) {
-        endpoints[i].ttft_ms = limits::ms_or_none(Some(ttft));
-        endpoints[i].tpot_ms = limits::ms_or_none(Some(tpot));
-    }
-    let answer = PredictResponse { pool: req.pool, model_version, endpoints };
+    let pool = req.pool.clone();
+    let answer = service::predict(&state, req, Instant::now()).ok_or_else(|| unknown_pool(&pool))?;
     state.metrics.predicted(started.elapsed().as_secs_f64());
     Ok(reply(&headers, format, &answer))
 }
 
 async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
-    let now = Instant::now();
     // Validate the whole batch before applying any of it: a 400 leaves no half-applied batch.
     batch.check().map_err(|e| invalid(&state, paths::DISPATCH, e))?;
-    let mut ack = BatchAck::default();
-    for d in &batch.dispatches {
-        let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
-        let result = match applied {
-            Some(Applied::Accepted) => "accepted",
-            Some(Applied::AlreadyFinished) => "already_finished",
-            Some(Applied::UnknownEndpoint) => "unknown_endpoint",
-            Some(Applied::PoolFull) => "pool_full",
-            None => "unknown_pool",
-        };
-        if applied == Some(Applied::Accepted) {
-            ack.accepted += 1;
-        } else {
-            ack.rejected += 1;
-            tracing::debug!(request_id = %d.request_id, pool = %d.pool, endpoint = %d.endpoint, result, "dispatch not tracked");
-        }
-        state.metrics.dispatch(result, 1);
-    }
-    Ok(reply(&headers, format, &ack))
+    Ok(reply(&headers, format, &service::dispatch(&state, &batch, Instant::now())))
 }
 
 async fn report(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let (batch, format): (ReportBatch, Format) = decode_body(&headers, &body)?;
     batch.check().map_err(|e| invalid(&state, paths::REPORT, e))?;
-    let now = Instant::now();
-    let mut ack = BatchAck::default();
-    for mut o in batch.observations {
-        // Prefix hashes serve placement only; dropping them keeps the log small.
-        o.request.prefix_hashes = Vec::new();
-        let Some(tracked) = state.pools.with(&o.pool, |p| p.finish(&o.request_id, now)) else {
-            ack.rejected += 1;
-            state.metrics.report("unknown_pool", 1);
-            continue;
-        };
-        ack.accepted += 1;
-        state.metrics.report("accepted", 1);
-        // Learn only from requests this predictor saw dispatched, to the endpoint that served
-        // them: a report for a request never made teaches nothing.
-        if tracked.as_deref() == Some(o.endpoint.as_str()) {
-            state.metrics.observed(&o);
-            if state.models.observe(&o) {
-                state.metrics.report("sampled", 1);
-            }
-        } else {
-            state.metrics.report("not_dispatched", 1);
-        }
-        state.observations.lock().unwrap_or_else(|p| p.into_inner()).push(o);
-    }
-    Ok(reply(&headers, format, &ack))
+    Ok(reply(&headers, format, &service::report(&state, batch, Instant::now())))
 }
 
 #[derive(Serialize)]

@@ -1,10 +1,13 @@
 //! predictor-svc: knows each pool's endpoints, scrapes their engine metrics,
 //! tracks requests in flight, and predicts TTFT/TPOT for every candidate.
 //!
-//! Modules, one job each: `config` (file format), `pool` (endpoint state and
-//! in-flight tracking), `auth` (the token guarding what teaches the model), `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, training,
-//! ONNX export and inference, the model store), `predict` (the analytic prior),
-//! `api` (HTTP), `metrics` (Prometheus), `state` (what handlers share).
+//! Modules, one job each, layered one way: `config` (the file format, its own
+//! crate) at the bottom; `pool` (endpoint state and in-flight tracking),
+//! `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, the
+//! analytic prior, training, ONNX export and inference, the model store);
+//! `service` (what each route does), `auth` (the token guarding what teaches the
+//! model), `api` (HTTP: decode, call `service`, encode), `metrics` (Prometheus),
+//! `state` (what handlers share).
 
 pub mod api;
 pub mod auth;
@@ -14,8 +17,8 @@ pub mod discovery;
 pub mod metrics;
 pub mod model;
 pub mod pool;
-pub mod predict;
 pub mod scrape;
+pub mod service;
 pub mod state;
 
 use std::sync::Arc;

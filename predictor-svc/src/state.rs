@@ -8,9 +8,9 @@ use headroom_protocol::Observation;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::model::prior::AnalyticPrior;
 use crate::model::store::ModelStore;
 use crate::pool::Pools;
-use crate::predict::AnalyticPrior;
 
 pub struct AppState {
     pub config: Config,

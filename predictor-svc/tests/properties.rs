@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant};
 
 use headroom_predictor::model::features;
+use headroom_predictor::model::prior::AnalyticPrior;
 use headroom_predictor::model::sampler::Samples;
 use headroom_predictor::pool::Pool;
-use headroom_predictor::predict::AnalyticPrior;
 use headroom_predictor::scrape::parse_engine_metrics;
 use headroom_protocol::{limits, Dispatch, EndpointState, RequestFeatures, Slo};
 use proptest::prelude::*;

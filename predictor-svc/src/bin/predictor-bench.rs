@@ -10,8 +10,8 @@ use std::time::Instant;
 use headroom_predictor::model::features::{self, Row};
 use headroom_predictor::model::gbdt::{fit, Objective, Params};
 use headroom_predictor::model::onnx::export;
+use headroom_predictor::model::prior::AnalyticPrior;
 use headroom_predictor::model::runtime::{init, OnnxModel};
-use headroom_predictor::predict::AnalyticPrior;
 
 fn rows(n: usize, seed: u64) -> Vec<Row> {
     let mut s = seed;

@@ -1,6 +1,6 @@
 //! The active latency model, its history, the training samples, and persistence.
 //!
-//! Before any model exists the analytic prior predicts (`crate::predict`): an
+//! Before any model exists the analytic prior predicts (`super::prior`): an
 //! honest formula over the same features, so routing has sane numbers from the
 //! first request. Training runs off the request path (`spawn_blocking`); a new
 //! model replaces the active one only if its held-out error is not worse than
@@ -31,13 +31,13 @@ use sha2::{Digest, Sha256};
 use super::features::{self, Row};
 use super::gbdt::{self, Objective, Params};
 use super::onnx;
+use super::prior::AnalyticPrior;
 use super::runtime::OnnxModel;
 use super::sampler::{Sample, Samples};
 use crate::config::ModelConfig;
-use crate::predict::AnalyticPrior;
 
 /// Name of predictions made by the analytic prior.
-pub use crate::predict::ANALYTIC_PRIOR as PRIOR;
+pub use super::prior::ANALYTIC_PRIOR as PRIOR;
 
 /// What is known about one model version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

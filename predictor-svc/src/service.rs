@@ -1,0 +1,90 @@
+//! What the API's routes do, once their bodies are decoded and checked: predict
+//! every endpoint of a pool, start tracking dispatched requests, end tracking and
+//! learn from reports. The handlers (`crate::api`) only decode, call these, encode.
+
+use std::time::Instant;
+
+use headroom_protocol::{
+    limits, BatchAck, DispatchBatch, EndpointPrediction, PredictRequest, PredictResponse, ReportBatch,
+};
+
+use crate::model::features;
+use crate::pool::Applied;
+use crate::state::AppState;
+
+/// Predictions and state for every endpoint of `req.pool`; `None` when there is no such pool.
+pub fn predict(state: &AppState, req: PredictRequest, now: Instant) -> Option<PredictResponse> {
+    let stale_ms = state.config.stale_after_ms;
+    let (addresses, states) = state.pools.with(&req.pool, |pool| {
+        let addresses: Vec<String> = pool.endpoints.iter().map(|e| e.address.clone()).collect();
+        (addresses, pool.states_for(&req.request, now))
+    })?;
+    // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
+    let fresh: Vec<usize> =
+        (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
+    let rows: Vec<features::Row> = fresh.iter().map(|&i| features::row(&req.request, &states[i])).collect();
+    let (predicted, model_version) = state.models.predict(&rows);
+    let mut endpoints: Vec<EndpointPrediction> = addresses
+        .into_iter()
+        .zip(states)
+        .map(|(address, s)| EndpointPrediction { address, ttft_ms: None, tpot_ms: None, state: s })
+        .collect();
+    // A model or prior answer out of range says "unknown", never a number the filter cannot use.
+    for (&i, (ttft, tpot)) in fresh.iter().zip(predicted) {
+        endpoints[i].ttft_ms = limits::ms_or_none(Some(ttft));
+        endpoints[i].tpot_ms = limits::ms_or_none(Some(tpot));
+    }
+    Some(PredictResponse { pool: req.pool, model_version, endpoints })
+}
+
+/// Starts tracking each dispatched request (the batch is already checked).
+pub fn dispatch(state: &AppState, batch: &DispatchBatch, now: Instant) -> BatchAck {
+    let mut ack = BatchAck::default();
+    for d in &batch.dispatches {
+        let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
+        let result = match applied {
+            Some(Applied::Accepted) => "accepted",
+            Some(Applied::AlreadyFinished) => "already_finished",
+            Some(Applied::UnknownEndpoint) => "unknown_endpoint",
+            Some(Applied::PoolFull) => "pool_full",
+            None => "unknown_pool",
+        };
+        if applied == Some(Applied::Accepted) {
+            ack.accepted += 1;
+        } else {
+            ack.rejected += 1;
+            tracing::debug!(request_id = %d.request_id, pool = %d.pool, endpoint = %d.endpoint, result, "dispatch not tracked");
+        }
+        state.metrics.dispatch(result, 1);
+    }
+    ack
+}
+
+/// Ends tracking of each reported request and learns from those this predictor saw
+/// dispatched, to the endpoint that served them (the batch is already checked).
+pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
+    let mut ack = BatchAck::default();
+    for mut o in batch.observations {
+        // Prefix hashes serve placement only; dropping them keeps the log small.
+        o.request.prefix_hashes = Vec::new();
+        let Some(tracked) = state.pools.with(&o.pool, |p| p.finish(&o.request_id, now)) else {
+            ack.rejected += 1;
+            state.metrics.report("unknown_pool", 1);
+            continue;
+        };
+        ack.accepted += 1;
+        state.metrics.report("accepted", 1);
+        // A report for a request never dispatched here teaches nothing: with the token,
+        // only the gateway posts reports, and even it cannot invent training samples.
+        if tracked.as_deref() == Some(o.endpoint.as_str()) {
+            state.metrics.observed(&o);
+            if state.models.observe(&o) {
+                state.metrics.report("sampled", 1);
+            }
+        } else {
+            state.metrics.report("not_dispatched", 1);
+        }
+        state.observations.lock().unwrap_or_else(|p| p.into_inner()).push(o);
+    }
+    ack
+}
