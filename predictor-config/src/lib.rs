@@ -32,7 +32,7 @@ pub enum Objective {
 }
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Address the HTTP API listens on.
@@ -81,7 +81,7 @@ pub struct Config {
 }
 
 /// The `[kubernetes]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesConfig {
     /// API server URL. Default: the in-cluster service account, else `KUBECONFIG` / `~/.kube/config`.
@@ -89,7 +89,7 @@ pub struct KubernetesConfig {
 }
 
 /// Endpoints of a pool discovered from Kubernetes EndpointSlices.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesSource {
     pub namespace: String,
@@ -104,7 +104,7 @@ pub struct KubernetesSource {
 }
 
 /// The `[model]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Models and samples persist here (none: in memory only).
@@ -171,7 +171,7 @@ impl ModelConfig {
 }
 
 /// One pool of interchangeable model servers.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     pub name: String,
@@ -223,6 +223,33 @@ pub const PLACEHOLDER_TOKEN_PREFIX: &str = "change-me";
 pub const MIN_TOKEN_BYTES: usize = 16;
 
 impl Config {
+    /// A configuration of `pools` with every other field at its default (what a file
+    /// naming only its pools means). Tools build one and write it with [`Config::to_toml`].
+    pub fn new(pools: Vec<PoolConfig>) -> Config {
+        Config {
+            listen: default_listen(),
+            scrape_interval_ms: default_scrape_interval_ms(),
+            scrape_timeout_ms: default_scrape_timeout_ms(),
+            stale_after_ms: default_stale_after_ms(),
+            in_flight_ttl_s: default_in_flight_ttl_s(),
+            prefix_blocks_per_endpoint: default_prefix_blocks(),
+            observations_kept: default_observations_kept(),
+            max_in_flight: default_max_in_flight(),
+            max_scrape_bytes: default_max_scrape_bytes(),
+            auth_token_file: None,
+            pools,
+            model: ModelConfig::default(),
+            kubernetes: KubernetesConfig::default(),
+        }
+    }
+
+    /// The configuration as the TOML file predictor-svc reads (validated first, so a
+    /// tool never writes a file the service would refuse).
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        self.validate()?;
+        Ok(toml::to_string(self)?)
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
@@ -370,6 +397,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_built_config_writes_the_file_it_parses_back_to() {
+        let mut c = Config::new(vec![PoolConfig {
+            name: "default".into(),
+            endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            kubernetes: Vec::new(),
+            hardware: [("127.0.0.1:2".to_string(), "a100".to_string())].into(),
+        }]);
+        c.auth_token_file = Some("/run/token".into());
+        c.model.data_dir = Some("/var/lib/headroom".into());
+        c.model.objective = "p90".into();
+        let text = c.to_toml().unwrap();
+        assert_eq!(Config::parse(&text).unwrap(), c, "{text}");
+        c.model.objective = "median".into();
+        assert!(c.to_toml().is_err(), "an invalid configuration is never written");
+    }
 
     #[test]
     fn minimal_config() {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use headroom_predictor_config::{Config as PredictorConfig, PoolConfig};
 use process::Proc;
 
 /// What routes requests to the model servers.
@@ -306,24 +307,26 @@ impl Stack {
             stack.wait_ready("simulator", || http::get(s, "/health").is_ok_and(|(code, _)| code == 200))?;
         }
 
-        // predictor-svc, one config and data directory per replica.
-        let endpoints: Vec<String> = stack.state.servers.iter().map(|s| format!("\"{s}\"")).collect();
-        // Each server's profile is its hardware class: a model feature, so the pool may mix GPUs.
-        let hardware: Vec<String> =
-            stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| format!("\"{s}\" = \"{p}\"")).collect();
+        // predictor-svc, one config and data directory per replica. Each server's profile is
+        // its hardware class: a model feature, so the pool may mix GPUs.
+        let pool = PoolConfig {
+            name: "default".into(),
+            endpoints: stack.state.servers.iter().map(|s| s.to_string()).collect(),
+            kubernetes: Vec::new(),
+            hardware: stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| (s.to_string(), p.clone())).collect(),
+        };
         // The predictor's guarded routes take this token, from a file only its owner reads.
         let token_file = run_dir.join("predictor-token");
         write_private(&token_file, &token)?;
         for (i, listen) in stack.state.predictors.clone().into_iter().enumerate() {
-            let toml = format!(
-                "listen = \"{listen}\"\nscrape_interval_ms = 100\nauth_token_file = \"{}\"\n\n[model]\ndata_dir = \"{}\"\nretrain_interval_ms = 2000\nobjective = \"{}\"\n\n[[pool]]\nname = \"default\"\nendpoints = [{}]\nhardware = {{{}}}\n",
-                token_file.display(),
-                run_dir.join(Self::replica_name("predictor-data", i)).display(),
-                opts.objective,
-                endpoints.join(", "),
-                hardware.join(", ")
-            );
-            std::fs::write(stack.predictor_config(i), toml)?;
+            let mut config = PredictorConfig::new(vec![pool.clone()]);
+            config.listen = listen;
+            config.scrape_interval_ms = 100;
+            config.auth_token_file = Some(token_file.clone());
+            config.model.data_dir = Some(run_dir.join(Self::replica_name("predictor-data", i)));
+            config.model.retrain_interval_ms = 2000;
+            config.model.objective = opts.objective.clone();
+            std::fs::write(stack.predictor_config(i), config.to_toml()?)?;
             if opts.external_predictor.is_none() {
                 stack.start_predictor_replica(i)?;
             }
