@@ -54,19 +54,6 @@ pub enum Batch {
     Observations(Vec<(u64, Observation)>),
 }
 
-impl Batch {
-    pub fn len(&self) -> usize {
-        match self {
-            Batch::Dispatches(items) => items.len(),
-            Batch::Observations(items) => items.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Counts for the filter's stats, taken (and reset) by [`Outbox::take_counts`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -175,14 +162,6 @@ impl Outbox {
         if let Some(last) = items.iter().map(|(s, _)| *s).max() {
             self.done_through = self.done_through.max(last);
         }
-    }
-
-    pub fn has_dispatches(&self) -> bool {
-        !self.dispatches.is_empty()
-    }
-
-    pub fn has_observations(&self) -> bool {
-        !self.observations.is_empty()
     }
 
     /// Counts since the last call, queue overflow included.
@@ -303,7 +282,7 @@ mod tests {
         let (batch, _) = out.next_dispatches().unwrap();
         assert_eq!(ids(&batch), ["a"], "requeued at the front");
         out.sent(batch, Outcome::Refused);
-        assert!(!out.has_dispatches());
+        assert!(out.next_dispatches().is_none(), "the refused batch is not queued again");
         let (reports, _) = out.next_reports().unwrap();
         out.sent(reports, Outcome::Failed);
         let (reports, _) = out.next_reports().unwrap();

@@ -93,9 +93,8 @@ impl Root {
     fn flush(&mut self) {
         let Some(vm) = self.vm.clone() else { return };
         let mut vm = vm.borrow_mut();
-        let sending = |kind: fn(&Batch) -> bool| self.sending.values().any(|(_, b)| kind(b));
-        let (sending_dispatches, sending_reports) =
-            (sending(|b| matches!(b, Batch::Dispatches(_))), sending(|b| matches!(b, Batch::Observations(_))));
+        let sending_dispatches = self.sending.values().any(|(_, b)| matches!(b, Batch::Dispatches(_)));
+        let sending_reports = self.sending.values().any(|(_, b)| matches!(b, Batch::Observations(_)));
         let cluster = vm.predictor_cluster();
         let mut ready = Vec::new();
         if !sending_dispatches {

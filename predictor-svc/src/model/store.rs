@@ -231,25 +231,13 @@ impl ModelStore {
         remove_temp_files(&models);
         for info in candidates {
             let path = models.join(format!("{}.onnx", info.name()));
-            let checked = |b: Vec<u8>| -> anyhow::Result<Vec<u8>> {
-                let actual = sha256_hex(&b);
-                match &info.sha256 {
-                    Some(recorded) if *recorded == actual => Ok(b),
-                    Some(recorded) => anyhow::bail!("checksum {actual} does not match the recorded {recorded}"),
-                    None => anyhow::bail!("no checksum recorded for it"),
-                }
-            };
-            let loaded = std::fs::read(&path)
-                .map_err(anyhow::Error::from)
-                .and_then(checked)
-                .and_then(|b| Ok((OnnxModel::load(&b)?, b)));
+            let loaded = read_verified(&models, info).and_then(|b| Ok((OnnxModel::load(&b)?, b)));
             match loaded {
                 Ok((onnx, bytes)) => {
                     tracing::info!(version = %info.name(), "restored model");
                     // Keep the history of loadable versions up to this one.
                     for older in infos.iter().filter(|i| i.version < info.version) {
-                        let file = std::fs::read(models.join(format!("{}.onnx", older.name()))).ok();
-                        if let Some(b) = file.filter(|b| older.sha256.as_deref() == Some(sha256_hex(b).as_str())) {
+                        if let Ok(b) = read_verified(&models, older) {
                             self.versions.lock().unwrap_or_else(|p| p.into_inner()).push((older.clone(), Arc::new(b)));
                         }
                     }
@@ -490,6 +478,17 @@ impl ModelStore {
     /// starts once there are `min_new_samples`).
     pub fn samples_since_training(&self) -> usize {
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).new_since_training
+    }
+}
+
+/// The ONNX file of version `info` in `models`, if its SHA-256 is the one recorded for it.
+fn read_verified(models: &Path, info: &ModelInfo) -> anyhow::Result<Vec<u8>> {
+    let bytes = std::fs::read(models.join(format!("{}.onnx", info.name())))?;
+    let actual = sha256_hex(&bytes);
+    match &info.sha256 {
+        Some(recorded) if *recorded == actual => Ok(bytes),
+        Some(recorded) => anyhow::bail!("checksum {actual} does not match the recorded {recorded}"),
+        None => anyhow::bail!("no checksum recorded for it"),
     }
 }
 
