@@ -1,13 +1,16 @@
 //! The headroom filter's logic, free of the proxy-wasm host ABI.
 //!
-//! The Wasm adapter (`filter/wasm`) feeds this crate what the host gives it
-//! (header values, body bytes, the predictor's answer, timestamps) and carries
-//! out what it returns (a destination, a local reply, a batch to send). Nothing
-//! here calls the host, so all of it is unit-tested natively.
+//! The Wasm adapter (`filter/wasm`) forwards each host callback to [`vm::Vm`]
+//! (configure, tick, batch answers) or [`flow::Flow`] (one per stream), handing
+//! them an implementation of [`host::Host`], and carries out the [`flow::Step`]
+//! they return. Every decision is here; the host is reached only through the
+//! trait, so all of it is unit-tested natively and under wasm32 (`tests`).
 
 pub mod config;
 pub mod fallback;
+pub mod flow;
 pub mod headers;
+pub mod host;
 pub mod outbox;
 pub mod policy;
 #[cfg(all(test, not(target_arch = "wasm32")))]
@@ -15,6 +18,9 @@ mod proptests;
 pub mod queue;
 pub mod rng;
 pub mod shards;
+#[cfg(test)]
+mod tests;
+pub mod vm;
 
 pub use config::{ConfigError, FilterConfig};
 

@@ -5,14 +5,14 @@
 //! bindings take the raw status as a `u32` and map it to [`HostError`].
 //! Only `dispatch_http_call` goes through the SDK, because its dispatcher must
 //! register the callout token; that wrapper maps the statuses Envoy returns.
+//! [`Envoy`] implements the core's `Host` trait over these bindings.
 
 use std::time::Duration;
 
+use headroom_filter_core::host::{Buffer, Event, Host, HostError, Level, Map};
 use proxy_wasm::types::{BufferType, MapType};
 
-/// A host call that did not succeed; the raw proxy-wasm status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostError(pub u32);
+use crate::stats::Stats;
 
 type HostResult<T> = Result<T, HostError>;
 
@@ -89,18 +89,15 @@ unsafe fn take_host_buffer(data: *mut u8, size: usize) -> Option<Vec<u8>> {
     }
 }
 
-/// Log levels of the host.
-#[derive(Debug, Clone, Copy)]
-pub enum Level {
-    Info = 2,
-    Warn = 3,
-    Error = 4,
-}
-
 /// Writes to Envoy's log (errors from the log call itself are ignored).
 pub fn log(level: Level, message: &str) {
+    let level: u32 = match level {
+        Level::Info => 2,
+        Level::Warn => 3,
+        Level::Error => 4,
+    };
     unsafe {
-        proxy_log(level as u32, message.as_ptr(), message.len());
+        proxy_log(level, message.as_ptr(), message.len());
     }
 }
 
@@ -113,11 +110,6 @@ pub fn now_ns() -> u64 {
         }
     }
     t
-}
-
-/// Host time in whole milliseconds.
-pub fn now_ms() -> u64 {
-    now_ns() / 1_000_000
 }
 
 pub fn set_tick_period(period: Duration) -> HostResult<()> {
@@ -137,7 +129,7 @@ pub fn buffer(kind: BufferType, max: usize) -> HostResult<Option<Vec<u8>>> {
 }
 
 /// A header value (lossy UTF-8); `None` when absent or the map is gone.
-pub fn header(map: MapType, name: &str) -> Option<String> {
+fn header(map: MapType, name: &str) -> Option<String> {
     let mut data = std::ptr::null_mut();
     let mut size = 0usize;
     match unsafe { proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut data, &mut size) } {
@@ -147,12 +139,12 @@ pub fn header(map: MapType, name: &str) -> Option<String> {
 }
 
 /// Sets (replacing) a header.
-pub fn set_header(map: MapType, name: &str, value: &str) -> HostResult<()> {
+fn set_header(map: MapType, name: &str, value: &str) -> HostResult<()> {
     check(unsafe { proxy_replace_header_map_value(map as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 /// Removes a header; absent is fine.
-pub fn remove_header(map: MapType, name: &str) -> HostResult<()> {
+fn remove_header(map: MapType, name: &str) -> HostResult<()> {
     match unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) } {
         OK | NOT_FOUND => Ok(()),
         status => Err(HostError(status)),
@@ -160,7 +152,7 @@ pub fn remove_header(map: MapType, name: &str) -> HostResult<()> {
 }
 
 /// A property by path, e.g. `["upstream", "address"]`.
-pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+fn property(path: &[&str]) -> Option<Vec<u8>> {
     let joined = path.join("\0");
     let mut data = std::ptr::null_mut();
     let mut size = 0usize;
@@ -211,7 +203,7 @@ fn serialize_headers(headers: &[(&str, &str)]) -> Vec<u8> {
 }
 
 /// Starts an HTTP call to an Envoy cluster; the answer arrives in `on_http_call_response`.
-pub fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> HostResult<u32> {
+fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> HostResult<u32> {
     proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
         .map_err(|status| HostError(status as u32))
 }
@@ -238,5 +230,67 @@ pub fn increment_metric(id: u32, by: i64) {
 pub fn record_metric(id: u32, value: u64) {
     unsafe {
         proxy_record_metric(id, value);
+    }
+}
+
+/// The core's `Host` over Envoy, counting events in `stats`.
+pub struct Envoy<'a> {
+    pub stats: &'a Stats,
+}
+
+fn map_type(map: Map) -> MapType {
+    match map {
+        Map::RequestHeaders => MapType::HttpRequestHeaders,
+        Map::ResponseHeaders => MapType::HttpResponseHeaders,
+        Map::CalloutHeaders => MapType::HttpCallResponseHeaders,
+    }
+}
+
+impl Host for Envoy<'_> {
+    fn now_ns(&self) -> u64 {
+        now_ns()
+    }
+
+    fn header(&self, map: Map, name: &str) -> Option<String> {
+        header(map_type(map), name)
+    }
+
+    fn set_header(&mut self, map: Map, name: &str, value: &str) -> HostResult<()> {
+        set_header(map_type(map), name, value)
+    }
+
+    fn remove_header(&mut self, map: Map, name: &str) -> HostResult<()> {
+        remove_header(map_type(map), name)
+    }
+
+    fn buffer(&self, kind: Buffer, size: usize) -> Option<Vec<u8>> {
+        let kind = match kind {
+            Buffer::RequestBody => BufferType::HttpRequestBody,
+            Buffer::ResponseBody => BufferType::HttpResponseBody,
+            Buffer::CalloutBody => BufferType::HttpCallResponseBody,
+        };
+        buffer(kind, size).ok().flatten()
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        property(&["upstream", "address"]).map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+
+    fn http_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> HostResult<u32> {
+        http_call(cluster, headers, body, timeout)
+    }
+
+    fn log(&mut self, level: Level, message: &str) {
+        log(level, message);
+    }
+
+    fn record(&mut self, event: Event) {
+        self.stats.record(event);
     }
 }

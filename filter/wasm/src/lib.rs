@@ -1,9 +1,10 @@
-//! The headroom proxy-wasm filter: glue between Envoy and `headroom-filter-core`.
+//! The headroom proxy-wasm filter: an adapter from Envoy's ABI to `headroom-filter-core`.
 //!
-//! One root context per VM holds the configuration, the queues of dispatches
-//! and observations (flushed to the predictor on a tick) and the last endpoint
-//! state seen (for the fallback). One request context per HTTP stream runs the
-//! flow in `request.rs`.
+//! Nothing here decides anything. `host` binds the ABI and implements the core's
+//! `Host` trait over it; `root` forwards the VM's callbacks (configure, tick, batch
+//! answers) to `core::vm::Vm`; `request` forwards each stream's callbacks to
+//! `core::flow::Flow` and carries out the step it returns; `stats` maps the core's
+//! events to Envoy stats.
 
 mod host;
 mod request;

@@ -1,41 +1,10 @@
 //! The filter's Envoy stats (shown in `/stats/prometheus` without the `envoy_` prefix).
 
+use headroom_filter_core::host::{Event, FallbackCause};
+use headroom_filter_core::outbox::Counts;
+use headroom_protocol::RouteSource;
+
 use crate::host::{self, MetricKind};
-
-/// Why the filter could not route by prediction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FallbackCause {
-    /// The callout could not be started (e.g. cluster missing).
-    CallFailed,
-    /// The predictor did not answer within `predictor_timeout_ms` (504).
-    Timeout,
-    /// The predictor was unreachable (503) or answered another non-200.
-    Unavailable,
-    /// The answer could not be decoded.
-    BadAnswer,
-    /// The answer held no prediction for any endpoint.
-    NoPredictions,
-}
-
-impl FallbackCause {
-    fn name(self) -> &'static str {
-        match self {
-            FallbackCause::CallFailed => "call_failed",
-            FallbackCause::Timeout => "timeout",
-            FallbackCause::Unavailable => "unavailable",
-            FallbackCause::BadAnswer => "bad_answer",
-            FallbackCause::NoPredictions => "no_predictions",
-        }
-    }
-
-    const ALL: [FallbackCause; 5] = [
-        FallbackCause::CallFailed,
-        FallbackCause::Timeout,
-        FallbackCause::Unavailable,
-        FallbackCause::BadAnswer,
-        FallbackCause::NoPredictions,
-    ];
-}
 
 /// Stat ids of one VM. A stat the host refused is `None` and simply not recorded.
 #[derive(Debug, Default)]
@@ -86,74 +55,56 @@ impl Stats {
         }
     }
 
+    /// Adds `by` to a stat; no host call for nothing.
     fn inc(id: Option<u32>, by: u64) {
-        if let Some(id) = id {
+        if let Some(id) = id.filter(|_| by > 0) {
             host::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
         }
     }
 
-    pub fn routed(&self, source: headroom_protocol::RouteSource) {
-        use headroom_protocol::RouteSource::*;
-        Self::inc(
-            match source {
-                PredictedPositive => self.routed_positive,
-                PredictedNegative => self.routed_negative,
-                Fallback => self.routed_fallback,
-                Composite => self.routed_composite,
-                Envoy => self.routed_envoy,
-            },
-            1,
-        );
+    /// Counts one of the core's events.
+    pub fn record(&self, event: Event) {
+        match event {
+            Event::Routed(source) => Self::inc(self.routed(source), 1),
+            Event::Shed => Self::inc(self.shed, 1),
+            Event::BadRequest => Self::inc(self.bad_request, 1),
+            Event::Fallback(cause) => {
+                let i = FallbackCause::ALL.iter().position(|c| *c == cause).unwrap_or(0);
+                Self::inc(self.fallback[i], 1);
+            }
+            Event::PredictorCallMs(ms) => {
+                if let Some(id) = self.predictor_call_ms {
+                    host::record_metric(id, ms);
+                }
+            }
+            Event::PredictorEjected => Self::inc(self.predictor_ejected, 1),
+            Event::ServedElsewhere => Self::inc(self.served_elsewhere, 1),
+            Event::SloViolation { ttft, tpot } => {
+                Self::inc(self.slo_violation_ttft, u64::from(ttft));
+                Self::inc(self.slo_violation_tpot, u64::from(tpot));
+            }
+            Event::Outbox(counts) => self.outbox(counts),
+        }
     }
 
-    pub fn fallback(&self, cause: FallbackCause) {
-        let i = FallbackCause::ALL.iter().position(|c| *c == cause).unwrap_or(0);
-        Self::inc(self.fallback[i], 1);
-    }
-
-    pub fn shed(&self) {
-        Self::inc(self.shed, 1);
-    }
-
-    pub fn bad_request(&self) {
-        Self::inc(self.bad_request, 1);
-    }
-
-    pub fn predictor_call(&self, ms: u64) {
-        if let Some(id) = self.predictor_call_ms {
-            host::record_metric(id, ms);
+    fn routed(&self, source: RouteSource) -> Option<u32> {
+        match source {
+            RouteSource::PredictedPositive => self.routed_positive,
+            RouteSource::PredictedNegative => self.routed_negative,
+            RouteSource::Fallback => self.routed_fallback,
+            RouteSource::Composite => self.routed_composite,
+            RouteSource::Envoy => self.routed_envoy,
         }
     }
 
     /// What the outbox counted since the last tick: observations delivered, items dropped
     /// (queue full), items too large for any batch, items refused (4xx, never retried),
     /// batch calls failed (requeued).
-    pub fn outbox(&self, c: headroom_filter_core::outbox::Counts) {
+    fn outbox(&self, c: Counts) {
         Self::inc(self.reports_sent, c.reported);
         Self::inc(self.reports_dropped, c.dropped);
         Self::inc(self.reports_oversized, c.oversized);
         Self::inc(self.reports_refused, c.refused);
         Self::inc(self.flush_failed, c.failed);
-    }
-
-    /// A predictor replica skipped after repeated failures.
-    pub fn predictor_ejected(&self) {
-        Self::inc(self.predictor_ejected, 1);
-    }
-
-    /// A routed request served by another endpoint than the chosen one (a retry,
-    /// or a chosen endpoint missing from Envoy's cluster).
-    pub fn served_elsewhere(&self) {
-        Self::inc(self.served_elsewhere, 1);
-    }
-
-    /// Counts observed SLO misses of a finished streaming request.
-    pub fn slo_violations(&self, ttft: bool, tpot: bool) {
-        if ttft {
-            Self::inc(self.slo_violation_ttft, 1);
-        }
-        if tpot {
-            Self::inc(self.slo_violation_tpot, 1);
-        }
     }
 }

@@ -1,0 +1,385 @@
+//! One HTTP stream through the filter, callback by callback.
+//!
+//! headers: strip client routing headers, read SLO hints (400 when invalid), pause
+//!          (with `read_body: false`: features from the headers, the callout starts here)
+//! body:    parse the OpenAI body (400 when invalid), one predictor callout
+//! callout: decide (route / shed 429 / fall back), set the destination header, resume
+//! response: measure TTFT/TPOT as the body streams past
+//! log:     queue the observation for the next flush
+//!
+//! Each callback takes the host and the VM's state and returns a [`Step`] for the
+//! adapter to carry out.
+
+use std::time::Duration;
+
+use headroom_protocol::headers::{DEBUG_ENDPOINT, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_TIER};
+use headroom_protocol::meter::{Measurement, ResponseMeter};
+use headroom_protocol::{
+    codec, limits, openai, paths, tokens, Dispatch, EndpointState, Format, Observation, PredictRequest,
+    PredictResponse, RequestFeatures, RouteSource,
+};
+
+use crate::host::{Buffer, Event, FallbackCause, Host, Level, Map};
+use crate::vm::Vm;
+use crate::{error_json, fallback, headers as hints, policy};
+
+/// What the adapter does after a callback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Let the stream go on.
+    Continue,
+    /// Hold the stream (the body is still coming, or the callout is under way).
+    Pause,
+    /// Resume the request paused for the callout.
+    Resume,
+    /// Answer locally; the stream stays held.
+    Reply { status: u32, headers: Vec<(&'static str, String)>, body: Vec<u8> },
+}
+
+/// The endpoint chosen and what was known about it.
+#[derive(Debug, Clone)]
+struct Choice {
+    endpoint: String,
+    /// Endpoints to try next on retry, in order.
+    fallbacks: Vec<String>,
+    source: RouteSource,
+    predicted_ttft_ms: Option<f64>,
+    predicted_tpot_ms: Option<f64>,
+    state: Option<EndpointState>,
+}
+
+/// A predictor call under way.
+#[derive(Debug, Clone)]
+struct Callout {
+    token: u32,
+    started_ns: u64,
+    cluster: String,
+}
+
+/// The state of one stream.
+#[derive(Debug, Default)]
+pub struct Flow {
+    /// Set once the request is known to be an inference request we route.
+    routed: bool,
+    /// The filter's own id for this request (`Vm::new_request_id`).
+    request_id: String,
+    /// The outbox's sequence number of this request's dispatch (0: none).
+    dispatch_seq: u64,
+    path: String,
+    prediction_based: bool,
+    features: RequestFeatures,
+    callout: Option<Callout>,
+    choice: Option<Choice>,
+    forwarded_ns: u64,
+    meter: Option<ResponseMeter>,
+    status: u16,
+}
+
+impl Flow {
+    pub fn new() -> Flow {
+        Flow::default()
+    }
+
+    /// The request's headers arrived.
+    pub fn on_request_headers(&mut self, host: &mut dyn Host, vm: &mut Vm, end_of_stream: bool) -> Step {
+        let config = vm.config.clone();
+        // A client never chooses its own endpoint.
+        let _ = host.remove_header(Map::RequestHeaders, &config.destination_header);
+        let method = host.header(Map::RequestHeaders, ":method").unwrap_or_default();
+        self.path = host.header(Map::RequestHeaders, ":path").unwrap_or_default();
+        if method != "POST" || !config.is_inference_path(&self.path) {
+            return Step::Continue;
+        }
+        let parsed = hints::parse_hints(|name| host.header(Map::RequestHeaders, name), &config);
+        for name in hints::hint_headers(&config.priority_header) {
+            let _ = host.remove_header(Map::RequestHeaders, name);
+        }
+        let parsed = match parsed {
+            Ok(h) => h,
+            Err(e) => return self.reject(host, 400, &e.header, &e.message),
+        };
+        self.features.slo = parsed.slo;
+        self.features.priority = parsed.priority;
+        self.prediction_based = parsed.prediction_based.unwrap_or(false);
+        // Tracked by the filter's own id; the client's `x-request-id` stays a log field upstream.
+        self.request_id = vm.new_request_id();
+        if !config.read_body {
+            self.routed = true;
+            self.features_from_headers(host);
+            return self.start_callout(host, vm);
+        }
+        if end_of_stream {
+            return self.reject(host, 400, "body", "an inference request needs a JSON body");
+        }
+        self.routed = true;
+        // Hold the headers (and so the upstream choice) until the body is read.
+        Step::Pause
+    }
+
+    /// Part of the request body arrived (`body_size`: all of it buffered so far).
+    pub fn on_request_body(&mut self, host: &mut dyn Host, vm: &mut Vm, body_size: usize, end: bool) -> Step {
+        // Header-only routing decided (or fell back) before the body.
+        if !self.routed || self.choice.is_some() || !vm.config.read_body {
+            return Step::Continue;
+        }
+        if !end {
+            return Step::Pause;
+        }
+        let config = vm.config.clone();
+        let Some(body) = host.buffer(Buffer::RequestBody, body_size) else {
+            return self.reject(host, 400, "body", "an inference request needs a JSON body");
+        };
+        let chat = self.path.split('?').next().unwrap_or("").ends_with("/chat/completions");
+        let parsed = match openai::parse_inference_body(&body, chat) {
+            Ok(p) => p,
+            Err(e) => return self.reject(host, 400, &e.field, &e.message),
+        };
+        self.features.model = parsed.model;
+        // Token counts are estimates: held to the contract's bound rather than refused.
+        self.features.input_tokens = parsed.prompt_tokens.min(limits::MAX_TOKENS);
+        self.features.prefix_hashes = tokens::prefix_block_hashes(&parsed.prompt_text, config.max_prefix_blocks);
+        self.features.streaming = parsed.stream;
+        self.features.max_tokens = parsed.max_tokens.map(|t| t.min(limits::MAX_TOKENS));
+        // Anything else out of bounds (a 10 KB model name) is the client's to fix: a 400 here,
+        // rather than a dispatch batch the predictor refuses with everyone else's in it.
+        if let Err(e) = self.features.check("") {
+            return self.reject(host, 400, &e.field, &e.message);
+        }
+        self.start_callout(host, vm)
+    }
+
+    /// The answer to the filter's call `token` arrived (`:status` in the callout headers).
+    pub fn on_callout_answer(&mut self, host: &mut dyn Host, vm: &mut Vm, token: u32, body_size: usize) -> Step {
+        let Some(callout) = self.callout.take_if(|c| c.token == token) else { return Step::Continue };
+        let status = host.header(Map::CalloutHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
+        vm.record_call(host, &callout.cluster, status);
+        host.record(Event::PredictorCallMs(host.now_ns().saturating_sub(callout.started_ns) / 1_000_000));
+        match status {
+            Some(200) => {}
+            Some(504) => return self.fall_back(host, vm, FallbackCause::Timeout, true),
+            _ => return self.fall_back(host, vm, FallbackCause::Unavailable, true),
+        }
+        let body = host.buffer(Buffer::CalloutBody, body_size).unwrap_or_default();
+        let Ok(mut answer) = codec::decode::<PredictResponse>(Format::MsgPack, &body) else {
+            return self.fall_back(host, vm, FallbackCause::BadAnswer, true);
+        };
+        // An address or state out of the contract's bounds: the answer is not to be trusted.
+        let sane = answer.endpoints.iter().enumerate().all(|(i, e)| e.check(&format!("endpoints[{i}]")).is_ok());
+        if answer.endpoints.is_empty() || !sane {
+            return self.fall_back(host, vm, FallbackCause::BadAnswer, true);
+        }
+        // A prediction out of range (NaN, negative, beyond an hour) is read as "unknown".
+        for e in &mut answer.endpoints {
+            e.ttft_ms = limits::ms_or_none(e.ttft_ms);
+            e.tpot_ms = limits::ms_or_none(e.tpot_ms);
+        }
+        let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
+        vm.states.update(states, host.now_ms());
+        let config = vm.config.clone();
+        match policy::decide(&self.features, &answer.endpoints, self.prediction_based, &config, &mut vm.rng) {
+            policy::Decision::Route { ranked, source } => {
+                let mut chosen = ranked.iter().filter_map(|&i| answer.endpoints.get(i));
+                let Some(e) = chosen.next() else {
+                    return self.fall_back(host, vm, FallbackCause::BadAnswer, true);
+                };
+                let choice = Choice {
+                    endpoint: e.address.clone(),
+                    fallbacks: chosen.map(|f| f.address.clone()).collect(),
+                    source,
+                    predicted_ttft_ms: e.ttft_ms,
+                    predicted_tpot_ms: e.tpot_ms,
+                    state: Some(e.state.clone()),
+                };
+                self.route(host, vm, Some(choice), true)
+            }
+            policy::Decision::NoPrediction => self.fall_back(host, vm, FallbackCause::NoPredictions, true),
+            policy::Decision::Shed => {
+                host.record(Event::Shed);
+                self.routed = false;
+                Step::Reply {
+                    status: 429,
+                    headers: vec![
+                        ("content-type", "application/json".to_string()),
+                        ("retry-after", config.shed_retry_after_s.to_string()),
+                    ],
+                    body: error_json(&config.priority_header, "sheddable request: no endpoint can meet its SLO now"),
+                }
+            }
+        }
+    }
+
+    /// The response's headers arrived.
+    pub fn on_response_headers(&mut self, host: &mut dyn Host, vm: &Vm) -> Step {
+        if !self.routed {
+            return Step::Continue;
+        }
+        let config = &vm.config;
+        self.status = host.header(Map::ResponseHeaders, ":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let streaming = host
+            .header(Map::ResponseHeaders, "content-type")
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
+        self.meter = Some(ResponseMeter::new(streaming, self.forwarded_ns, config.max_response_parse_bytes));
+        if let Some(c) = self.choice.as_ref().filter(|_| config.debug_headers) {
+            let _ = host.set_header(Map::ResponseHeaders, DEBUG_ENDPOINT, &c.endpoint);
+            let _ = host.set_header(Map::ResponseHeaders, DEBUG_TIER, c.source.tier());
+            if let Some(t) = c.predicted_ttft_ms {
+                let _ = host.set_header(Map::ResponseHeaders, DEBUG_PREDICTED_TTFT, &format!("{t:.1}"));
+            }
+            if let Some(t) = c.predicted_tpot_ms {
+                let _ = host.set_header(Map::ResponseHeaders, DEBUG_PREDICTED_TPOT, &format!("{t:.2}"));
+            }
+        }
+        Step::Continue
+    }
+
+    /// A chunk of the response body passed (`body_size`: its length).
+    pub fn on_response_body(&mut self, host: &mut dyn Host, body_size: usize) -> Step {
+        if let Some(meter) = self.meter.as_mut().filter(|_| body_size > 0) {
+            if let Some(chunk) = host.buffer(Buffer::ResponseBody, body_size) {
+                meter.on_chunk(&chunk, host.now_ns());
+            }
+        }
+        Step::Continue
+    }
+
+    /// The stream is done: what was measured goes to the outbox as an observation.
+    pub fn on_log(&mut self, host: &mut dyn Host, vm: &mut Vm) {
+        if !self.routed || self.forwarded_ns == 0 {
+            return;
+        }
+        let now = host.now_ns();
+        let measured = match self.meter.take() {
+            Some(m) => m.finish(now),
+            None => Measurement { e2e_ms: now.saturating_sub(self.forwarded_ns) as f64 / 1e6, ..Default::default() },
+        };
+        let served = host.upstream_address();
+        let choice = self.choice.take();
+        // Served elsewhere (a retry, or a chosen endpoint Envoy's cluster lacks): the
+        // state and predictions of the chosen endpoint do not describe where it ran.
+        let elsewhere = matches!((&served, &choice), (Some(s), Some(c)) if *s != c.endpoint);
+        if elsewhere {
+            host.record(Event::ServedElsewhere);
+        }
+        let chosen = choice.as_ref().filter(|_| !elsewhere);
+        let endpoint = served.or_else(|| choice.as_ref().map(|c| c.endpoint.clone())).unwrap_or_default();
+        let mut request = std::mem::take(&mut self.features);
+        request.prefix_hashes = Vec::new();
+        if self.status == 200 && request.streaming {
+            let missed = |slo: Option<f64>, seen: Option<f64>| matches!((slo, seen), (Some(s), Some(v)) if v > s);
+            let ttft = missed(request.slo.ttft_ms, measured.ttft_ms);
+            let tpot = missed(request.slo.tpot_ms, measured.tpot_ms);
+            if ttft || tpot {
+                host.record(Event::SloViolation { ttft, tpot });
+            }
+        }
+        let observation = Observation {
+            pool: vm.config.pool.clone(),
+            request_id: std::mem::take(&mut self.request_id),
+            endpoint,
+            request,
+            state_at_dispatch: chosen.and_then(|c| c.state.clone()),
+            predicted_ttft_ms: chosen.and_then(|c| c.predicted_ttft_ms),
+            predicted_tpot_ms: chosen.and_then(|c| c.predicted_tpot_ms),
+            source: choice.as_ref().map_or(RouteSource::Envoy, |c| c.source),
+            // Held to the contract's bounds (a stream open for over an hour).
+            ttft_ms: limits::ms_or_none(measured.ttft_ms),
+            tpot_ms: limits::ms_or_none(measured.tpot_ms),
+            e2e_ms: measured.e2e_ms.clamp(0.0, limits::MAX_MS),
+            output_tokens: measured.output_tokens,
+            cached_tokens: measured.cached_tokens,
+            status: self.status,
+        };
+        vm.outbox.report(std::mem::take(&mut self.dispatch_seq), observation);
+    }
+
+    /// Answers locally with a JSON error naming `field`.
+    fn reject(&mut self, host: &mut dyn Host, status: u32, field: &str, message: &str) -> Step {
+        host.record(Event::BadRequest);
+        self.routed = false;
+        Step::Reply {
+            status,
+            headers: vec![("content-type", "application/json".to_string())],
+            body: error_json(field, message),
+        }
+    }
+
+    /// Header-only routing: the input size estimated from `content-length`; streaming
+    /// assumed when a TPOT SLO is given (it only means something for a stream).
+    fn features_from_headers(&mut self, host: &dyn Host) {
+        let bytes = host.header(Map::RequestHeaders, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+        self.features.input_tokens = bytes.map_or(0, tokens::estimate_tokens_from_bytes);
+        self.features.streaming = self.features.slo.tpot_ms.is_some();
+    }
+
+    /// Sends the one predictor call; the answer arrives in [`Flow::on_callout_answer`].
+    fn start_callout(&mut self, host: &mut dyn Host, vm: &mut Vm) -> Step {
+        let predict = PredictRequest {
+            pool: vm.config.pool.clone(),
+            request_id: self.request_id.clone(),
+            request: self.features.clone(),
+        };
+        let Ok(bytes) = codec::encode(Format::MsgPack, &predict) else {
+            return self.fall_back(host, vm, FallbackCause::CallFailed, false);
+        };
+        let timeout = Duration::from_millis(vm.config.predictor_timeout_ms);
+        let cluster = vm.predictor_cluster(host.now_ms());
+        match host.http_call(&cluster, &vm.call_headers(paths::PREDICT), &bytes, timeout) {
+            Ok(token) => {
+                self.callout = Some(Callout { token, started_ns: host.now_ns(), cluster });
+                Step::Pause
+            }
+            Err(_) => {
+                vm.record_call(host, &cluster, None);
+                self.fall_back(host, vm, FallbackCause::CallFailed, false)
+            }
+        }
+    }
+
+    /// Routes without predictions: the composite over the last fresh endpoint states,
+    /// or Envoy's own balancing when there are none. `paused`: inside the callout.
+    fn fall_back(&mut self, host: &mut dyn Host, vm: &mut Vm, cause: FallbackCause, paused: bool) -> Step {
+        host.record(Event::Fallback(cause));
+        let max_age = vm.config.fallback_state_max_age_ms;
+        let choice = vm.states.fresh(host.now_ms(), max_age).and_then(|states| {
+            let refs: Vec<&EndpointState> = states.iter().map(|(_, s)| s).collect();
+            let ranked = fallback::rank_composite(&refs, &mut vm.rng);
+            let mut chosen = ranked.iter().filter_map(|&i| states.get(i));
+            let (endpoint, state) = chosen.next()?;
+            Some(Choice {
+                endpoint: endpoint.clone(),
+                fallbacks: chosen.take(vm.config.fallback_endpoints).map(|(e, _)| e.clone()).collect(),
+                source: RouteSource::Fallback,
+                predicted_ttft_ms: None,
+                predicted_tpot_ms: None,
+                state: Some(state.clone()),
+            })
+        });
+        self.route(host, vm, choice, paused)
+    }
+
+    /// Sets the destination (none: Envoy balances), records the dispatch, continues.
+    fn route(&mut self, host: &mut dyn Host, vm: &mut Vm, choice: Option<Choice>, paused: bool) -> Step {
+        let source = choice.as_ref().map_or(RouteSource::Envoy, |c| c.source);
+        if let Some(c) = &choice {
+            let destination = std::iter::once(&c.endpoint).chain(&c.fallbacks).cloned().collect::<Vec<_>>().join(",");
+            if host.set_header(Map::RequestHeaders, &vm.config.destination_header, &destination).is_err() {
+                host.log(Level::Warn, "headroom: could not set the destination header");
+            }
+            self.dispatch_seq = vm.outbox.dispatch(Dispatch {
+                pool: vm.config.pool.clone(),
+                request_id: self.request_id.clone(),
+                endpoint: c.endpoint.clone(),
+                request: self.features.clone(),
+                predicted_ttft_ms: c.predicted_ttft_ms,
+            });
+        }
+        host.record(Event::Routed(source));
+        self.choice = choice;
+        self.forwarded_ns = host.now_ns();
+        if paused {
+            Step::Resume
+        } else {
+            Step::Continue
+        }
+    }
+}

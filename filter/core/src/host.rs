@@ -1,0 +1,149 @@
+//! What the filter needs from its host, as a trait: the seam between the flow
+//! (`flow`, `vm`) and Envoy.
+//!
+//! The Wasm adapter implements [`Host`] over the proxy-wasm ABI; the unit tests
+//! implement it over maps and vectors, so every path a request can take runs
+//! without Envoy. Host calls that fail return [`HostError`] values: the flow
+//! logs and goes on, because a panic would kill the Wasm VM.
+//!
+//! Two host actions are not here but returned as a [`crate::flow::Step`]:
+//! resuming a paused request and sending a local reply. The adapter carries them
+//! out after the flow returns, with no state of the filter borrowed, in case the
+//! host runs another callback of the filter inside them.
+
+use std::time::Duration;
+
+use headroom_protocol::RouteSource;
+
+use crate::outbox::Counts;
+
+/// A header map the filter reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Map {
+    RequestHeaders,
+    ResponseHeaders,
+    /// The headers of the answer to the filter's own call (`:status`).
+    CalloutHeaders,
+}
+
+/// A body the filter reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buffer {
+    RequestBody,
+    ResponseBody,
+    CalloutBody,
+}
+
+/// Log levels of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+/// A host call that did not succeed; the raw proxy-wasm status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError(pub u32);
+
+/// Why the filter could not route by prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackCause {
+    /// The callout could not be started (e.g. cluster missing).
+    CallFailed,
+    /// The predictor did not answer within `predictor_timeout_ms` (504).
+    Timeout,
+    /// The predictor was unreachable (503) or answered another non-200.
+    Unavailable,
+    /// The answer could not be decoded, or broke the contract's bounds.
+    BadAnswer,
+    /// The answer held no prediction for any endpoint.
+    NoPredictions,
+}
+
+impl FallbackCause {
+    pub const ALL: [FallbackCause; 5] = [
+        FallbackCause::CallFailed,
+        FallbackCause::Timeout,
+        FallbackCause::Unavailable,
+        FallbackCause::BadAnswer,
+        FallbackCause::NoPredictions,
+    ];
+
+    /// The cause's name in the filter's stats (`headroom.fallback.<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FallbackCause::CallFailed => "call_failed",
+            FallbackCause::Timeout => "timeout",
+            FallbackCause::Unavailable => "unavailable",
+            FallbackCause::BadAnswer => "bad_answer",
+            FallbackCause::NoPredictions => "no_predictions",
+        }
+    }
+}
+
+/// Something the filter counts; the adapter maps each to a host stat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A routed request, by how its endpoint was chosen.
+    Routed(RouteSource),
+    /// A sheddable request answered 429.
+    Shed,
+    /// A request answered 400 by the filter.
+    BadRequest,
+    Fallback(FallbackCause),
+    /// A predictor callout's round trip.
+    PredictorCallMs(u64),
+    /// A predictor replica skipped after repeated failures.
+    PredictorEjected,
+    /// A routed request served by another endpoint than the chosen one (a retry,
+    /// or a chosen endpoint missing from Envoy's cluster).
+    ServedElsewhere,
+    /// A finished streaming request missed its TTFT (`ttft`) and/or TPOT SLO.
+    SloViolation {
+        ttft: bool,
+        tpot: bool,
+    },
+    /// What the outbox counted since the last tick.
+    Outbox(Counts),
+}
+
+/// The host calls the filter makes.
+pub trait Host {
+    /// Wall-clock time in nanoseconds since the Unix epoch (0 if unavailable).
+    fn now_ns(&self) -> u64;
+
+    fn now_ms(&self) -> u64 {
+        self.now_ns() / 1_000_000
+    }
+
+    /// A header value; `None` when absent or the map is gone.
+    fn header(&self, map: Map, name: &str) -> Option<String>;
+
+    /// Sets (replacing) a header.
+    fn set_header(&mut self, map: Map, name: &str, value: &str) -> Result<(), HostError>;
+
+    /// Removes a header; absent is fine.
+    fn remove_header(&mut self, map: Map, name: &str) -> Result<(), HostError>;
+
+    /// Up to `size` bytes of a body from its start; `None` when there is none.
+    fn buffer(&self, buffer: Buffer, size: usize) -> Option<Vec<u8>>;
+
+    /// The upstream address that served the request (`upstream.address`), once known.
+    fn upstream_address(&self) -> Option<String>;
+
+    /// Starts a call to an Envoy cluster; returns its token. The answer arrives in the
+    /// context's callout callback with that token.
+    fn http_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, HostError>;
+
+    fn log(&mut self, level: Level, message: &str);
+
+    /// Counts an event in the host's stats.
+    fn record(&mut self, event: Event);
+}

@@ -1,0 +1,519 @@
+//! The filter's flow end to end without Envoy: `Flow` and `Vm` driven through a
+//! fake `Host`, callback by callback, the way Envoy drives them. Each test is one
+//! path the e2e suite also takes through the real Envoy.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use headroom_protocol::{
+    codec, paths, DispatchBatch, EndpointPrediction, EndpointState, Format, PredictRequest, PredictResponse,
+    ReportBatch, RouteSource,
+};
+
+use crate::flow::{Flow, Step};
+use crate::host::{Buffer, Event, FallbackCause, Host, HostError, Level, Map};
+use crate::vm::Vm;
+use crate::FilterConfig;
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const MS: u64 = 1_000_000;
+
+/// A call the filter started.
+#[derive(Debug, Clone)]
+struct Call {
+    token: u32,
+    cluster: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    timeout: Duration,
+}
+
+impl Call {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Envoy as the flow sees it: header maps, bodies, a clock, and records of what the
+/// filter did.
+#[derive(Default)]
+struct FakeHost {
+    now_ns: u64,
+    headers: HashMap<(Map, String), String>,
+    buffers: HashMap<Buffer, Vec<u8>>,
+    upstream: Option<String>,
+    /// `http_call` fails (as for a cluster Envoy does not have).
+    refuse_calls: bool,
+    calls: Vec<Call>,
+    events: Vec<Event>,
+    logs: Vec<(Level, String)>,
+}
+
+impl Host for FakeHost {
+    fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    fn header(&self, map: Map, name: &str) -> Option<String> {
+        self.headers.get(&(map, name.to_string())).cloned()
+    }
+
+    fn set_header(&mut self, map: Map, name: &str, value: &str) -> Result<(), HostError> {
+        self.headers.insert((map, name.to_string()), value.to_string());
+        Ok(())
+    }
+
+    fn remove_header(&mut self, map: Map, name: &str) -> Result<(), HostError> {
+        self.headers.remove(&(map, name.to_string()));
+        Ok(())
+    }
+
+    fn buffer(&self, buffer: Buffer, size: usize) -> Option<Vec<u8>> {
+        self.buffers.get(&buffer).map(|b| b[..size.min(b.len())].to_vec())
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        self.upstream.clone()
+    }
+
+    fn http_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, HostError> {
+        if self.refuse_calls {
+            return Err(HostError(1));
+        }
+        let token = self.calls.len() as u32 + 100;
+        self.calls.push(Call {
+            token,
+            cluster: cluster.to_string(),
+            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
+            body: body.to_vec(),
+            timeout,
+        });
+        Ok(token)
+    }
+
+    fn log(&mut self, level: Level, message: &str) {
+        self.logs.push((level, message.to_string()));
+    }
+
+    fn record(&mut self, event: Event) {
+        self.events.push(event);
+    }
+}
+
+impl FakeHost {
+    fn new() -> FakeHost {
+        FakeHost { now_ns: 1_700_000_000_000 * MS, ..Default::default() }
+    }
+
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.header(Map::RequestHeaders, name)
+    }
+
+    fn has(&self, event: Event) -> bool {
+        self.events.contains(&event)
+    }
+
+    /// The answer Envoy hands the filter for its last call.
+    fn answer(&mut self, status: u16, body: &[u8]) -> u32 {
+        self.headers.insert((Map::CalloutHeaders, ":status".into()), status.to_string());
+        self.buffers.insert(Buffer::CalloutBody, body.to_vec());
+        self.calls.last().map_or(0, |c| c.token)
+    }
+
+    /// A fresh stream: clears the previous one's headers and bodies.
+    fn new_stream(&mut self, headers: &[(&str, &str)], body: &str) {
+        self.headers.clear();
+        self.buffers.clear();
+        self.upstream = None;
+        for (n, v) in [(":method", "POST"), (":path", "/v1/completions")].iter().chain(headers) {
+            self.headers.insert((Map::RequestHeaders, n.to_string()), v.to_string());
+        }
+        self.buffers.insert(Buffer::RequestBody, body.as_bytes().to_vec());
+    }
+}
+
+fn vm(config: &str) -> Vm {
+    match FilterConfig::parse(config.as_bytes()) {
+        Ok(c) => Vm::new(c, 7),
+        Err(e) => panic!("test config: {e}"),
+    }
+}
+
+const BODY: &str = r#"{"model":"m","prompt":"tell me a story about a gateway","max_tokens":16,"stream":true}"#;
+const SLO: [(&str, &str); 2] = [("x-slo-ttft-ms", "500"), ("x-prediction-based-scheduling", "true")];
+
+fn busy() -> EndpointState {
+    EndpointState {
+        running: 8,
+        waiting: 2,
+        kv_usage: 0.6,
+        in_flight: 3,
+        metrics_age_ms: Some(50),
+        ..Default::default()
+    }
+}
+
+fn predictions(endpoints: &[(&str, Option<f64>)]) -> Vec<u8> {
+    let answer = PredictResponse {
+        pool: "default".into(),
+        model_version: "test".into(),
+        endpoints: endpoints
+            .iter()
+            .map(|(address, ttft)| EndpointPrediction {
+                address: address.to_string(),
+                ttft_ms: *ttft,
+                tpot_ms: Some(10.0),
+                state: busy(),
+            })
+            .collect(),
+    };
+    codec::encode(Format::MsgPack, &answer).unwrap_or_default()
+}
+
+/// Headers and body through the flow: the step after the body (a callout paused it).
+fn send_request(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, headers: &[(&str, &str)], body: &str) -> Step {
+    host.new_stream(headers, body);
+    let step = flow.on_request_headers(host, vm, false);
+    if step != Step::Pause {
+        return step;
+    }
+    assert_eq!(flow.on_request_body(host, vm, body.len() / 2, false), Step::Pause);
+    flow.on_request_body(host, vm, body.len(), true)
+}
+
+/// A whole routed request: headers, body, the predictor's answer. Returns the step
+/// after the answer.
+fn routed(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, status: u16, answer: &[u8]) -> Step {
+    assert_eq!(send_request(flow, host, vm, &SLO, BODY), Step::Pause, "the callout holds the request");
+    let token = host.answer(status, answer);
+    flow.on_callout_answer(host, vm, token, answer.len())
+}
+
+/// A streamed 200 passing by at `ttft_ms`, then the stream's end.
+fn stream_response(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, ttft_ms: u64) {
+    host.headers.insert((Map::ResponseHeaders, ":status".into()), "200".into());
+    host.headers.insert((Map::ResponseHeaders, "content-type".into()), "text/event-stream".into());
+    assert_eq!(flow.on_response_headers(host, vm), Step::Continue);
+    for (i, text) in ["a", "b", "c"].iter().enumerate() {
+        host.now_ns += if i == 0 { ttft_ms * MS } else { 10 * MS };
+        let chunk = format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"{text}\"}}]}}\n\n");
+        host.buffers.insert(Buffer::ResponseBody, chunk.clone().into_bytes());
+        flow.on_response_body(host, chunk.len());
+    }
+    flow.on_log(host, vm);
+}
+
+/// Flushes and answers every batch call with `status`, until nothing is left to send.
+fn deliver_all(host: &mut FakeHost, vm: &mut Vm, status: u16) {
+    let mut answered = host.calls.len();
+    vm.flush(host);
+    while answered < host.calls.len() {
+        let call = host.calls[answered].clone();
+        answered += 1;
+        host.headers.insert((Map::CalloutHeaders, ":status".into()), status.to_string());
+        vm.on_batch_answer(host, call.token);
+    }
+}
+
+fn batches<T: serde::de::DeserializeOwned>(host: &FakeHost, path: &str) -> Vec<T> {
+    host.calls
+        .iter()
+        .filter(|c| c.header(":path") == Some(path))
+        .filter_map(|c| codec::decode(Format::MsgPack, &c.body).ok())
+        .collect()
+}
+
+#[test]
+fn routes_to_an_endpoint_predicted_to_meet_the_slo_and_reports_what_happened() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"predictor_token":"0123456789abcdef-token","debug_headers":true,"fallback_endpoints":1}"#);
+    let mut flow = Flow::new();
+    let answer = predictions(&[("10.0.0.1:8000", Some(900.0)), ("10.0.0.2:8000", Some(200.0))]);
+    assert_eq!(routed(&mut flow, &mut host, &mut vm, 200, &answer), Step::Resume);
+
+    let call = &host.calls[0];
+    assert_eq!(call.cluster, "headroom_predictor");
+    assert_eq!(call.header(":path"), Some(paths::PREDICT));
+    assert_eq!(call.header("authorization"), Some("Bearer 0123456789abcdef-token"));
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &call.body).unwrap();
+    assert!(asked.request.input_tokens > 0 && asked.request.streaming);
+    assert_eq!(asked.request.slo.ttft_ms, Some(500.0));
+    assert!(!asked.request_id.is_empty());
+    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000,10.0.0.1:8000"));
+    assert!(host.has(Event::Routed(RouteSource::PredictedPositive)));
+    assert!(host.events.iter().any(|e| matches!(e, Event::PredictorCallMs(_))));
+
+    host.upstream = Some("10.0.0.2:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 120);
+    assert_eq!(host.header(Map::ResponseHeaders, "x-headroom-tier").as_deref(), Some("positive"));
+    assert!(!host.events.iter().any(|e| matches!(e, Event::SloViolation { .. })));
+
+    deliver_all(&mut host, &mut vm, 200);
+    let dispatched: Vec<DispatchBatch> = batches(&host, paths::DISPATCH);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    assert_eq!(dispatched.len(), 1);
+    assert_eq!(dispatched[0].dispatches[0].request_id, asked.request_id);
+    let o = &reported[0].observations[0];
+    assert_eq!((o.endpoint.as_str(), o.request_id.as_str()), ("10.0.0.2:8000", asked.request_id.as_str()));
+    assert_eq!((o.status, o.predicted_ttft_ms, o.source), (200, Some(200.0), RouteSource::PredictedPositive));
+    assert_eq!(o.ttft_ms, Some(120.0));
+    assert!(o.state_at_dispatch.is_some() && o.request.prefix_hashes.is_empty());
+    vm.flush(&mut host); // the next tick counts what was delivered
+    assert!(host.has(Event::Outbox(crate::outbox::Counts { reported: 1, ..Default::default() })));
+}
+
+#[test]
+fn a_predictor_timeout_falls_back_to_the_last_fresh_states() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let answer = predictions(&[("10.0.0.1:8000", Some(200.0)), ("10.0.0.2:8000", Some(200.0))]);
+    routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer);
+
+    host.now_ns += 100 * MS;
+    let mut flow = Flow::new();
+    assert_eq!(routed(&mut flow, &mut host, &mut vm, 504, b""), Step::Resume);
+    assert!(host.has(Event::Fallback(FallbackCause::Timeout)));
+    assert!(host.has(Event::Routed(RouteSource::Fallback)));
+    let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+    assert!(destination.starts_with("10.0.0."), "{destination}");
+}
+
+#[test]
+fn without_fresh_states_a_fallback_leaves_the_choice_to_envoy() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    assert_eq!(routed(&mut flow, &mut host, &mut vm, 503, b""), Step::Resume);
+    assert!(host.has(Event::Fallback(FallbackCause::Unavailable)));
+    assert!(host.has(Event::Routed(RouteSource::Envoy)));
+    assert_eq!(host.request_header("x-gateway-destination-endpoint"), None);
+    // Nothing was dispatched, but the request is still reported (as Envoy's choice).
+    host.upstream = Some("10.0.0.9:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 50);
+    deliver_all(&mut host, &mut vm, 200);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    assert_eq!(reported[0].observations[0].source, RouteSource::Envoy);
+    assert!(batches::<DispatchBatch>(&host, paths::DISPATCH).is_empty());
+}
+
+#[test]
+fn a_garbage_answer_falls_back() {
+    for garbage in [b"\xc1 not msgpack".to_vec(), predictions(&[(&"x".repeat(300), Some(1.0))]), predictions(&[])] {
+        let mut host = FakeHost::new();
+        let mut vm = vm("{}");
+        assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &garbage), Step::Resume);
+        assert!(host.has(Event::Fallback(FallbackCause::BadAnswer)), "{:?}", host.events);
+    }
+}
+
+#[test]
+fn predictions_out_of_range_count_as_none() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let answer = predictions(&[("10.0.0.1:8000", Some(f64::NAN)), ("10.0.0.2:8000", Some(-3.0))]);
+    assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer), Step::Resume);
+    assert!(host.has(Event::Fallback(FallbackCause::NoPredictions)));
+}
+
+#[test]
+fn a_callout_that_cannot_start_falls_back_at_once() {
+    let mut host = FakeHost { refuse_calls: true, ..FakeHost::new() };
+    let mut vm = vm("{}");
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, BODY), Step::Continue);
+    assert!(host.has(Event::Fallback(FallbackCause::CallFailed)));
+    assert!(host.has(Event::Routed(RouteSource::Envoy)));
+}
+
+#[test]
+fn a_replica_failing_three_times_is_skipped_for_the_next() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"predictor_shards":["p0","p1"]}"#);
+    let first = vm.predictor_cluster(host.now_ms());
+    for _ in 0..3 {
+        routed(&mut Flow::new(), &mut host, &mut vm, 503, b"");
+    }
+    assert!(host.has(Event::PredictorEjected));
+    assert!(host.logs.iter().any(|(l, m)| *l == Level::Warn && m.contains(&first)));
+    routed(&mut Flow::new(), &mut host, &mut vm, 200, &predictions(&[("10.0.0.1:8000", Some(1.0))]));
+    assert_ne!(host.calls.last().map(|c| c.cluster.clone()), Some(first));
+}
+
+#[test]
+fn a_sheddable_request_no_endpoint_can_serve_gets_429() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    let headers = [SLO[0], SLO[1], ("x-request-priority", "-1")];
+    assert_eq!(send_request(&mut flow, &mut host, &mut vm, &headers, BODY), Step::Pause);
+    let answer = predictions(&[("10.0.0.1:8000", Some(900.0)), ("10.0.0.2:8000", Some(800.0))]);
+    let token = host.answer(200, &answer);
+    let Step::Reply { status, headers, body } = flow.on_callout_answer(&mut host, &mut vm, token, answer.len()) else {
+        panic!("expected a local reply");
+    };
+    assert_eq!(status, 429);
+    assert!(headers.contains(&("retry-after", "1".to_string())));
+    assert!(String::from_utf8_lossy(&body).contains("x-request-priority"));
+    assert!(host.has(Event::Shed));
+    // A shed request is not a routed one: nothing dispatched or reported.
+    flow.on_log(&mut host, &mut vm);
+    deliver_all(&mut host, &mut vm, 200);
+    assert_eq!(host.calls.len(), 1);
+}
+
+#[test]
+fn a_request_served_elsewhere_is_reported_where_it_ran_without_the_chosen_prediction() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    routed(&mut flow, &mut host, &mut vm, 200, &answer);
+    host.upstream = Some("10.0.0.7:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 30);
+    assert!(host.has(Event::ServedElsewhere));
+    deliver_all(&mut host, &mut vm, 200);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    let o = &reported[0].observations[0];
+    assert_eq!(o.endpoint, "10.0.0.7:8000");
+    assert_eq!((o.predicted_ttft_ms, o.predicted_tpot_ms, o.state_at_dispatch.is_some()), (None, None, false));
+}
+
+#[test]
+fn a_batch_failing_with_5xx_is_sent_again_and_one_refused_with_4xx_is_dropped() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    routed(&mut flow, &mut host, &mut vm, 200, &predictions(&[("10.0.0.1:8000", Some(100.0))]));
+    host.upstream = Some("10.0.0.1:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 30);
+
+    // 5xx: the dispatch batch goes back to the front and is sent again, unchanged;
+    // the report waits behind it.
+    deliver_all(&mut host, &mut vm, 503);
+    deliver_all(&mut host, &mut vm, 503);
+    let sent: Vec<&Call> = host.calls.iter().filter(|c| c.header(":path") == Some(paths::DISPATCH)).collect();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0].body, sent[1].body);
+    assert_eq!(sent[0].timeout, crate::vm::FLUSH_TIMEOUT);
+    assert!(batches::<ReportBatch>(&host, paths::REPORT).is_empty());
+    assert!(host.has(Event::Outbox(crate::outbox::Counts { failed: 1, ..Default::default() })));
+
+    // 4xx: refused for good; dropped and counted, never sent again. The report then goes
+    // (and is refused too).
+    deliver_all(&mut host, &mut vm, 400);
+    let calls = host.calls.len();
+    assert_eq!(batches::<ReportBatch>(&host, paths::REPORT).len(), 1);
+    deliver_all(&mut host, &mut vm, 200);
+    assert_eq!(host.calls.len(), calls, "nothing left to send");
+    let refused: u64 = host.events.iter().map(|e| if let Event::Outbox(c) = e { c.refused } else { 0 }).sum();
+    assert_eq!(refused, 2);
+}
+
+#[test]
+fn an_invalid_slo_header_is_a_400_naming_it_and_hints_never_reach_the_server() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    host.new_stream(&[("x-slo-ttft-ms", "soon"), ("x-request-priority", "1")], BODY);
+    let Step::Reply { status, body, .. } = flow.on_request_headers(&mut host, &mut vm, false) else {
+        panic!("expected a local reply");
+    };
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("x-slo-ttft-ms"));
+    assert!(host.has(Event::BadRequest));
+    assert_eq!(host.request_header("x-request-priority"), None);
+    assert!(host.calls.is_empty());
+}
+
+#[test]
+fn a_body_that_is_not_an_inference_request_is_a_400_naming_the_field() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    for (body, field) in [("{not json", "body"), (r#"{"model":"m"}"#, "prompt")] {
+        let Step::Reply { status, body, .. } = send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, body) else {
+            panic!("expected a local reply for {body}");
+        };
+        assert_eq!(status, 400);
+        assert!(String::from_utf8_lossy(&body).contains(field), "{}", String::from_utf8_lossy(&body));
+    }
+    // Headers that end the stream: no body at all.
+    host.new_stream(&SLO, "");
+    assert!(matches!(Flow::new().on_request_headers(&mut host, &mut vm, true), Step::Reply { status: 400, .. }));
+    assert!(host.calls.is_empty());
+}
+
+#[test]
+fn other_requests_pass_untouched_but_never_choose_their_endpoint() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    for (method, path) in [("GET", "/v1/models"), ("POST", "/v1/embeddings")] {
+        host.new_stream(&[("x-gateway-destination-endpoint", "10.6.6.6:80")], "");
+        host.headers.insert((Map::RequestHeaders, ":method".into()), method.into());
+        host.headers.insert((Map::RequestHeaders, ":path".into()), path.into());
+        let mut flow = Flow::new();
+        assert_eq!(flow.on_request_headers(&mut host, &mut vm, true), Step::Continue);
+        assert_eq!(host.request_header("x-gateway-destination-endpoint"), None);
+        assert_eq!(flow.on_request_body(&mut host, &mut vm, 0, true), Step::Continue);
+        flow.on_log(&mut host, &mut vm);
+    }
+    vm.flush(&mut host);
+    assert!(host.calls.is_empty() && host.events.iter().all(|e| matches!(e, Event::Outbox(_))));
+}
+
+#[test]
+fn header_only_routing_calls_out_on_the_headers() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"read_body":false}"#);
+    let mut flow = Flow::new();
+    host.new_stream(&[SLO[0], SLO[1], ("content-length", "4000"), ("x-slo-tpot-ms", "50")], "");
+    assert_eq!(flow.on_request_headers(&mut host, &mut vm, false), Step::Pause);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
+    assert!(asked.request.input_tokens >= 500 && asked.request.streaming);
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    let token = host.answer(200, &answer);
+    assert_eq!(flow.on_callout_answer(&mut host, &mut vm, token, answer.len()), Step::Resume);
+    // The body passes once the decision is made.
+    assert_eq!(flow.on_request_body(&mut host, &mut vm, 10, true), Step::Continue);
+}
+
+#[test]
+fn an_answer_to_another_call_is_ignored() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    assert_eq!(send_request(&mut flow, &mut host, &mut vm, &SLO, BODY), Step::Pause);
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    let token = host.answer(200, &answer);
+    assert_eq!(flow.on_callout_answer(&mut host, &mut vm, token + 1, answer.len()), Step::Continue);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint"), None);
+    assert_eq!(flow.on_callout_answer(&mut host, &mut vm, token, answer.len()), Step::Resume);
+}
+
+#[test]
+fn missed_slos_are_counted() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    routed(&mut flow, &mut host, &mut vm, 200, &predictions(&[("10.0.0.1:8000", Some(100.0))]));
+    host.upstream = Some("10.0.0.1:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 800);
+    assert!(host.has(Event::SloViolation { ttft: true, tpot: false }));
+}
+
+#[test]
+fn a_reconfigure_keeps_what_is_queued() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    routed(&mut Flow::new(), &mut host, &mut vm, 200, &predictions(&[("10.0.0.1:8000", Some(100.0))]));
+    vm.reconfigure(FilterConfig::parse(br#"{"predictor_cluster":"other"}"#).unwrap());
+    deliver_all(&mut host, &mut vm, 200);
+    let last = host.calls.last().unwrap();
+    assert_eq!((last.cluster.as_str(), last.header(":path")), ("other", Some(paths::DISPATCH)));
+}

@@ -1,0 +1,149 @@
+//! State shared by every request of one Wasm VM (one Envoy worker thread), and
+//! what the VM does on its own: configure, flush the outbox on the tick, and
+//! keep the predictor replicas' health.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use headroom_protocol::{codec, paths};
+
+use crate::fallback::StateCache;
+use crate::host::{Event, Host, Level, Map};
+use crate::outbox::{Batch, Outbox, Outcome};
+use crate::rng::Rng;
+use crate::shards::Shards;
+use crate::FilterConfig;
+
+/// Timeout of a dispatch or report batch call.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One VM's state.
+pub struct Vm {
+    pub config: Rc<FilterConfig>,
+    pub rng: Rng,
+    /// Last endpoint states from the predictor, for the fallback.
+    pub states: StateCache,
+    /// Dispatches and observations waiting for the tick.
+    pub outbox: Outbox,
+    /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
+    vm_nonce: u64,
+    next_request: u64,
+    /// The predictor replica that owns this pool, with failover.
+    shards: Shards,
+    /// `Bearer <predictor_token>`, when one is configured.
+    authorization: Option<String>,
+    /// Batch calls under way: token -> (cluster called, batch).
+    sending: HashMap<u32, (String, Batch)>,
+}
+
+impl Vm {
+    /// A VM configured from `config`; `seed` should differ per VM (it seeds the
+    /// weighted picks and the request-id nonce).
+    pub fn new(config: FilterConfig, seed: u64) -> Vm {
+        let config = Rc::new(config);
+        Vm {
+            rng: Rng::new(seed),
+            states: StateCache::default(),
+            outbox: Outbox::new(config.max_queued, config.max_batch, config.max_batch_bytes),
+            vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
+            next_request: 0,
+            shards: Shards::new(config.predictor_clusters(), &config.pool),
+            authorization: authorization(&config),
+            sending: HashMap::new(),
+            config,
+        }
+    }
+
+    /// Takes a new configuration and keeps what is queued: a reconfigure does not
+    /// lose the dispatches and reports waiting for the tick.
+    pub fn reconfigure(&mut self, config: FilterConfig) {
+        self.outbox.set_limits(config.max_batch, config.max_batch_bytes);
+        self.shards = Shards::new(config.predictor_clusters(), &config.pool);
+        self.authorization = authorization(&config);
+        self.config = Rc::new(config);
+    }
+
+    /// A request id unique per VM and request, never taken from the client: reused or
+    /// forged `x-request-id`s cannot collide in the predictor's tracking or pick a
+    /// request's holdout side.
+    pub fn new_request_id(&mut self) -> String {
+        self.next_request += 1;
+        format!("{:016x}-{}", self.vm_nonce, self.next_request)
+    }
+
+    /// The headers of a call to the predictor: `path`, the body's format, the token.
+    pub fn call_headers<'a>(&'a self, path: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", path),
+            (":authority", self.config.predictor_authority.as_str()),
+            ("content-type", codec::MSGPACK),
+            ("accept", codec::MSGPACK),
+        ];
+        if let Some(auth) = &self.authorization {
+            headers.push(("authorization", auth.as_str()));
+        }
+        headers
+    }
+
+    /// The predictor cluster to call now.
+    pub fn predictor_cluster(&self, now_ms: u64) -> String {
+        self.shards.current(now_ms).to_string()
+    }
+
+    /// Records how a call to `cluster` went: no answer, a timeout or a 5xx count
+    /// against the replica; any other answer shows it alive.
+    pub fn record_call(&mut self, host: &mut dyn Host, cluster: &str, status: Option<u16>) {
+        let alive = status.is_some_and(|s| s != 0 && s < 500);
+        if self.shards.record(cluster, alive, host.now_ms()) {
+            host.record(Event::PredictorEjected);
+            host.log(Level::Warn, &format!("headroom: predictor cluster {cluster} failing; using the next replica"));
+        }
+    }
+
+    /// Sends what the outbox has ready: one dispatch batch and one report batch at most
+    /// under way at a time (dispatch batches must complete in order, `outbox` module).
+    pub fn flush(&mut self, host: &mut dyn Host) {
+        let sending_dispatches = self.sending.values().any(|(_, b)| matches!(b, Batch::Dispatches(_)));
+        let sending_reports = self.sending.values().any(|(_, b)| matches!(b, Batch::Observations(_)));
+        let cluster = self.predictor_cluster(host.now_ms());
+        let mut ready = Vec::new();
+        if !sending_dispatches {
+            ready.extend(self.outbox.next_dispatches().map(|b| (paths::DISPATCH, b)));
+        }
+        if !sending_reports {
+            ready.extend(self.outbox.next_reports().map(|b| (paths::REPORT, b)));
+        }
+        for (path, (batch, body)) in ready {
+            match host.http_call(&cluster, &self.call_headers(path), &body, FLUSH_TIMEOUT) {
+                Ok(token) => {
+                    self.sending.insert(token, (cluster.clone(), batch));
+                }
+                Err(_) => {
+                    self.record_call(host, &cluster, None);
+                    self.outbox.sent(batch, Outcome::Failed);
+                }
+            }
+        }
+        host.record(Event::Outbox(self.outbox.take_counts()));
+    }
+
+    /// The answer to batch call `token` arrived (its `:status` in the callout headers).
+    pub fn on_batch_answer(&mut self, host: &mut dyn Host, token: u32) {
+        let Some((cluster, batch)) = self.sending.remove(&token) else { return };
+        let status = host.header(Map::CalloutHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
+        let outcome = Outcome::of(status);
+        let delivered_dispatches = outcome != Outcome::Failed && matches!(batch, Batch::Dispatches(_));
+        self.record_call(host, &cluster, status);
+        self.outbox.sent(batch, outcome);
+        // Reports waiting for these dispatches may go now rather than on the next tick.
+        if delivered_dispatches {
+            self.flush(host);
+        }
+    }
+}
+
+fn authorization(config: &FilterConfig) -> Option<String> {
+    config.predictor_token.as_ref().map(|t| format!("Bearer {t}"))
+}
