@@ -1,11 +1,17 @@
-//! Latency models: features, the analytic prior, training, ONNX export and
-//! inference, and the store that keeps the active model, its history and the
-//! training samples.
+//! Latency models, bottom up: `features` (one definition at predict and train
+//! time), `prior` (the analytic formula that serves before any model), `gbdt`
+//! (training), `onnx` (export), `runtime` (ONNX Runtime inference), `sampler`
+//! (the sample reservoirs), `registry` (which model serves), `training` (one
+//! round's fit, scores and export), `persistence` (the data directory), and
+//! `store`, which composes them for the service.
 
 pub mod features;
 pub mod gbdt;
 pub mod onnx;
+pub mod persistence;
 pub mod prior;
+pub mod registry;
 pub mod runtime;
 pub mod sampler;
 pub mod store;
+pub mod training;

@@ -1,0 +1,183 @@
+//! One training round's work, apart from the store's locks and the disk: fit the
+//! TTFT and TPOT ensembles on the training samples, score a model on the held-out
+//! samples, and export a candidate as one ONNX graph with its [`ModelInfo`].
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::features::Row;
+use super::gbdt::{self, Ensemble, Objective, Params};
+use super::onnx;
+use super::persistence::sha256_hex;
+use super::registry::ModelInfo;
+use super::sampler::Sample;
+use crate::config::ModelConfig;
+
+/// Held-out samples needed before a candidate can be refused for scoring worse.
+pub const MIN_HOLDOUT_TO_COMPARE: usize = 20;
+
+/// What a training round did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrainOutcome {
+    /// Not enough (new) samples yet.
+    Skipped,
+    /// Trained, validated, and now active.
+    Activated(ModelInfo),
+    /// Trained but worse on the holdout than the active model: discarded.
+    KeptActive { candidate_error: f64, active_error: f64 },
+}
+
+/// The two ensembles of one round and what they were trained on.
+pub struct Fitted {
+    pub ttft: Ensemble,
+    pub tpot: Ensemble,
+    pub train_samples_ttft: usize,
+    pub train_samples_tpot: usize,
+    pub train_ms: u64,
+}
+
+impl Fitted {
+    /// (TTFT, TPOT) in ms for one row.
+    pub fn predict(&self, row: &Row) -> (f64, f64) {
+        (self.ttft.predict(row), self.tpot.predict(row))
+    }
+}
+
+/// Fits both targets on `train`; `None` when either has fewer than `min_samples`.
+pub fn fit(train: &[Sample], config: &ModelConfig) -> Option<Fitted> {
+    let column = |f: fn(&Sample) -> Option<f64>| -> (Vec<Row>, Vec<f64>) {
+        train.iter().filter_map(|s| f(s).map(|y| (s.row, y))).unzip()
+    };
+    let (ttft_rows, ttft_y) = column(|s| s.ttft_ms);
+    let (tpot_rows, tpot_y) = column(|s| s.tpot_ms);
+    if ttft_rows.len() < config.min_samples || tpot_rows.len() < config.min_samples {
+        return None;
+    }
+    let started = Instant::now();
+    let params = Params {
+        trees: config.trees,
+        max_depth: config.max_depth,
+        learning_rate: config.learning_rate,
+        objective: config.objective(),
+        ..Params::default()
+    };
+    Some(Fitted {
+        ttft: gbdt::fit(&ttft_rows, &ttft_y, &params)?,
+        tpot: gbdt::fit(&tpot_rows, &tpot_y, &params)?,
+        train_samples_ttft: ttft_rows.len(),
+        train_samples_tpot: tpot_rows.len(),
+        train_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Error of predictions against held-out truth, for comparing models.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scores {
+    pub mape_ttft: Option<f64>,
+    pub mape_tpot: Option<f64>,
+    pub coverage_ttft: Option<f64>,
+    pub coverage_tpot: Option<f64>,
+    /// The number models are compared by: MAPE (mean) or pinball loss of the relative error (quantile).
+    pub error: f64,
+}
+
+/// Scores `predict` on held-out samples.
+pub fn score(holdout: &[Sample], objective: Objective, mut predict: impl FnMut(&Row) -> (f64, f64)) -> Scores {
+    let (mut ape, mut cover, mut pinball) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()], Vec::new());
+    for s in holdout {
+        let (t, p) = predict(&s.row);
+        for (k, (pred, truth)) in [(t, s.ttft_ms), (p, s.tpot_ms)].into_iter().enumerate() {
+            let Some(truth) = truth else { continue };
+            if !pred.is_finite() {
+                ape[k].push(1.0);
+                continue;
+            }
+            ape[k].push((pred - truth).abs() / truth);
+            cover[k].push(if pred >= truth { 1.0 } else { 0.0 });
+            if let Objective::Quantile { q } = objective {
+                let r = (truth - pred) / truth;
+                pinball.push(if r > 0.0 { q * r } else { (q - 1.0) * r });
+            }
+        }
+    }
+    let mean = |v: &Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let (mape_ttft, mape_tpot) = (mean(&ape[0]), mean(&ape[1]));
+    let error = match objective {
+        Objective::Mean => (mape_ttft.unwrap_or(0.0) + mape_tpot.unwrap_or(0.0)) / 2.0,
+        Objective::Quantile { .. } => mean(&pinball).unwrap_or(0.0),
+    };
+    Scores { mape_ttft, mape_tpot, coverage_ttft: mean(&cover[0]), coverage_tpot: mean(&cover[1]), error }
+}
+
+/// Whether a candidate scoring `candidate` must not replace a model scoring `active`:
+/// worse by more than `keep_margin`, on enough held-out samples to tell.
+pub fn worse(candidate: &Scores, active: &Scores, holdout: usize, keep_margin: f64) -> bool {
+    holdout >= MIN_HOLDOUT_TO_COMPARE && candidate.error > active.error * (1.0 + keep_margin)
+}
+
+/// The candidate as version `version`: its ONNX bytes and its [`ModelInfo`].
+pub fn export(
+    fitted: &Fitted,
+    version: u64,
+    objective: Objective,
+    scores: &Scores,
+    holdout: usize,
+) -> (ModelInfo, Vec<u8>) {
+    let info = ModelInfo {
+        version,
+        source: "trained".into(),
+        objective,
+        created_unix_ms: now_ms(),
+        train_samples_ttft: fitted.train_samples_ttft,
+        train_samples_tpot: fitted.train_samples_tpot,
+        holdout_samples: holdout,
+        holdout_mape_ttft: scores.mape_ttft,
+        holdout_mape_tpot: scores.mape_tpot,
+        holdout_coverage_ttft: scores.coverage_ttft,
+        holdout_coverage_tpot: scores.coverage_tpot,
+        train_ms: fitted.train_ms,
+        sha256: None,
+    };
+    let meta = [
+        ("version", info.name()),
+        ("objective", serde_json::to_string(&objective).unwrap_or_default()),
+        ("train_samples", format!("{}/{}", info.train_samples_ttft, info.train_samples_tpot)),
+    ];
+    let bytes = onnx::export(&fitted.ttft, &fitted.tpot, version as i64, &meta);
+    (ModelInfo { sha256: Some(sha256_hex(&bytes)), ..info }, bytes)
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ttft: f64, tpot: f64) -> Sample {
+        Sample { row: Row::default(), ttft_ms: Some(ttft), tpot_ms: Some(tpot) }
+    }
+
+    #[test]
+    fn scores_are_relative_errors_and_coverage() {
+        let holdout = [sample(100.0, 10.0), sample(200.0, 20.0)];
+        let s = score(&holdout, Objective::Mean, |_| (150.0, 10.0));
+        // TTFT: |150-100|/100 = 0.5 and |150-200|/200 = 0.25; TPOT: 0 and 0.5.
+        assert_eq!((s.mape_ttft, s.mape_tpot), (Some(0.375), Some(0.25)));
+        assert_eq!((s.coverage_ttft, s.coverage_tpot), (Some(0.5), Some(0.5)));
+        assert!((s.error - 0.3125).abs() < 1e-12);
+        // A prediction that is not a number counts as 100% off.
+        assert_eq!(score(&holdout[..1], Objective::Mean, |_| (f64::NAN, 10.0)).mape_ttft, Some(1.0));
+    }
+
+    #[test]
+    fn a_candidate_is_refused_only_when_clearly_worse_on_enough_holdout() {
+        let active = Scores { error: 0.20, ..Scores::default() };
+        let slightly = Scores { error: 0.209, ..Scores::default() };
+        let clearly = Scores { error: 0.30, ..Scores::default() };
+        assert!(!worse(&slightly, &active, 100, 0.05));
+        assert!(worse(&clearly, &active, 100, 0.05));
+        assert!(!worse(&clearly, &active, MIN_HOLDOUT_TO_COMPARE - 1, 0.05), "too few to tell");
+    }
+}
