@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use headroom_protocol::prefix::PrefixCache;
 use headroom_protocol::tokens::BLOCK_TOKENS;
 
-use crate::profile::Profile;
+use crate::profile::{Profile, StepShape};
 
 /// Engine-wide request id.
 pub type RequestId = u64;
@@ -226,26 +226,19 @@ impl Engine {
             seqs += 1;
         }
 
-        let p = &self.profile;
-        let mut batched = 0u32;
-        let mut decode_context = 0f64;
-        let mut attention = 0f64;
+        let mut shape = StepShape { sequences: seqs, ..StepShape::default() };
         for &(i, chunk) in &plan {
             let s = &self.running[i];
             if chunk == 0 {
-                batched += 1;
-                decode_context += f64::from(s.computed);
+                shape.batched_tokens += 1;
+                shape.decode_context_tokens += f64::from(s.computed);
             } else {
-                batched += chunk;
+                shape.batched_tokens += chunk;
                 let (pc, k) = (f64::from(chunk), f64::from(s.computed));
-                attention += pc * (k + pc / 2.0);
+                shape.attention_pairs += pc * (k + pc / 2.0);
             }
         }
-        let duration_ms = p.t0_ms
-            + p.weight_floor_ms.max(f64::from(batched) * p.per_token_ms)
-            + decode_context * p.per_context_token_ms
-            + attention * p.per_attention_pair_ms
-            + p.per_sequence_ms * f64::from(seqs);
+        let duration_ms = self.profile.step_ms(&shape);
 
         let mut tokens = Vec::new();
         for &(i, chunk) in &plan {
@@ -273,7 +266,7 @@ impl Engine {
         // Cached blocks only keep the KV that running requests leave free.
         let free_blocks = self.capacity_blocks.saturating_sub(self.used_blocks());
         self.prefix.shrink_to(free_blocks as usize);
-        Some(Step { duration_ms, tokens, sequences: seqs, batched_tokens: batched })
+        Some(Step { duration_ms, tokens, sequences: seqs, batched_tokens: shape.batched_tokens })
     }
 
     /// At admission: skip the prefill of the leading cached blocks (at least

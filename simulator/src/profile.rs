@@ -9,6 +9,19 @@
 //! Llama-3.1-8B in bf16 on one GPU, from public profiling data (see
 //! `docs/simulator.md`).
 
+/// What a step's cost depends on, as the engine planned it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepShape {
+    /// Tokens computed this step: one per decode plus every prefill chunk's tokens (N).
+    pub batched_tokens: u32,
+    /// Sequences in the step: decodes plus prefill chunks.
+    pub sequences: u32,
+    /// Context tokens the decodes read: sum over decodes of tokens already in KV.
+    pub decode_context_tokens: f64,
+    /// Causal query-key pairs of the prefill chunks: sum of p * (k + p/2).
+    pub attention_pairs: f64,
+}
+
 /// One GPU type's engine constants.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
@@ -38,6 +51,15 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Duration of one step of `shape` in ms: the formula at the top of this module.
+    pub fn step_ms(&self, shape: &StepShape) -> f64 {
+        self.t0_ms
+            + self.weight_floor_ms.max(f64::from(shape.batched_tokens) * self.per_token_ms)
+            + shape.decode_context_tokens * self.per_context_token_ms
+            + shape.attention_pairs * self.per_attention_pair_ms
+            + self.per_sequence_ms * f64::from(shape.sequences)
+    }
+
     /// Llama-3.1-8B on one H100 80GB.
     pub fn h100() -> Profile {
         Profile {
@@ -81,5 +103,22 @@ impl Profile {
             "a100" => Some(Profile::a100()),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_steps_pay_the_weight_floor_and_large_ones_per_token() {
+        let p = Profile::h100();
+        let one = StepShape { batched_tokens: 1, sequences: 1, ..StepShape::default() };
+        assert!((p.step_ms(&one) - (0.8 + 6.0 + 4.4e-3)).abs() < 1e-9);
+        let big = StepShape { batched_tokens: 8192, sequences: 1, attention_pairs: 8192.0 * 4096.0, ..one };
+        let expected = 0.8 + 8192.0 * 0.024 + 8192.0 * 4096.0 * 1.3e-6 + 4.4e-3;
+        assert!((p.step_ms(&big) - expected).abs() < 1e-9);
+        let reads = StepShape { decode_context_tokens: 1e6, ..one };
+        assert!((p.step_ms(&reads) - p.step_ms(&one) - 65.0).abs() < 1e-9);
     }
 }

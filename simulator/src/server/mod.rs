@@ -1,0 +1,165 @@
+//! One simulated server: an engine driven in (scaled) real time behind an
+//! OpenAI-compatible HTTP API with vLLM's metric names.
+//!
+//! Every response carries `x-served-by: <ip:port>` so tests can prove where a
+//! request went. This module is the HTTP side (routes, request checks, handing a
+//! request to the engine); `driver` runs the engine, `replies` shapes the bodies,
+//! `metrics` renders `/metrics`.
+
+mod driver;
+mod metrics;
+mod replies;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use headroom_protocol::headers as names;
+use headroom_protocol::openai::parse_inference_body;
+use headroom_protocol::tokens::prefix_block_hashes;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::engine::NewRequest;
+use crate::profile::Profile;
+use driver::Command;
+use metrics::Telemetry;
+use replies::{openai_error, stream_reply, whole_reply, Reply};
+
+/// Output tokens produced when a request gives no `max_tokens`.
+pub const DEFAULT_MAX_TOKENS: u32 = 128;
+
+/// How one simulated server is set up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub address: SocketAddr,
+    pub profile: Profile,
+    /// The model name served (`/v1/models`; others get 404).
+    pub model: String,
+    /// Simulated time runs this many times faster than real time.
+    pub time_scale: f64,
+}
+
+struct Shared {
+    config: ServerConfig,
+    served_by: HeaderValue,
+    commands: mpsc::UnboundedSender<Command>,
+    telemetry: Arc<Telemetry>,
+    next_id: AtomicU64,
+}
+
+/// Binds `config.address` and serves until `shutdown` resolves.
+pub async fn run(
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.address)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.address))?;
+    serve(config, listener, shutdown).await
+}
+
+/// Serves on an already bound listener.
+pub async fn serve(
+    config: ServerConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let address = listener.local_addr()?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        served_by: HeaderValue::from_str(&address.to_string())?,
+        config: ServerConfig { address, ..config },
+        commands: tx,
+        telemetry: Arc::new(Telemetry::new()),
+        next_id: AtomicU64::new(1),
+    });
+    let engine = tokio::spawn(driver::drive(
+        shared.config.profile.clone(),
+        shared.config.time_scale,
+        shared.telemetry.clone(),
+        rx,
+    ));
+    let served_by = shared.served_by.clone();
+    let app = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "" }))
+        .route("/metrics", get(metrics))
+        .with_state(shared)
+        .layer(axum::middleware::map_response(move |mut res: Response| {
+            let served_by = served_by.clone();
+            async move {
+                res.headers_mut().insert(names::SERVED_BY, served_by);
+                res
+            }
+        }));
+    let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    engine.abort();
+    result.map_err(Into::into)
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    shared.telemetry.count_leaked_hints(&headers);
+    generate(shared, &body, false).await
+}
+
+async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    shared.telemetry.count_leaked_hints(&headers);
+    generate(shared, &body, true).await
+}
+
+async fn generate(shared: Arc<Shared>, raw: &[u8], chat: bool) -> Response {
+    let body = match parse_inference_body(raw, chat) {
+        Ok(b) => b,
+        Err(e) => return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some(&e.field), &e.message),
+    };
+    if body.model != shared.config.model {
+        let message = format!("The model `{}` does not exist.", body.model);
+        return openai_error(StatusCode::NOT_FOUND, "NotFoundError", Some("model"), &message);
+    }
+    let max_tokens = body.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let limit = shared.config.profile.max_model_len;
+    if u64::from(body.prompt_tokens) + u64::from(max_tokens) > u64::from(limit) {
+        let message = format!(
+            "This model's maximum context length is {limit} tokens; the prompt ({}) plus max_tokens ({max_tokens}) exceed it.",
+            body.prompt_tokens
+        );
+        return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some("max_tokens"), &message);
+    }
+    let scale = shared.config.time_scale;
+    tokio::time::sleep(Duration::from_secs_f64(shared.config.profile.api_overhead_ms / 1000.0 / scale)).await;
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let max_blocks = shared.config.profile.max_model_len as usize;
+    let block_hashes = prefix_block_hashes(&body.prompt_text, max_blocks);
+    let request = NewRequest { id, prompt_tokens: body.prompt_tokens, max_tokens, block_hashes };
+    if shared.commands.send(Command::Submit(request, tx)).is_err() {
+        return openai_error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", None, "engine stopped");
+    }
+    let reply = Reply { id: format!("cmpl-{id}"), model: body.model.clone(), chat, prompt_tokens: body.prompt_tokens };
+    if body.stream {
+        stream_reply(reply, body, rx)
+    } else {
+        whole_reply(reply, rx).await
+    }
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    let body = json!({"object": "list", "data": [{"id": shared.config.model, "object": "model", "owned_by": "headroom-sim",
+        "max_model_len": shared.config.profile.max_model_len}]});
+    axum::Json(body).into_response()
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let body = shared.telemetry.render(&shared.config.model);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
