@@ -4,6 +4,7 @@
 CARGO      ?= cargo
 WASM_OUT   := target/wasm32-wasip1/wasm/headroom_filter.wasm
 STACK      := target/release/headroom-stack
+BENCH      := target/release/headroom-bench
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
@@ -41,7 +42,7 @@ demo: build
 # results/report.md, one SVG chart per workload, raw results (docs/benchmark.md). About an hour.
 BENCH_ARGS ?=
 bench: build
-	@$(STACK) bench --out results $(BENCH_ARGS)
+	@$(BENCH) run --out results $(BENCH_ARGS)
 
 # Calibration checks and load sweep of the simulated engine (docs/simulator.md).
 sim-bench:

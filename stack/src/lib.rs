@@ -5,7 +5,6 @@
 //! binary) and by the end-to-end tests. Every process it starts it stops by
 //! pid; a detached stack records its pids in `<run_dir>/stack.json`.
 
-pub mod bench;
 pub mod http;
 pub mod locate;
 pub mod process;

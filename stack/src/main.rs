@@ -1,10 +1,12 @@
-//! `headroom-stack up | down | demo`: the local stack behind `make up`, `make down`, `make demo`.
+//! `headroom-stack up | down | demo | accuracy`: the local stack behind `make up`, `make down`,
+//! `make demo`, and the prediction accuracy run (docs/predictor.md). The router benchmark is
+//! its own crate (`bench/`, `headroom-bench`).
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use headroom_loadgen::{report, runner, workload};
-use headroom_stack::{bench, locate, Stack, StackOptions, StackState};
+use headroom_stack::{locate, Stack, StackOptions, StackState};
 
 #[derive(Parser)]
 #[command(about = "Run the local headroom stack")]
@@ -32,39 +34,6 @@ enum Cmd {
         rate: f64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
-    },
-    /// Compare routers on identical request sequences over a rate ladder: plain Envoy round
-    /// robin and least request, headroom with prediction off (composite) and on (docs/benchmark.md).
-    Bench {
-        /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, azure).
-        #[arg(long, default_value = "mixed,azure,shared-prefix,short-long,long-short")]
-        workloads: String,
-        /// Comma-separated rate ladder in requests/s (default: one per workload; azure is sped up to the rate).
-        #[arg(long)]
-        rates: Option<String>,
-        /// Seconds of measured traffic per router and rate.
-        #[arg(long, default_value_t = 15.0)]
-        step: f64,
-        /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.
-        #[arg(long, default_value_t = 20.0)]
-        warmup: f64,
-        /// Comma-separated hardware profile per simulated server.
-        #[arg(long, default_value = "h100,h100,h100,h100,h100,h100,a100,a100")]
-        servers: String,
-        /// Simulator speed: below 1 keeps the host's CPU out of the measurement (rates stay in simulated time).
-        #[arg(long, default_value_t = 1.0)]
-        time_scale: f64,
-        /// Comma-separated routers to run (default: all).
-        #[arg(long, default_value = "")]
-        routers: String,
-        /// Where the report and per-request results go.
-        #[arg(long, default_value = "results")]
-        out: std::path::PathBuf,
-    },
-    /// Re-render report.md and the charts from a results.json of an earlier `bench`.
-    BenchReport {
-        #[arg(long, default_value = "results")]
-        out: std::path::PathBuf,
     },
     /// Measure prediction accuracy on simulator traffic through the real stack,
     /// then after a workload shift (docs/predictor.md).
@@ -135,39 +104,7 @@ fn main() -> anyhow::Result<()> {
             drop(stack);
             println!("\nstack stopped");
         }
-        Cmd::BenchReport { out } => {
-            let path = out.join("results.json");
-            let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let results: bench::BenchResults =
-                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            bench::write_outputs(&out, &results)?;
-            println!("report: {}", out.join("report.md").display());
-        }
         Cmd::Accuracy { warmup, shift, rate, objective } => accuracy(&run_dir, warmup, shift, rate, &objective)?,
-        Cmd::Bench { workloads, rates, step, warmup, servers, time_scale, routers, out } => {
-            let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
-            let rates = rates
-                .map(|r| {
-                    r.split(',')
-                        .map(|x| x.trim().parse::<f64>().map_err(|_| anyhow::anyhow!("--rates: not a number: {x:?}")))
-                        .collect::<anyhow::Result<Vec<f64>>>()
-                })
-                .transpose()?;
-            let opts = bench::BenchOptions {
-                workloads: list(&workloads),
-                rates,
-                step_s: step,
-                warmup_s: warmup,
-                profiles: list(&servers),
-                time_scale,
-                routers: list(&routers),
-                run_dir: run_dir.clone(),
-                out: out.clone(),
-            };
-            let command = format!("headroom-stack {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
-            bench::run(&opts, command.trim())?;
-            println!("\nreport: {}", out.join("report.md").display());
-        }
     }
     Ok(())
 }

@@ -4,16 +4,16 @@
 
 use std::process::Command;
 
-use headroom_stack::bench::{BenchResults, CONTENDERS};
+use headroom_bench::{BenchResults, CONTENDERS};
 use headroom_stack::locate;
 
 #[test]
 fn reduced_bench_writes_report_chart_and_results_for_every_router() {
-    let bin = locate::bin_dir().unwrap().join("headroom-stack");
+    let bin = locate::bin_dir().unwrap().join("headroom-bench");
     let base = std::env::temp_dir().join(format!("headroom-bench-smoke-{}", std::process::id()));
     let (run_dir, out) = (base.join("run"), base.join("results"));
     let run = Command::new(&bin)
-        .args(["--run-dir", run_dir.to_str().unwrap(), "bench", "--workloads", "mixed", "--rates", "6,12"])
+        .args(["--run-dir", run_dir.to_str().unwrap(), "run", "--workloads", "mixed", "--rates", "6,12"])
         .args(["--step", "4", "--warmup", "3", "--servers", "h100,h100,a100", "--out", out.to_str().unwrap()])
         .output()
         .unwrap();

@@ -6,7 +6,7 @@
 //! without Envoy. Host calls that fail return [`HostError`] values: the flow
 //! logs and goes on, because a panic would kill the Wasm VM.
 //!
-//! Two host actions are not here but returned as a [`crate::flow::Step`]:
+//! Two host actions are not here but returned as a `Step` (module `flow`):
 //! resuming a paused request and sending a local reply. The adapter carries them
 //! out after the flow returns, with no state of the filter borrowed, in case the
 //! host runs another callback of the filter inside them.

@@ -5,16 +5,13 @@
 //! bindings take the raw status as a `u32` and map it to [`HostError`].
 //! Only `dispatch_http_call` goes through the SDK, because its dispatcher must
 //! register the callout token; that wrapper maps the statuses Envoy returns.
-//! [`Envoy`] implements the core's `Host` trait over these bindings.
 
 use std::time::Duration;
 
-use headroom_filter_core::host::{Buffer, Event, Host, HostError, Level, Map};
+use headroom_filter_core::host::{HostError, Level};
 use proxy_wasm::types::{BufferType, MapType};
 
-use crate::stats::Stats;
-
-type HostResult<T> = Result<T, HostError>;
+pub type HostResult<T> = Result<T, HostError>;
 
 const OK: u32 = 0;
 const NOT_FOUND: u32 = 1;
@@ -129,7 +126,7 @@ pub fn buffer(kind: BufferType, max: usize) -> HostResult<Option<Vec<u8>>> {
 }
 
 /// A header value (lossy UTF-8); `None` when absent or the map is gone.
-fn header(map: MapType, name: &str) -> Option<String> {
+pub fn header(map: MapType, name: &str) -> Option<String> {
     let mut data = std::ptr::null_mut();
     let mut size = 0usize;
     match unsafe { proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut data, &mut size) } {
@@ -139,12 +136,12 @@ fn header(map: MapType, name: &str) -> Option<String> {
 }
 
 /// Sets (replacing) a header.
-fn set_header(map: MapType, name: &str, value: &str) -> HostResult<()> {
+pub fn set_header(map: MapType, name: &str, value: &str) -> HostResult<()> {
     check(unsafe { proxy_replace_header_map_value(map as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 /// Removes a header; absent is fine.
-fn remove_header(map: MapType, name: &str) -> HostResult<()> {
+pub fn remove_header(map: MapType, name: &str) -> HostResult<()> {
     match unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) } {
         OK | NOT_FOUND => Ok(()),
         status => Err(HostError(status)),
@@ -152,7 +149,7 @@ fn remove_header(map: MapType, name: &str) -> HostResult<()> {
 }
 
 /// A property by path, e.g. `["upstream", "address"]`.
-fn property(path: &[&str]) -> Option<Vec<u8>> {
+pub fn property(path: &[&str]) -> Option<Vec<u8>> {
     let joined = path.join("\0");
     let mut data = std::ptr::null_mut();
     let mut size = 0usize;
@@ -203,7 +200,7 @@ fn serialize_headers(headers: &[(&str, &str)]) -> Vec<u8> {
 }
 
 /// Starts an HTTP call to an Envoy cluster; the answer arrives in `on_http_call_response`.
-fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> HostResult<u32> {
+pub fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> HostResult<u32> {
     proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
         .map_err(|status| HostError(status as u32))
 }
@@ -230,67 +227,5 @@ pub fn increment_metric(id: u32, by: i64) {
 pub fn record_metric(id: u32, value: u64) {
     unsafe {
         proxy_record_metric(id, value);
-    }
-}
-
-/// The core's `Host` over Envoy, counting events in `stats`.
-pub struct Envoy<'a> {
-    pub stats: &'a Stats,
-}
-
-fn map_type(map: Map) -> MapType {
-    match map {
-        Map::RequestHeaders => MapType::HttpRequestHeaders,
-        Map::ResponseHeaders => MapType::HttpResponseHeaders,
-        Map::CalloutHeaders => MapType::HttpCallResponseHeaders,
-    }
-}
-
-impl Host for Envoy<'_> {
-    fn now_ns(&self) -> u64 {
-        now_ns()
-    }
-
-    fn header(&self, map: Map, name: &str) -> Option<String> {
-        header(map_type(map), name)
-    }
-
-    fn set_header(&mut self, map: Map, name: &str, value: &str) -> HostResult<()> {
-        set_header(map_type(map), name, value)
-    }
-
-    fn remove_header(&mut self, map: Map, name: &str) -> HostResult<()> {
-        remove_header(map_type(map), name)
-    }
-
-    fn buffer(&self, kind: Buffer, size: usize) -> Option<Vec<u8>> {
-        let kind = match kind {
-            Buffer::RequestBody => BufferType::HttpRequestBody,
-            Buffer::ResponseBody => BufferType::HttpResponseBody,
-            Buffer::CalloutBody => BufferType::HttpCallResponseBody,
-        };
-        buffer(kind, size).ok().flatten()
-    }
-
-    fn upstream_address(&self) -> Option<String> {
-        property(&["upstream", "address"]).map(|b| String::from_utf8_lossy(&b).into_owned())
-    }
-
-    fn http_call(
-        &mut self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout: Duration,
-    ) -> HostResult<u32> {
-        http_call(cluster, headers, body, timeout)
-    }
-
-    fn log(&mut self, level: Level, message: &str) {
-        log(level, message);
-    }
-
-    fn record(&mut self, event: Event) {
-        self.stats.record(event);
     }
 }

@@ -1,11 +1,12 @@
 //! The headroom proxy-wasm filter: an adapter from Envoy's ABI to `headroom-filter-core`.
 //!
-//! Nothing here decides anything. `host` binds the ABI and implements the core's
-//! `Host` trait over it; `root` forwards the VM's callbacks (configure, tick, batch
+//! Nothing here decides anything. `host` binds the ABI; `envoy` implements the
+//! core's `Host` trait over it; `root` forwards the VM's callbacks (configure, tick, batch
 //! answers) to `core::vm::Vm`; `request` forwards each stream's callbacks to
 //! `core::flow::Flow` and carries out the step it returns; `stats` maps the core's
 //! events to Envoy stats.
 
+mod envoy;
 mod host;
 mod request;
 mod root;

@@ -1,16 +1,22 @@
 //! One HTTP stream: forwards Envoy's callbacks to `headroom_filter_core::flow::Flow`
 //! and carries out the step it returns.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use headroom_filter_core::flow::{Flow, Step};
 use headroom_filter_core::host::Level;
+use headroom_filter_core::vm::Vm;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
-use crate::host::{self, Envoy};
-use crate::root::SharedVm;
+use crate::envoy::Envoy;
+use crate::host;
 use crate::stats::Stats;
+
+/// The VM's state, shared by the root and every request context of one VM (one
+/// worker thread, so no locking).
+pub type SharedVm = Rc<RefCell<Vm>>;
 
 pub struct Request {
     vm: SharedVm,
@@ -25,10 +31,7 @@ impl Request {
 
     /// Runs one flow callback with the VM's state borrowed, and releases it before the
     /// step is carried out (a local reply or a resume may run other callbacks).
-    fn step(
-        &mut self,
-        callback: impl FnOnce(&mut Flow, &mut Envoy, &mut headroom_filter_core::vm::Vm) -> Step,
-    ) -> Action {
+    fn step(&mut self, callback: impl FnOnce(&mut Flow, &mut Envoy, &mut Vm) -> Step) -> Action {
         let step = {
             let mut vm = self.vm.borrow_mut();
             callback(&mut self.flow, &mut Envoy { stats: &self.stats }, &mut vm)

@@ -13,13 +13,10 @@ use headroom_filter_core::FilterConfig;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 
-use crate::host::{self, Envoy};
-use crate::request::Request;
+use crate::envoy::Envoy;
+use crate::host;
+use crate::request::{Request, SharedVm};
 use crate::stats::Stats;
-
-/// The VM's state, shared by the root and every request context of one VM (one
-/// worker thread, so no locking).
-pub type SharedVm = Rc<RefCell<Vm>>;
 
 #[derive(Default)]
 pub struct Root {

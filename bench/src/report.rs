@@ -2,9 +2,9 @@
 
 use std::fmt::Write;
 
-use super::chart::{attainment_svg, Series};
-use super::summary::{capacity, Capacity, Summary};
-use super::{BenchResults, RouterRun, WorkloadRun, TARGET};
+use crate::chart::{attainment_svg, Series};
+use crate::summary::{capacity, Capacity, Summary};
+use crate::{BenchResults, RouterRun, WorkloadRun, TARGET};
 
 /// The capacity target of predicted routing over the best baseline.
 pub const CAPACITY_TARGET_RATIO: f64 = 1.3;
@@ -141,7 +141,7 @@ pub fn section(w: &WorkloadRun) -> String {
     let _ = writeln!(
         s,
         "SLO attainment by requested rate (req/s); `-`: not run, the router was already under {}:\n",
-        pct(super::STOP_BELOW)
+        pct(crate::STOP_BELOW)
     );
     let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
     let _ = writeln!(s, "| router | {} | capacity at {} (req/s) |", header.join(" | "), pct(TARGET));

@@ -22,7 +22,7 @@ use headroom_loadgen::{runner, workload};
 use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
-use crate::{Router, Stack, StackOptions};
+use headroom_stack::{Router, Stack, StackOptions};
 use summary::Summary;
 
 /// The attainment the capacity is measured at.

@@ -1,0 +1,92 @@
+//! `headroom-bench run | report`: the benchmark behind `make bench` (docs/benchmark.md).
+
+use clap::{Parser, Subcommand};
+use headroom_bench::{BenchOptions, BenchResults};
+use headroom_stack::locate;
+
+#[derive(Parser)]
+#[command(about = "Compare routers on identical traffic through the local stack")]
+struct Args {
+    /// Where the stacks' configs, logs and pid records go.
+    #[arg(long, global = true)]
+    run_dir: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Compare routers on identical request sequences over a rate ladder: plain Envoy round
+    /// robin and least request, headroom with prediction off (composite) and on.
+    Run {
+        /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, azure).
+        #[arg(long, default_value = "mixed,azure,shared-prefix,short-long,long-short")]
+        workloads: String,
+        /// Comma-separated rate ladder in requests/s (default: one per workload; azure is sped up to the rate).
+        #[arg(long)]
+        rates: Option<String>,
+        /// Seconds of measured traffic per router and rate.
+        #[arg(long, default_value_t = 15.0)]
+        step: f64,
+        /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.
+        #[arg(long, default_value_t = 20.0)]
+        warmup: f64,
+        /// Comma-separated hardware profile per simulated server.
+        #[arg(long, default_value = "h100,h100,h100,h100,h100,h100,a100,a100")]
+        servers: String,
+        /// Simulator speed: below 1 keeps the host's CPU out of the measurement (rates stay in simulated time).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+        /// Comma-separated routers to run (default: all).
+        #[arg(long, default_value = "")]
+        routers: String,
+        /// Where the report and per-request results go.
+        #[arg(long, default_value = "results")]
+        out: std::path::PathBuf,
+    },
+    /// Re-render report.md and the charts from a results.json of an earlier `run`.
+    Report {
+        #[arg(long, default_value = "results")]
+        out: std::path::PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let run_dir = args.run_dir.unwrap_or_else(|| locate::root().join(".run"));
+    match args.command {
+        Cmd::Report { out } => {
+            let path = out.join("results.json");
+            let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let results: BenchResults =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            headroom_bench::write_outputs(&out, &results)?;
+            println!("report: {}", out.join("report.md").display());
+        }
+        Cmd::Run { workloads, rates, step, warmup, servers, time_scale, routers, out } => {
+            let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
+            let rates = rates
+                .map(|r| {
+                    r.split(',')
+                        .map(|x| x.trim().parse::<f64>().map_err(|_| anyhow::anyhow!("--rates: not a number: {x:?}")))
+                        .collect::<anyhow::Result<Vec<f64>>>()
+                })
+                .transpose()?;
+            let opts = BenchOptions {
+                workloads: list(&workloads),
+                rates,
+                step_s: step,
+                warmup_s: warmup,
+                profiles: list(&servers),
+                time_scale,
+                routers: list(&routers),
+                run_dir,
+                out: out.clone(),
+            };
+            let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+            headroom_bench::run(&opts, command.trim())?;
+            println!("\nreport: {}", out.join("report.md").display());
+        }
+    }
+    Ok(())
+}
