@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
-use headroom_protocol::Observation;
+use headroom_protocol::{Observation, RouteSource};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -62,6 +62,29 @@ impl Window {
     }
 }
 
+/// Recent placements by prediction tier, and whether each met its SLOs: the
+/// per-decision quality routing depends on.
+#[derive(Default)]
+struct Decisions {
+    /// (placed in the positive tier, met every judged SLO), newest last.
+    recent: VecDeque<(bool, bool)>,
+}
+
+impl Decisions {
+    /// Adds one placement; returns (precision, recall) over the window: the share of
+    /// positive-tier placements that met their SLOs, and the share of placements that
+    /// met their SLOs the filter had placed positive. `None` while undefined.
+    fn push(&mut self, positive: bool, met: bool) -> (Option<f64>, Option<f64>) {
+        if self.recent.len() == WINDOW {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((positive, met));
+        let count = |f: &dyn Fn(&(bool, bool)) -> bool| self.recent.iter().filter(|d| f(d)).count() as f64;
+        let (positives, met, both) = (count(&|d| d.0), count(&|d| d.1), count(&|d| d.0 && d.1));
+        ((positives > 0.0).then(|| both / positives), (met > 0.0).then(|| both / met))
+    }
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
@@ -82,6 +105,9 @@ pub struct Metrics {
     live_mape: Family<TargetLabel, FloatGauge>,
     live_coverage: Family<TargetLabel, FloatGauge>,
     windows: Mutex<[Window; 2]>,
+    tier_precision: FloatGauge,
+    tier_recall: FloatGauge,
+    decisions: Mutex<Decisions>,
     pub in_flight: Family<EndpointLabel, Gauge>,
     unauthorized: Counter,
     panics: Counter,
@@ -116,6 +142,9 @@ impl Metrics {
             live_mape: Family::default(),
             live_coverage: Family::default(),
             windows: Mutex::new([Window::default(), Window::default()]),
+            tier_precision: FloatGauge::default(),
+            tier_recall: FloatGauge::default(),
+            decisions: Mutex::new(Decisions::default()),
             in_flight: Family::default(),
             unauthorized: Counter::default(),
             panics: Counter::default(),
@@ -157,6 +186,16 @@ impl Metrics {
             "headroom_live_coverage",
             "Share of the last 500 observations at or under the prediction",
             m.live_coverage.clone(),
+        );
+        r.register(
+            "headroom_tier_precision",
+            "Share of the last 500 positive-tier placements (predicted to meet their SLOs) that met them",
+            m.tier_precision.clone(),
+        );
+        r.register(
+            "headroom_tier_recall",
+            "Share of the last 500 placements that met their SLOs which the filter had placed in the positive tier",
+            m.tier_recall.clone(),
         );
         r.register("headroom_in_flight_requests", "Requests dispatched and not yet reported", m.in_flight.clone());
         r.register(
@@ -248,6 +287,7 @@ impl Metrics {
             (o.tpot_ms, o.predicted_tpot_ms, o.request.slo.tpot_ms),
         ];
         let names = ["ttft", "tpot"];
+        self.judge_tier(o);
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         for (k, (actual, predicted, slo)) in pairs.into_iter().enumerate() {
             let Some(actual) = actual.filter(|a| a.is_finite() && *a > 0.0) else { continue };
@@ -267,6 +307,31 @@ impl Metrics {
         }
     }
 
+    /// Whether the tier the filter placed a request in came true: judged on the SLOs it
+    /// stated that were measured (a TPOT needs two tokens), for requests placed by tier.
+    fn judge_tier(&self, o: &Observation) {
+        let positive = match o.source {
+            RouteSource::PredictedPositive => true,
+            RouteSource::PredictedNegative => false,
+            _ => return,
+        };
+        let judged: Vec<bool> = [(o.request.slo.ttft_ms, o.ttft_ms), (o.request.slo.tpot_ms, o.tpot_ms)]
+            .into_iter()
+            .filter_map(|(slo, actual)| Some(actual? <= slo?))
+            .collect();
+        if judged.is_empty() {
+            return;
+        }
+        let met = judged.iter().all(|&m| m);
+        let (precision, recall) = self.decisions.lock().unwrap_or_else(|p| p.into_inner()).push(positive, met);
+        if let Some(p) = precision {
+            self.tier_precision.set(p);
+        }
+        if let Some(r) = recall {
+            self.tier_recall.set(r);
+        }
+    }
+
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -280,5 +345,52 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new(Counter::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_protocol::RequestFeatures;
+
+    fn placed(source: RouteSource, slo_ttft: f64, ttft: f64) -> Observation {
+        let mut request = RequestFeatures { streaming: true, ..Default::default() };
+        request.slo.ttft_ms = Some(slo_ttft);
+        Observation {
+            pool: "p".into(),
+            request_id: "r".into(),
+            endpoint: "e:1".into(),
+            request,
+            state_at_dispatch: None,
+            predicted_ttft_ms: Some(100.0),
+            predicted_tpot_ms: None,
+            source,
+            ttft_ms: Some(ttft),
+            tpot_ms: None,
+            e2e_ms: ttft,
+            output_tokens: Some(1),
+            cached_tokens: None,
+            status: 200,
+        }
+    }
+
+    fn gauge(m: &Metrics, name: &str) -> f64 {
+        let text = m.render();
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_default();
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+    }
+
+    #[test]
+    fn tier_precision_and_recall_judge_placements_by_their_outcome() {
+        let m = Metrics::default();
+        // Three positive placements, two met; one negative placement that met anyway.
+        m.observed(&placed(RouteSource::PredictedPositive, 500.0, 300.0));
+        m.observed(&placed(RouteSource::PredictedPositive, 500.0, 450.0));
+        m.observed(&placed(RouteSource::PredictedPositive, 500.0, 900.0));
+        m.observed(&placed(RouteSource::PredictedNegative, 500.0, 200.0));
+        // Not a tier placement: ignored.
+        m.observed(&placed(RouteSource::Fallback, 500.0, 900.0));
+        assert!((gauge(&m, "headroom_tier_precision") - 2.0 / 3.0).abs() < 1e-9);
+        assert!((gauge(&m, "headroom_tier_recall") - 2.0 / 3.0).abs() < 1e-9);
     }
 }

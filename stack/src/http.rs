@@ -6,11 +6,18 @@ use std::time::Duration;
 
 /// `GET path` on `addr`: (status, body). Errors on connection or parse failure.
 pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    get_with_token(addr, path, None)
+}
+
+/// `GET path` with `authorization: Bearer <token>` when a token is given (the
+/// predictor's guarded routes).
+pub fn get_with_token(addr: SocketAddr, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
     let timeout = Duration::from_secs(2);
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n")?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);

@@ -5,6 +5,7 @@
 //! binary) and by the end-to-end tests. Every process it starts it stops by
 //! pid; a detached stack records its pids in `<run_dir>/stack.json`.
 
+pub mod accuracy;
 pub mod http;
 pub mod locate;
 pub mod process;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use headroom_loadgen::{report, runner, workload};
+use headroom_stack::accuracy::{self, AccuracyOptions};
 use headroom_stack::{locate, Stack, StackOptions, StackState};
 
 #[derive(Parser)]
@@ -49,6 +50,10 @@ enum Cmd {
         /// Training objective: mean or p90.
         #[arg(long, default_value = "mean")]
         objective: String,
+        /// Also run a p90 pass and write the figures (holdout/live MAPE, shift recovery,
+        /// p90 coverage, tier precision) to this JSON file.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
     },
 }
 
@@ -104,7 +109,10 @@ fn main() -> anyhow::Result<()> {
             drop(stack);
             println!("\nstack stopped");
         }
-        Cmd::Accuracy { warmup, shift, rate, objective } => accuracy(&run_dir, warmup, shift, rate, &objective)?,
+        Cmd::Accuracy { warmup, shift, rate, objective, json } => {
+            let opts = AccuracyOptions { run_dir, warmup_s: warmup, shift_s: shift, rate, objective, json };
+            accuracy::run(&opts)?;
+        }
     }
     Ok(())
 }
@@ -118,80 +126,4 @@ fn gateway_target(stack: &Stack, prediction_based: Option<bool>) -> runner::Targ
         prediction_based,
         timeout: Duration::from_secs(120),
     }
-}
-
-/// One line of the accuracy log: time, phase, active model, live MAPE and coverage.
-fn accuracy_sample(stack: &Stack, started: std::time::Instant, phase: &str) -> String {
-    let metrics = headroom_stack::http::get(stack.state.predictor, "/metrics").map(|r| r.1).unwrap_or_default();
-    let value = |name: &str, target: &str| {
-        let key = format!("{name}{{target=\"{target}\"}} ");
-        metrics.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse::<f64>().ok())
-    };
-    let models = headroom_stack::http::get(stack.state.predictor, "/v1/models").map(|r| r.1).unwrap_or_default();
-    let models: serde_json::Value = serde_json::from_str(&models).unwrap_or_default();
-    let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
-    format!(
-        "| {:>4.0} s | {phase} | {} | {} | {} | {} | {} | {} |",
-        started.elapsed().as_secs_f64(),
-        models["active"].as_str().unwrap_or("?"),
-        models["samples"]["train"],
-        pct(value("headroom_live_mape", "ttft")),
-        pct(value("headroom_live_mape", "tpot")),
-        pct(value("headroom_live_coverage", "ttft")),
-        pct(value("headroom_live_coverage", "tpot")),
-    )
-}
-
-fn accuracy(run_dir: &std::path::Path, warmup: f64, shift: f64, rate: f64, objective: &str) -> anyhow::Result<()> {
-    let _ = std::fs::remove_dir_all(run_dir.join("predictor-data"));
-    let profiles = vec!["h100".to_string(), "h100".to_string(), "a100".to_string()];
-    let opts = StackOptions {
-        run_dir: run_dir.to_path_buf(),
-        profiles,
-        objective: objective.to_string(),
-        ..Default::default()
-    };
-    let stack = Stack::start(opts)?;
-    println!("stack up: 2 simulated H100 + 1 A100, objective {objective}, {rate} req/s\n");
-    println!(
-        "| time | phase | model | train samples | live MAPE TTFT | live MAPE TPOT | coverage TTFT | coverage TPOT |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let target = gateway_target(&stack, Some(true));
-    let runtime = tokio::runtime::Runtime::new()?;
-    let started = std::time::Instant::now();
-    for (phase, work) in
-        [("mixed", workload::mixed(7, rate, warmup)), ("shifted", workload::long_prompts(8, rate / 2.0, shift))]
-    {
-        let t = target.clone();
-        let traffic = runtime.spawn(async move { runner::run(&t, &work).await });
-        while !traffic.is_finished() {
-            std::thread::sleep(Duration::from_secs(10));
-            println!("{}", accuracy_sample(&stack, started, phase));
-        }
-        let _ = runtime.block_on(traffic);
-    }
-    std::thread::sleep(Duration::from_secs(3));
-    println!("{}", accuracy_sample(&stack, started, "end"));
-    let models = headroom_stack::http::get(stack.state.predictor, "/v1/models").map(|r| r.1).unwrap_or_default();
-    let models: serde_json::Value = serde_json::from_str(&models).unwrap_or_default();
-    println!("\nmodel versions (held-out error at training time):\n");
-    println!("| version | train samples TTFT/TPOT | holdout | holdout MAPE TTFT | holdout MAPE TPOT | coverage TTFT | coverage TPOT | train ms |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let pct = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
-    for v in models["versions"].as_array().cloned().unwrap_or_default() {
-        println!(
-            "| v{} | {}/{} | {} | {} | {} | {} | {} | {} |",
-            v["version"],
-            v["train_samples_ttft"],
-            v["train_samples_tpot"],
-            v["holdout_samples"],
-            pct(&v["holdout_mape_ttft"]),
-            pct(&v["holdout_mape_tpot"]),
-            pct(&v["holdout_coverage_ttft"]),
-            pct(&v["holdout_coverage_tpot"]),
-            v["train_ms"]
-        );
-    }
-    Ok(())
 }
