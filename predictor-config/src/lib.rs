@@ -132,6 +132,19 @@ pub struct ModelConfig {
     pub model_path: Option<PathBuf>,
     /// The ONNX Runtime library (default: `ORT_DYLIB_PATH`, then the project's `.venv`).
     pub onnxruntime_library: Option<PathBuf>,
+    /// Trees learn the residual of the analytic prior (`log(actual) - log(prior)`),
+    /// which keeps the prior's shape where samples have not been yet; `false` learns
+    /// the latency from scratch (the behaviour before, kept to compare).
+    pub residual: bool,
+    /// Step of the live correction of served predictions per observed request, in log
+    /// space (`model::calibration`): holds p90 coverage at 90%, keeps mean predictions
+    /// median-unbiased. 0 turns it off.
+    pub calibration_rate: f64,
+    /// Drift: when the active model's error over the last 100 observations passes
+    /// this many times the active model's held-out error (either target), the next
+    /// training round starts at once, weights recent samples and is judged on recent
+    /// held-out ones. 0 turns drift handling off.
+    pub drift_factor: f64,
     /// How many times slower than the prior's calibration GPU (H100) each hardware
     /// class runs, e.g. `{ a100 = 1.7 }`: only the analytic prior, before a model trains.
     pub prior_hardware_scale: BTreeMap<String, f64>,
@@ -156,6 +169,9 @@ impl Default for ModelConfig {
             model_path: None,
             onnxruntime_library: None,
             prior_hardware_scale: BTreeMap::new(),
+            residual: true,
+            calibration_rate: 0.01,
+            drift_factor: 1.5,
         }
     }
 }
@@ -329,6 +345,14 @@ impl Config {
         anyhow::ensure!(
             self.model.learning_rate > 0.0 && self.model.learning_rate <= 1.0,
             "model.learning_rate must be within (0, 1]"
+        );
+        anyhow::ensure!(
+            (0.0..=0.2).contains(&self.model.calibration_rate),
+            "model.calibration_rate must be within 0..=0.2 (0: off)"
+        );
+        anyhow::ensure!(
+            self.model.drift_factor == 0.0 || (1.0..=100.0).contains(&self.model.drift_factor),
+            "model.drift_factor must be 0 (off) or within 1..=100"
         );
         let names = self.hardware_names();
         for (name, scale) in &self.model.prior_hardware_scale {

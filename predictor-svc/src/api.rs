@@ -200,6 +200,8 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
         "training": state.models.trains(),
         "samples": {"train": train, "holdout": holdout, "since_training": state.models.samples_since_training()},
         "versions": versions,
+        "calibration": state.models.calibration(),
+        "drift": state.models.drift(),
     });
     axum::Json(body).into_response()
 }

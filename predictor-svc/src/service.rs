@@ -22,7 +22,7 @@ pub fn predict(state: &AppState, req: PredictRequest, now: Instant) -> Option<Pr
     // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
     let fresh: Vec<usize> =
         (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
-    let rows: Vec<features::Row> = fresh.iter().map(|&i| features::row(&req.request, &states[i])).collect();
+    let rows: Vec<features::Row> = fresh.iter().map(|&i| state.models.row(&req.request, &states[i])).collect();
     let (predicted, model_version) = state.models.predict(&rows);
     let mut endpoints: Vec<EndpointPrediction> = addresses
         .into_iter()

@@ -157,7 +157,6 @@ async fn a_refused_dispatch_batch_applies_nothing() {
 
 #[tokio::test]
 async fn the_service_prior_uses_the_configured_hardware_scales() {
-    use headroom_predictor::model::features::row;
     use headroom_protocol::{EndpointState, RequestFeatures};
     let config = Config::parse(
         "[model]\nprior_hardware_scale = {a100 = 2.0}\n[[pool]]\nname = \"default\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nhardware = {\"127.0.0.1:1\" = \"a100\", \"127.0.0.1:2\" = \"h100\"}\n",
@@ -166,8 +165,9 @@ async fn the_service_prior_uses_the_configured_hardware_scales() {
     let (a100, h100) = (config.hardware_class("a100"), config.hardware_class("h100"));
     let s = AppState::new(config).unwrap();
     let req = RequestFeatures { input_tokens: 1000, ..Default::default() };
-    let rows: Vec<_> =
-        [a100, h100].map(|hardware_class| row(&req, &EndpointState { hardware_class, ..Default::default() })).into();
+    let rows: Vec<_> = [a100, h100]
+        .map(|hardware_class| s.models.row(&req, &EndpointState { hardware_class, ..Default::default() }))
+        .into();
     let (out, version) = s.models.predict(&rows);
     assert_eq!(version, "analytic-prior");
     assert!((out[0].1 / out[1].1 - 2.0).abs() < 1e-9, "a100 TPOT is twice the h100's: {out:?}");

@@ -62,7 +62,7 @@ fn temp_dir(name: &str) -> PathBuf {
 fn mape(store: &ModelStore) -> (f64, f64) {
     let obs: Vec<Observation> = (100_000..100_300).map(observation).collect();
     let rows: Vec<features::Row> =
-        obs.iter().map(|o| features::row(&o.request, o.state_at_dispatch.as_ref().unwrap())).collect();
+        obs.iter().map(|o| store.row(&o.request, o.state_at_dispatch.as_ref().unwrap())).collect();
     let (preds, _) = store.predict(&rows);
     let mut err = (0.0, 0.0);
     for (o, (t, p)) in obs.iter().zip(preds) {

@@ -126,8 +126,10 @@ proptest! {
             kv_usage: kv, prefix_match: prefix, running, waiting: running / 3, in_flight: running,
             tokens_in_flight: tokens, uncached_tokens_in_flight: tokens / 2, hardware_class: class, ..Default::default()
         };
-        let row = features::row(&RequestFeatures { input_tokens: input, ..Default::default() }, &state);
-        let (ttft, tpot) = AnalyticPrior::default().predict(&row);
+        let prior = AnalyticPrior::default();
+        let row = features::row(&RequestFeatures { input_tokens: input, ..Default::default() }, &state, &prior);
+        prop_assert!(row[10].is_finite() && row[11].is_finite(), "the prior columns are finite: {row:?}");
+        let (ttft, tpot) = prior.predict(&row);
         for v in [ttft, tpot] {
             // What the API answers: a usable number or nothing, never NaN or a negative.
             prop_assert!(limits::ms_or_none(Some(v)).is_none_or(|v| (0.0..=limits::MAX_MS).contains(&v)));

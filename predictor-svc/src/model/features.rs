@@ -5,11 +5,25 @@
 //! in its report (`state_at_dispatch`), and training builds the vector from it
 //! with this same function: prediction and training cannot disagree on what a
 //! feature means (no train/serve skew).
+//!
+//! The last two columns are the analytic prior's prediction for the row, in log
+//! space: the trees learn the residual `log(actual) - log(prior)` (`gbdt`), and the
+//! exported ONNX graph adds the column back, so the prior is an input column of
+//! one standard graph rather than code beside it.
 
 use headroom_protocol::{EndpointState, RequestFeatures};
 
+use super::prior::AnalyticPrior;
+
 /// Number of features.
-pub const COUNT: usize = 10;
+pub const COUNT: usize = 12;
+
+/// Column of the endpoint's hardware class.
+pub const HARDWARE_CLASS: usize = 9;
+/// Column of the prior's log TTFT.
+pub const PRIOR_LOG_TTFT: usize = 10;
+/// Column of the prior's log TPOT.
+pub const PRIOR_LOG_TPOT: usize = 11;
 
 /// Feature names, in column order (also written into exported ONNX models).
 pub const NAMES: [&str; COUNT] = [
@@ -23,6 +37,8 @@ pub const NAMES: [&str; COUNT] = [
     "in_flight",
     "tokens_in_flight",
     "hardware_class",
+    "prior_log_ttft",
+    "prior_log_tpot",
 ];
 
 /// One row of features.
@@ -41,10 +57,11 @@ pub type Row = [f32; COUNT];
 /// | in_flight | requests dispatched there and not yet reported |
 /// | tokens_in_flight | prompt + expected output tokens of those requests (KV they will read) |
 /// | hardware_class | the endpoint's class from the pool config (0: unknown), so one pool can mix GPUs |
-pub fn row(request: &RequestFeatures, state: &EndpointState) -> Row {
+/// | prior_log_ttft, prior_log_tpot | `ln` of the analytic prior's TTFT and TPOT for the columns above |
+pub fn row(request: &RequestFeatures, state: &EndpointState, prior: &AnalyticPrior) -> Row {
     let prefix = state.prefix_match.clamp(0.0, 1.0);
     let input = request.input_tokens as f32;
-    [
+    let mut row = [
         state.kv_usage as f32,
         input,
         state.waiting as f32,
@@ -55,7 +72,15 @@ pub fn row(request: &RequestFeatures, state: &EndpointState) -> Row {
         state.in_flight as f32,
         state.tokens_in_flight as f32,
         state.hardware_class as f32,
-    ]
+        0.0,
+        0.0,
+    ];
+    let (ttft, tpot) = prior.predict(&row);
+    // The prior is positive by construction; the floor keeps a broken constant from
+    // writing -inf into a row.
+    row[PRIOR_LOG_TTFT] = ttft.max(1e-3).ln() as f32;
+    row[PRIOR_LOG_TPOT] = tpot.max(1e-3).ln() as f32;
+    row
 }
 
 #[cfg(test)]
@@ -66,9 +91,13 @@ mod tests {
     fn effective_tokens_follow_prefix() {
         let req = RequestFeatures { input_tokens: 1000, ..Default::default() };
         let state = EndpointState { prefix_match: 0.25, hardware_class: 2, ..Default::default() };
-        let r = row(&req, &state);
+        let prior = AnalyticPrior::default();
+        let r = row(&req, &state, &prior);
         assert_eq!(r[6], 750.0);
         assert_eq!(r[9], 2.0);
         assert_eq!(NAMES.len(), r.len());
+        let (ttft, tpot) = prior.predict(&r);
+        assert!((f64::from(r[PRIOR_LOG_TTFT]) - ttft.ln()).abs() < 1e-5);
+        assert!((f64::from(r[PRIOR_LOG_TPOT]) - tpot.ln()).abs() < 1e-5);
     }
 }

@@ -7,6 +7,12 @@
 //! ONNX `TreeEnsembleRegressor` node in `BRANCH_LEQ` mode does. Leaves hold the
 //! mean residual (mean objective) or the residuals' quantile (quantile
 //! objective, Friedman's gradient boosting for quantiles), times the learning rate.
+//!
+//! Residual boosting ([`fit_residual`]): with an offset feature, the ensemble
+//! starts from that column (the analytic prior's log latency) as its base margin
+//! and fits `log(actual) - offset`; the prediction adds the column back. The
+//! trees then only correct a physical model, which keeps its shape (more tokens,
+//! more load, slower) where the samples have not been yet.
 
 use headroom_protocol::stats::quantile_in_place as quantile;
 use serde::{Deserialize, Serialize};
@@ -53,12 +59,16 @@ pub enum Node {
 pub struct Ensemble {
     pub base: f64,
     pub trees: Vec<Vec<Node>>,
+    /// The feature added to the sum (log space), if the ensemble learnt a residual.
+    #[serde(default)]
+    pub offset_feature: Option<usize>,
 }
 
 impl Ensemble {
     /// The prediction in log space.
     pub fn predict_log(&self, row: &[f32]) -> f64 {
-        let mut sum = self.base;
+        let offset = self.offset_feature.map_or(0.0, |f| f64::from(row.get(f).copied().unwrap_or(0.0)));
+        let mut sum = self.base + offset;
         for tree in &self.trees {
             let mut i = 0;
             loop {
@@ -85,8 +95,25 @@ impl Ensemble {
 
 /// Fits an ensemble to `rows` -> `targets` (> 0). `None` when there is nothing to fit.
 pub fn fit<const F: usize>(rows: &[[f32; F]], targets: &[f64], params: &Params) -> Option<Ensemble> {
-    let pairs: Vec<(usize, f64)> =
-        targets.iter().enumerate().filter(|(_, t)| t.is_finite() && **t > 0.0).map(|(i, t)| (i, t.ln())).collect();
+    fit_residual(rows, targets, params, None)
+}
+
+/// Fits `ln(target) - row[offset]` when `offset` names a feature (the residual of
+/// that column), else `ln(target)`. `None` when there is nothing to fit.
+pub fn fit_residual<const F: usize>(
+    rows: &[[f32; F]],
+    targets: &[f64],
+    params: &Params,
+    offset: Option<usize>,
+) -> Option<Ensemble> {
+    let offset = offset.filter(|&f| f < F);
+    let margin = |i: usize| offset.map_or(0.0, |f| f64::from(rows[i][f]));
+    let pairs: Vec<(usize, f64)> = targets
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| t.is_finite() && **t > 0.0 && margin(*i).is_finite())
+        .map(|(i, t)| (i, t.ln() - margin(i)))
+        .collect();
     if pairs.is_empty() {
         return None;
     }
@@ -125,7 +152,7 @@ pub fn fit<const F: usize>(rows: &[[f32; F]], targets: &[f64], params: &Params) 
         }
         trees.push(tree);
     }
-    Some(Ensemble { base, trees })
+    Some(Ensemble { base, trees, offset_feature: offset })
 }
 
 /// Up to [`MAX_BINS`] distinct split points at quantiles of the values.

@@ -2,9 +2,11 @@
 //! time), `prior` (the analytic formula that serves before any model), `gbdt`
 //! (training), `onnx` (export), `runtime` (ONNX Runtime inference), `sampler`
 //! (the sample reservoirs), `registry` (which model serves), `training` (one
-//! round's fit, scores and export), `persistence` (the data directory), and
-//! `store`, which composes them for the service.
+//! round's fit, scores and export), `persistence` (the data directory),
+//! `calibration` (the live correction of served predictions), and `store`,
+//! which composes them for the service.
 
+pub mod calibration;
 pub mod features;
 pub mod gbdt;
 pub mod onnx;

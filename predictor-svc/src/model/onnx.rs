@@ -1,9 +1,11 @@
 //! Writing trained ensembles as a standard ONNX model.
 //!
-//! The graph: `features` float[N, 10] -> `ai.onnx.ml.TreeEnsembleRegressor`
-//! (two targets: log TTFT, log TPOT) -> `Exp` -> `latency_ms` float[N, 2]
-//! (column 0 TTFT, column 1 TPOT, milliseconds). Any model with that
-//! signature can be loaded instead of the trained ones (`model_path`).
+//! The graph: `features` float[N, 12] -> `ai.onnx.ml.TreeEnsembleRegressor`
+//! (two targets: the log residuals of TTFT and TPOT), plus
+//! `ai.onnx.ml.LinearRegressor` picking out the prior's log columns
+//! (`features::PRIOR_LOG_*`), `Add`, `Exp` -> `latency_ms` float[N, 2] (column 0
+//! TTFT, column 1 TPOT, milliseconds). Any model with that signature can be
+//! loaded instead of the trained ones (`model_path`).
 //!
 //! Only the few ONNX messages needed are declared here, with the field numbers
 //! of `onnx-ml.proto` (ONNX 1.23).
@@ -194,11 +196,39 @@ pub fn export(ttft: &Ensemble, tpot: &Ensemble, version: i64, metadata: &[(&str,
     }
     let ensemble = NodeProto {
         input: vec![INPUT.into()],
-        output: vec!["log_latency".into()],
+        output: vec!["log_residual".into()],
         name: Some("latency_trees".into()),
         op_type: Some("TreeEnsembleRegressor".into()),
         domain: Some("ai.onnx.ml".into()),
         attribute: nodes.into_attributes([ttft.base as f32, tpot.base as f32]),
+    };
+    // The offset columns (the prior's log latency) picked out by a linear map with one
+    // coefficient of 1 per target: standard ops only, no initializers.
+    let mut coefficients = vec![0f32; 2 * features::COUNT];
+    for (target, ensemble) in [ttft, tpot].into_iter().enumerate() {
+        if let Some(f) = ensemble.offset_feature.filter(|&f| f < features::COUNT) {
+            coefficients[target * features::COUNT + f] = 1.0;
+        }
+    }
+    let offsets = NodeProto {
+        input: vec![INPUT.into()],
+        output: vec!["log_offset".into()],
+        name: Some("prior_columns".into()),
+        op_type: Some("LinearRegressor".into()),
+        domain: Some("ai.onnx.ml".into()),
+        attribute: vec![
+            attr_floats("coefficients", coefficients),
+            attr_floats("intercepts", vec![0.0, 0.0]),
+            attr_int("targets", 2),
+        ],
+    };
+    let add = NodeProto {
+        input: vec!["log_residual".into(), "log_offset".into()],
+        output: vec!["log_latency".into()],
+        name: Some("residual_plus_prior".into()),
+        op_type: Some("Add".into()),
+        domain: Some(String::new()),
+        attribute: vec![],
     };
     let exp = NodeProto {
         input: vec!["log_latency".into()],
@@ -223,9 +253,12 @@ pub fn export(ttft: &Ensemble, tpot: &Ensemble, version: i64, metadata: &[(&str,
         producer_name: Some("headroom-predictor".into()),
         producer_version: Some(env!("CARGO_PKG_VERSION").into()),
         model_version: Some(version),
-        doc_string: Some("headroom latency model: features[N,10] -> latency_ms[N,2] (ttft, tpot)".into()),
+        doc_string: Some(format!(
+            "headroom latency model: features[N,{}] -> latency_ms[N,2] (ttft, tpot) = exp(trees + prior columns)",
+            features::COUNT
+        )),
         graph: Some(GraphProto {
-            node: vec![ensemble, exp],
+            node: vec![ensemble, offsets, add, exp],
             name: Some("headroom_latency".into()),
             input: vec![tensor(INPUT, [None, Some(features::COUNT as i64)])],
             output: vec![tensor(OUTPUT, [None, Some(2)])],

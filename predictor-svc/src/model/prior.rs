@@ -50,7 +50,8 @@ impl Default for AnalyticPrior {
 }
 
 impl AnalyticPrior {
-    /// Predicted (TTFT, TPOT) in ms from a feature row (`model::features::row`).
+    /// Predicted (TTFT, TPOT) in ms from a feature row (`model::features::row`); reads
+    /// the state columns only, never the prior columns it fills.
     pub fn predict(&self, row: &Row) -> (f64, f64) {
         let f = |i: usize| f64::from(row[i]);
         let (waiting, running, uncached_in_flight, effective_input, in_flight, tokens_in_flight) =
@@ -78,15 +79,15 @@ mod tests {
     fn latency_grows_with_load_and_prompt() {
         let p = AnalyticPrior::default();
         let req = RequestFeatures { input_tokens: 2000, ..Default::default() };
-        let idle = p.predict(&row(&req, &EndpointState::default()));
+        let idle = p.predict(&row(&req, &EndpointState::default(), &p));
         let busy_state =
             EndpointState { running: 64, in_flight: 64, waiting: 4, tokens_in_flight: 131_072, ..Default::default() };
-        let busy = p.predict(&row(&req, &busy_state));
+        let busy = p.predict(&row(&req, &busy_state, &p));
         assert!(busy.0 > idle.0 && busy.1 > idle.1);
         // Calibration anchors (H100, 8B): ~6.8 ms TPOT alone, ~15.6 ms at 64 x 2k context.
         assert!((idle.1 - 6.93).abs() < 0.2, "{idle:?}");
         assert!((busy.1 - 15.5).abs() < 1.0, "{busy:?}");
-        let cached = p.predict(&row(&req, &EndpointState { prefix_match: 1.0, ..Default::default() }));
+        let cached = p.predict(&row(&req, &EndpointState { prefix_match: 1.0, ..Default::default() }, &p));
         assert!(cached.0 < idle.0);
     }
 
@@ -94,9 +95,9 @@ mod tests {
     fn a_scaled_hardware_class_is_slower_by_its_factor() {
         let p = AnalyticPrior { hardware_scale: vec![1.0, 1.7], ..AnalyticPrior::default() };
         let req = RequestFeatures { input_tokens: 2000, ..Default::default() };
-        let h100 = p.predict(&row(&req, &EndpointState::default()));
-        let a100 = p.predict(&row(&req, &EndpointState { hardware_class: 1, ..Default::default() }));
-        let unknown = p.predict(&row(&req, &EndpointState { hardware_class: 7, ..Default::default() }));
+        let h100 = p.predict(&row(&req, &EndpointState::default(), &p));
+        let a100 = p.predict(&row(&req, &EndpointState { hardware_class: 1, ..Default::default() }, &p));
+        let unknown = p.predict(&row(&req, &EndpointState { hardware_class: 7, ..Default::default() }, &p));
         assert!((a100.1 / h100.1 - 1.7).abs() < 1e-6, "TPOT {a100:?} vs {h100:?}");
         let engine = |t: (f64, f64)| t.0 - p.overhead_ms;
         assert!((engine(a100) / engine(h100) - 1.7).abs() < 1e-6, "TTFT beyond the API overhead scales");

@@ -31,6 +31,10 @@ pub struct ModelInfo {
     /// Hex SHA-256 of the ONNX file, recorded when it was written.
     #[serde(default)]
     pub sha256: Option<String>,
+    /// Trained because the served error drifted (newest samples weighted, judged on
+    /// the newest held-out ones).
+    #[serde(default)]
+    pub trained_on_drift: bool,
 }
 
 impl ModelInfo {

@@ -149,6 +149,39 @@ mod tests {
     }
 
     #[test]
+    fn a_residual_model_adds_the_prior_columns_back_in_the_graph() {
+        use super::super::gbdt::fit_residual;
+        use super::super::prior::AnalyticPrior;
+        use headroom_protocol::{EndpointState, RequestFeatures};
+        init(None).unwrap_or_else(|e| panic!("{e}"));
+        let prior = AnalyticPrior::default();
+        let rows: Vec<features::Row> = (0..1500u32)
+            .map(|i| {
+                let req = RequestFeatures { input_tokens: 50 + (i * 37) % 6000, ..Default::default() };
+                let state = EndpointState { running: i % 40, waiting: i % 7, in_flight: i % 40, ..Default::default() };
+                features::row(&req, &state, &prior)
+            })
+            .collect();
+        // Truth: the prior, 30% slower when the queue is long.
+        let truth = |r: &features::Row, k: usize| {
+            let p = prior.predict(r);
+            let v = if k == 0 { p.0 } else { p.1 };
+            v * if r[2] > 3.0 { 1.3 } else { 1.0 }
+        };
+        let (ttft, tpot): (Vec<f64>, Vec<f64>) = rows.iter().map(|r| (truth(r, 0), truth(r, 1))).unzip();
+        let params = Params::default();
+        let a = fit_residual(&rows, &ttft, &params, Some(features::PRIOR_LOG_TTFT)).unwrap();
+        let b = fit_residual(&rows, &tpot, &params, Some(features::PRIOR_LOG_TPOT)).unwrap();
+        let model = OnnxModel::load(&export(&a, &b, 1, &[])).unwrap();
+        for (row, (t, p)) in rows.iter().zip(model.predict(&rows).unwrap()) {
+            let (want_t, want_p) = (a.predict(row), b.predict(row));
+            assert!((t - want_t).abs() / want_t < 1e-4, "ttft onnx {t} trees {want_t}");
+            assert!((p - want_p).abs() / want_p < 1e-4, "tpot onnx {p} trees {want_p}");
+            assert!((t - truth(row, 0)).abs() / truth(row, 0) < 0.05, "learnt the residual: {t} vs {}", truth(row, 0));
+        }
+    }
+
+    #[test]
     fn garbage_bytes_are_refused() {
         init(None).unwrap_or_else(|e| panic!("{e}"));
         let err = OnnxModel::load(b"definitely not onnx").err().map(|e| e.to_string()).unwrap_or_default();

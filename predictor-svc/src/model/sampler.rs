@@ -8,6 +8,11 @@
 //! to a held-out reservoir of the same shape, used only to validate models. The
 //! hash is keyed with a secret drawn at start-up, so no caller can pick which of
 //! its requests land in the holdout that gates model activation.
+//!
+//! Beside the reservoirs, the newest [`RECENT_TRAIN`] / [`RECENT_HOLDOUT`] samples
+//! of each side are kept in arrival order: after a workload shift (drift) training
+//! weights them and judges candidates on them, so a finished regime is forgotten
+//! fast while the reservoirs keep rare ones otherwise.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -75,6 +80,11 @@ impl Reservoir {
     }
 }
 
+/// Newest training-side samples kept in arrival order.
+pub const RECENT_TRAIN: usize = 1000;
+/// Newest held-out samples kept in arrival order.
+pub const RECENT_HOLDOUT: usize = 250;
+
 /// The training and held-out reservoirs, and how many samples arrived since the last training.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Samples {
@@ -83,6 +93,15 @@ pub struct Samples {
     /// Held-out share, in percent of request ids.
     pub holdout_percent: u64,
     pub new_since_training: usize,
+    /// Samples filed so far (both sides): the sequence number of the next one.
+    #[serde(default)]
+    pub filed: u64,
+    /// The newest training-side samples with their sequence numbers, oldest first.
+    #[serde(default)]
+    recent_train: VecDeque<(u64, Sample)>,
+    /// The newest held-out samples with their sequence numbers, oldest first.
+    #[serde(default)]
+    recent_holdout: VecDeque<(u64, Sample)>,
     /// Key of the holdout hash; never serialised, drawn anew each start.
     #[serde(skip, default = "random_key")]
     key: u64,
@@ -101,6 +120,9 @@ impl Samples {
             holdout: Reservoir::new(bucket_cap.div_ceil(4).max(1)),
             holdout_percent,
             new_since_training: 0,
+            filed: 0,
+            recent_train: VecDeque::new(),
+            recent_holdout: VecDeque::new(),
             key: random_key(),
         }
     }
@@ -119,15 +141,32 @@ impl Samples {
         };
         restored.train.samples().filter(|s| usable(s)).for_each(|s| fresh.train.push(s.clone()));
         restored.holdout.samples().filter(|s| usable(s)).for_each(|s| fresh.holdout.push(s.clone()));
+        let newest = |q: &VecDeque<(u64, Sample)>, cap: usize| -> VecDeque<(u64, Sample)> {
+            let kept: Vec<&(u64, Sample)> = q.iter().filter(|(_, s)| usable(s)).collect();
+            kept[kept.len().saturating_sub(cap)..].iter().map(|s| (*s).clone()).collect()
+        };
+        fresh.filed = restored.filed;
+        fresh.recent_train = newest(&restored.recent_train, RECENT_TRAIN);
+        fresh.recent_holdout = newest(&restored.recent_holdout, RECENT_HOLDOUT);
         fresh.new_since_training = restored.new_since_training.min(fresh.train.len());
         fresh
     }
 
     /// Files `sample` by its request id: the same id always lands on the same side.
     pub fn push(&mut self, request_id: &str, sample: Sample) {
+        let seq = self.filed;
+        self.filed += 1;
+        let keep = |q: &mut VecDeque<(u64, Sample)>, cap: usize, s: &Sample| {
+            if q.len() == cap {
+                q.pop_front();
+            }
+            q.push_back((seq, s.clone()));
+        };
         if self.side(request_id) < self.holdout_percent {
+            keep(&mut self.recent_holdout, RECENT_HOLDOUT, &sample);
             self.holdout.push(sample);
         } else {
+            keep(&mut self.recent_train, RECENT_TRAIN, &sample);
             self.train.push(sample);
             self.new_since_training += 1;
         }
@@ -137,6 +176,23 @@ impl Samples {
     /// reservoirs; those that arrived while it fitted still count as new.
     pub fn trained_on(&mut self, taken: usize) {
         self.new_since_training = self.new_since_training.saturating_sub(taken);
+    }
+
+    /// The samples filed from sequence number `from` on that are still among the
+    /// newest kept: (training side, held-out side).
+    pub fn since(&self, from: u64) -> (Vec<Sample>, Vec<Sample>) {
+        let newer =
+            |q: &VecDeque<(u64, Sample)>| q.iter().filter(|(n, _)| *n >= from).map(|(_, s)| s.clone()).collect();
+        (newer(&self.recent_train), newer(&self.recent_holdout))
+    }
+
+    /// Forgets the reservoirs for these samples (a finished regime): both sides refilled
+    /// from them under the current caps.
+    pub fn refill(&mut self, train: Vec<Sample>, holdout: Vec<Sample>) {
+        self.train = Reservoir::new(self.train.cap);
+        self.holdout = Reservoir::new(self.holdout.cap);
+        train.into_iter().for_each(|s| self.train.push(s));
+        holdout.into_iter().for_each(|s| self.holdout.push(s));
     }
 
     /// 0..100: below `holdout_percent` is the holdout. Keyed SipHash of the id.

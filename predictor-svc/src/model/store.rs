@@ -8,13 +8,21 @@
 //! model replaces the active one only if its held-out error is not worse than
 //! the active one's by more than `keep_margin`. Samples are persisted after every
 //! round and at shutdown, so a crash loses at most one round's samples.
+//!
+//! Between rounds, served predictions are corrected from what reports show
+//! (`calibration`), and the served error is watched for drift: past
+//! `drift_factor` times the active model's held-out error, the next round starts
+//! at once, weights the newest samples and is judged on the newest held-out ones.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use headroom_protocol::{limits, Observation, RouteSource};
+use headroom_protocol::{limits, EndpointState, Observation, RequestFeatures, RouteSource};
 use prometheus_client::metrics::counter::Counter;
+use serde::Serialize;
 
+use super::calibration::{Calibration, CalibrationView};
 use super::features::{self, Row};
 use super::gbdt::Objective;
 use super::persistence::{self, sha256_hex, DataDir};
@@ -29,11 +37,57 @@ pub use super::prior::ANALYTIC_PRIOR as PRIOR;
 pub use super::registry::ModelInfo;
 pub use super::training::TrainOutcome;
 
+/// Observations the drift check looks at.
+pub const DRIFT_WINDOW: usize = 100;
+/// Observations of a target needed before it can be judged drifting.
+const DRIFT_MIN: usize = 50;
+
+/// Absolute percentage errors of the active model's own predictions on the newest
+/// observations, per target.
+#[derive(Debug, Default)]
+struct LiveErrors {
+    recent: [VecDeque<f64>; 2],
+}
+
+impl LiveErrors {
+    fn push(&mut self, k: usize, ape: f64) {
+        let q = &mut self.recent[k];
+        if q.len() == DRIFT_WINDOW {
+            q.pop_front();
+        }
+        q.push_back(ape);
+    }
+
+    fn mape(&self) -> [Option<f64>; 2] {
+        [0, 1].map(|k| {
+            let q = &self.recent[k];
+            (q.len() >= DRIFT_MIN).then(|| q.iter().sum::<f64>() / q.len() as f64)
+        })
+    }
+}
+
+/// Whether the served error has drifted from the active model's held-out error.
+#[derive(Debug, Clone, Serialize)]
+pub struct DriftView {
+    pub drifting: bool,
+    pub factor: f64,
+    /// The active model's error over the last [`DRIFT_WINDOW`] observations (TTFT, TPOT).
+    pub live_mape_ttft: Option<f64>,
+    pub live_mape_tpot: Option<f64>,
+}
+
 pub struct ModelStore {
     config: ModelConfig,
     prior: AnalyticPrior,
     registry: Registry,
     samples: Mutex<Samples>,
+    /// The live correction of served predictions.
+    calibration: Mutex<Calibration>,
+    /// The active model's live error, for drift.
+    live: Mutex<LiveErrors>,
+    /// Sequence number of the first sample filed after the active model's data was
+    /// taken (`Samples::filed`): on drift, what came since is the new regime.
+    active_from: AtomicU64,
     training: AtomicBool,
     /// `None`: nothing persists (no `data_dir`).
     data: Option<DataDir>,
@@ -46,8 +100,15 @@ impl ModelStore {
     pub fn open(config: ModelConfig) -> anyhow::Result<ModelStore> {
         super::runtime::init(config.onnxruntime_library.as_deref())?;
         let persist_failures = Counter::default();
+        let tracked = match config.objective() {
+            Objective::Quantile { q } => q,
+            Objective::Mean => 0.5,
+        };
         let store = ModelStore {
             samples: Mutex::new(Samples::new(config.bucket_cap, config.holdout_percent)),
+            calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate)),
+            live: Mutex::new(LiveErrors::default()),
+            active_from: AtomicU64::new(0),
             prior: AnalyticPrior::default(),
             registry: Registry::new(config.keep_versions),
             training: AtomicBool::new(false),
@@ -72,6 +133,7 @@ impl ModelStore {
                 holdout_coverage_tpot: None,
                 train_ms: 0,
                 sha256: Some(sha256_hex(&bytes)),
+                trained_on_drift: false,
             };
             tracing::info!(path = %path.display(), "using the user-supplied model; online training is off");
             store.registry.install(onnx, info, bytes);
@@ -111,8 +173,23 @@ impl ModelStore {
         }
     }
 
-    /// (TTFT, TPOT) in ms for every row, in one batch, and the name of the model that made them.
+    /// The feature row of `request` on an endpoint in `state`, with this store's prior
+    /// in its prior columns: the one way rows are built, at predict and at train time.
+    pub fn row(&self, request: &RequestFeatures, state: &EndpointState) -> Row {
+        features::row(request, state, &self.prior)
+    }
+
+    /// (TTFT, TPOT) in ms for every row, in one batch, corrected by the live
+    /// calibration, and the name of the model that made them.
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
+        let (raw, name) = self.predict_raw(rows);
+        let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
+        let served = rows.iter().zip(raw).map(|(r, p)| calibration.apply(r[features::HARDWARE_CLASS], p)).collect();
+        (served, name)
+    }
+
+    /// The model's own predictions (the prior's when no model serves or it fails).
+    fn predict_raw(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
         if let Some(ActiveModel { onnx, info }) = &*self.registry.active() {
             match onnx.predict(rows) {
                 Ok(out) if out.iter().all(|&(a, b)| limits::is_ms(a) && limits::is_ms(b)) => return (out, info.name()),
@@ -140,7 +217,23 @@ impl ModelStore {
         if ttft.is_none() && tpot.is_none() {
             return false;
         }
-        let sample = Sample { row: features::row(&o.request, state), ttft_ms: ttft, tpot_ms: tpot };
+        let row = self.row(&o.request, state);
+        // Calibration moves on what was served; drift is judged on what the model itself
+        // says now (a bias the correction hides is still a model gone stale).
+        let served = [o.predicted_ttft_ms, o.predicted_tpot_ms].map(ok);
+        self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(state.hardware_class, served, [ttft, tpot]);
+        if self.config.drift_factor > 0.0 && self.registry.active().is_some() {
+            let (raw, _) = self.predict_raw(&[row]);
+            if let Some(&(raw_ttft, raw_tpot)) = raw.first() {
+                let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                for (k, (p, a)) in [(raw_ttft, ttft), (raw_tpot, tpot)].into_iter().enumerate() {
+                    if let Some(a) = a {
+                        live.push(k, (p - a).abs() / a);
+                    }
+                }
+            }
+        }
+        let sample = Sample { row, ttft_ms: ttft, tpot_ms: tpot };
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).push(&o.request_id, sample);
         true
     }
@@ -161,12 +254,25 @@ impl ModelStore {
     }
 
     fn train(&self) -> TrainOutcome {
-        let (train, holdout, taken): (Vec<Sample>, Vec<Sample>, usize) = {
+        let drifting = self.drift().drifting;
+        let (train, holdout, taken, filed): (Vec<Sample>, Vec<Sample>, usize, u64) = {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-            if s.new_since_training < self.config.min_new_samples {
-                return TrainOutcome::Skipped;
+            if drifting {
+                // Forget the finished regime: train on what arrived since the active
+                // model's data was taken, judge on the held-out samples of that stretch.
+                let (train, holdout) = s.since(self.active_from.load(Ordering::SeqCst));
+                (train, holdout, s.new_since_training, s.filed)
+            } else {
+                if s.new_since_training < self.config.min_new_samples {
+                    return TrainOutcome::Skipped;
+                }
+                (
+                    s.train.samples().cloned().collect(),
+                    s.holdout.samples().cloned().collect(),
+                    s.new_since_training,
+                    s.filed,
+                )
             }
-            (s.train.samples().cloned().collect(), s.holdout.samples().cloned().collect(), s.new_since_training)
         };
         let Some(fitted) = training::fit(&train, &self.config) else {
             return TrainOutcome::Skipped;
@@ -187,6 +293,10 @@ impl ModelStore {
         }
         let (info, bytes) =
             training::export(&fitted, self.registry.next_version(), objective, &candidate, holdout.len());
+        let info = ModelInfo { trained_on_drift: drifting, ..info };
+        if drifting {
+            tracing::info!(train = train.len(), holdout = holdout.len(), "model drifted; trained on the samples since");
+        }
         let outcome = match OnnxModel::load(&bytes) {
             Ok(model) => {
                 tracing::info!(version = %info.name(), mape_ttft = ?info.holdout_mape_ttft, mape_tpot = ?info.holdout_mape_tpot, train_ms = info.train_ms, "activated model");
@@ -194,6 +304,13 @@ impl ModelStore {
                     data.write_model(&info, &bytes);
                 }
                 self.registry.install(model, info.clone(), bytes);
+                self.active_from.store(filed, Ordering::SeqCst);
+                if drifting {
+                    self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout);
+                }
+                // The correction and the drift window belonged to the model just replaced.
+                self.calibration.lock().unwrap_or_else(|p| p.into_inner()).reset();
+                *self.live.lock().unwrap_or_else(|p| p.into_inner()) = LiveErrors::default();
                 TrainOutcome::Activated(info)
             }
             Err(e) => {
@@ -205,16 +322,31 @@ impl ModelStore {
         outcome
     }
 
-    /// The serving model's scores on `holdout` (the prior's when no model is active).
+    /// The active model's live error against its held-out error. Never drifting
+    /// while the prior serves (the first model comes from `min_samples` anyway), or
+    /// with `drift_factor = 0`.
+    pub fn drift(&self) -> DriftView {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).mape();
+        let factor = self.config.drift_factor;
+        let holdout = match &*self.registry.active() {
+            Some(m) if self.trains() => [m.info.holdout_mape_ttft, m.info.holdout_mape_tpot],
+            _ => [None, None],
+        };
+        let drifting = factor > 0.0
+            && (0..2).any(|k| matches!((live[k], holdout[k]), (Some(l), Some(h)) if l > factor * h.max(0.01)));
+        DriftView { drifting, factor, live_mape_ttft: live[0], live_mape_tpot: live[1] }
+    }
+
+    /// The live correction applied to served predictions.
+    pub fn calibration(&self) -> CalibrationView {
+        self.calibration.lock().unwrap_or_else(|p| p.into_inner()).view()
+    }
+
+    /// The serving model's own scores on `holdout` (the prior's when no model is active).
     fn score_active(&self, holdout: &[Sample], objective: Objective) -> Scores {
-        match &*self.registry.active() {
-            None => training::score(holdout, objective, |r| self.prior.predict(r)),
-            Some(ActiveModel { onnx, .. }) => {
-                let rows: Vec<Row> = holdout.iter().map(|s| s.row).collect();
-                let mut predicted = onnx.predict(&rows).unwrap_or_default().into_iter();
-                training::score(holdout, objective, |_| predicted.next().unwrap_or((f64::NAN, f64::NAN)))
-            }
-        }
+        let rows: Vec<Row> = holdout.iter().map(|s| s.row).collect();
+        let mut predicted = self.predict_raw(&rows).0.into_iter();
+        training::score(holdout, objective, |_| predicted.next().unwrap_or((f64::NAN, f64::NAN)))
     }
 
     /// Writes the sample reservoirs to the data directory (if one is set).

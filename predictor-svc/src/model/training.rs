@@ -4,7 +4,7 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use super::features::Row;
+use super::features::{self, Row};
 use super::gbdt::{self, Ensemble, Objective, Params};
 use super::onnx;
 use super::persistence::sha256_hex;
@@ -43,7 +43,10 @@ impl Fitted {
 }
 
 /// Fits both targets on `train`; `None` when either has fewer than `min_samples`.
+/// With `model.residual` (the default) the trees learn the residual of the prior's
+/// columns (`gbdt::fit_residual`), else the latency from scratch.
 pub fn fit(train: &[Sample], config: &ModelConfig) -> Option<Fitted> {
+    let residual = config.residual;
     let column = |f: fn(&Sample) -> Option<f64>| -> (Vec<Row>, Vec<f64>) {
         train.iter().filter_map(|s| f(s).map(|y| (s.row, y))).unzip()
     };
@@ -61,8 +64,8 @@ pub fn fit(train: &[Sample], config: &ModelConfig) -> Option<Fitted> {
         ..Params::default()
     };
     Some(Fitted {
-        ttft: gbdt::fit(&ttft_rows, &ttft_y, &params)?,
-        tpot: gbdt::fit(&tpot_rows, &tpot_y, &params)?,
+        ttft: gbdt::fit_residual(&ttft_rows, &ttft_y, &params, residual.then_some(features::PRIOR_LOG_TTFT))?,
+        tpot: gbdt::fit_residual(&tpot_rows, &tpot_y, &params, residual.then_some(features::PRIOR_LOG_TPOT))?,
         train_samples_ttft: ttft_rows.len(),
         train_samples_tpot: tpot_rows.len(),
         train_ms: started.elapsed().as_millis() as u64,
@@ -136,6 +139,7 @@ pub fn export(
         holdout_coverage_tpot: scores.coverage_tpot,
         train_ms: fitted.train_ms,
         sha256: None,
+        trained_on_drift: false,
     };
     let meta = [
         ("version", info.name()),

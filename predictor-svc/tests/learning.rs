@@ -1,0 +1,166 @@
+//! What makes predictions hold after the workload moves: residual learning from
+//! the prior, drift handling, and the live calibration. Each test fails when its
+//! mechanism is switched off (each also runs with it off, to show that).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use headroom_predictor::config::ModelConfig;
+use headroom_predictor::model::prior::AnalyticPrior;
+use headroom_predictor::model::store::{ModelStore, TrainOutcome};
+use headroom_protocol::{EndpointState, Observation, RequestFeatures, RouteSource, Slo};
+
+/// A world shaped like the prior, but its GPU `slowdown` times slower.
+fn world(slowdown: f64, input: u32, state: &EndpointState) -> (f64, f64) {
+    let prior = AnalyticPrior::default();
+    let row = headroom_predictor::model::features::row(
+        &RequestFeatures { input_tokens: input, ..Default::default() },
+        state,
+        &prior,
+    );
+    let (ttft, tpot) = prior.predict(&row);
+    (ttft * slowdown, tpot * slowdown)
+}
+
+/// Request `i` of a regime: prompts in `inputs`, queues up to `max_waiting`.
+fn request(i: u64, inputs: (u32, u32), max_waiting: u32) -> (u32, EndpointState) {
+    let input = inputs.0 + (i * 7919 % u64::from(inputs.1 - inputs.0)) as u32;
+    let running = (i * 31 % 40) as u32;
+    let state = EndpointState {
+        running,
+        waiting: (i * 17 % u64::from(max_waiting + 1)) as u32,
+        kv_usage: (i * 13 % 60) as f64 / 100.0,
+        in_flight: running,
+        tokens_in_flight: u64::from(running) * 1500,
+        ..Default::default()
+    };
+    (input, state)
+}
+
+fn observation(i: u64, input: u32, state: EndpointState, truth: (f64, f64), served: (f64, f64)) -> Observation {
+    Observation {
+        pool: "p".into(),
+        request_id: format!("req-{i}"),
+        endpoint: "127.0.0.1:1".into(),
+        request: RequestFeatures { input_tokens: input, streaming: true, slo: Slo::default(), ..Default::default() },
+        state_at_dispatch: Some(state),
+        predicted_ttft_ms: Some(served.0),
+        predicted_tpot_ms: Some(served.1),
+        source: RouteSource::PredictedPositive,
+        ttft_ms: Some(truth.0),
+        tpot_ms: Some(truth.1),
+        e2e_ms: truth.0 + 100.0 * truth.1,
+        output_tokens: Some(100),
+        cached_tokens: None,
+        status: 200,
+    }
+}
+
+/// Feeds `n` requests of a regime (with what the store serves for each), from id `from`.
+fn feed(store: &ModelStore, from: u64, n: u64, slowdown: f64, inputs: (u32, u32), max_waiting: u32) {
+    for i in from..from + n {
+        let (input, state) = request(i, inputs, max_waiting);
+        let truth = world(slowdown, input, &state);
+        let req = RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
+        let served = store.predict(&[store.row(&req, &state)]).0[0];
+        store.observe(&observation(i, input, state, truth, served));
+    }
+}
+
+/// The model's own TTFT MAPE on requests of a regime (calibration aside: raw rows).
+fn mape(store: &ModelStore, slowdown: f64, inputs: (u32, u32), max_waiting: u32) -> f64 {
+    let cases: Vec<_> = (900_000..900_300).map(|i| request(i, inputs, max_waiting)).collect();
+    let rows: Vec<_> = cases
+        .iter()
+        .map(|(input, state)| store.row(&RequestFeatures { input_tokens: *input, ..Default::default() }, state))
+        .collect();
+    let (preds, _) = store.predict(&rows);
+    cases
+        .iter()
+        .zip(preds)
+        .map(|((input, state), p)| (p.0 - world(slowdown, *input, state).0).abs() / world(slowdown, *input, state).0)
+        .sum::<f64>()
+        / cases.len() as f64
+}
+
+fn config(residual: bool, drift_factor: f64) -> ModelConfig {
+    ModelConfig {
+        min_samples: 100,
+        min_new_samples: 400,
+        residual,
+        drift_factor,
+        calibration_rate: 0.0,
+        ..ModelConfig::default()
+    }
+}
+
+#[test]
+fn residual_learning_extrapolates_where_no_sample_has_been() {
+    let error = |residual: bool| {
+        let store = ModelStore::open(config(residual, 0.0)).unwrap();
+        // Trained on short prompts and short queues only...
+        feed(&store, 0, 2000, 1.3, (50, 1500), 1);
+        assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+        // ...asked about long prompts behind long queues.
+        mape(&store, 1.3, (4000, 12000), 8)
+    };
+    let (residual, scratch) = (error(true), error(false));
+    assert!(residual < 0.05, "the residual model keeps the prior's shape: {residual:.3}");
+    assert!(scratch > 0.25, "from scratch, trees flatten outside their samples: {scratch:.3}");
+}
+
+#[test]
+fn drift_retrains_at_once_on_the_newest_samples() {
+    let shift = |drift_factor: f64| {
+        let store = ModelStore::open(config(true, drift_factor)).unwrap();
+        // (The world is never exactly the prior, or no model would beat it.)
+        feed(&store, 0, 2000, 1.2, (50, 3000), 2);
+        assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+        // The fleet turns twice as slow; 150 requests later (fewer than min_new_samples)...
+        feed(&store, 10_000, 150, 2.4, (50, 3000), 2);
+        let drifting = store.drift().drifting;
+        (drifting, store.train_if_due(), mape(&store, 2.4, (50, 3000), 2))
+    };
+    let (drifting, outcome, error) = shift(1.5);
+    assert!(drifting, "the live error is far past the held-out error");
+    assert!(
+        matches!(&outcome, TrainOutcome::Activated(info) if info.trained_on_drift),
+        "retrained at once: {outcome:?}"
+    );
+    assert!(error < 0.15, "the new model knows the new fleet: {error:.3}");
+    let (drifting, outcome, error) = shift(0.0);
+    assert!(!drifting && outcome == TrainOutcome::Skipped, "off: waits for min_new_samples");
+    assert!(error > 0.4, "and serves the old fleet's numbers meanwhile: {error:.3}");
+}
+
+#[test]
+fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
+    let coverage = |rate: f64| {
+        let store = ModelStore::open(ModelConfig {
+            objective: "p90".into(),
+            calibration_rate: rate,
+            drift_factor: 0.0,
+            ..config(true, 0.0)
+        })
+        .unwrap();
+        feed(&store, 0, 2000, 1.2, (50, 3000), 2);
+        assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+        // 30% slower, and noisy: +-20% around it.
+        let mut covered = 0;
+        for i in 20_000..22_000u64 {
+            let (input, state) = request(i, (50, 3000), 2);
+            let noise = 1.0 + 0.4 * ((i * 2654435761 % 1000) as f64 / 1000.0 - 0.5);
+            let truth = world(1.2 * 1.3 * noise, input, &state);
+            let req = RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
+            let served = store.predict(&[store.row(&req, &state)]).0[0];
+            if i >= 21_000 && truth.0 <= served.0 {
+                covered += 1;
+            }
+            store.observe(&observation(i, input, state, truth, served));
+        }
+        f64::from(covered) / 1000.0
+    };
+    let (on, off) = (coverage(0.01), coverage(0.0));
+    assert!((0.85..=0.95).contains(&on), "coverage held near 90%: {on:.3}");
+    assert!(off < 0.5, "without it, a slower fleet overruns the p90: {off:.3}");
+}
