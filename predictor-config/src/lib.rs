@@ -128,7 +128,7 @@ pub struct ModelConfig {
     pub learning_rate: f64,
     /// Model versions kept for `GET /v1/models`.
     pub keep_versions: usize,
-    /// Use this ONNX model (features[N,10] -> latency_ms[N,2]) instead of training online.
+    /// Use this ONNX model (features[N,14] -> latency_ms[N,2]) instead of training online.
     pub model_path: Option<PathBuf>,
     /// The ONNX Runtime library (default: `ORT_DYLIB_PATH`, then the project's `.venv`).
     pub onnxruntime_library: Option<PathBuf>,

@@ -26,10 +26,19 @@ struct InFlight {
     uncached_tokens: u64,
     expected_output: u32,
     tpot_slo_ms: Option<f64>,
-    /// After this instant the request is assumed to be past prefill.
+    /// Predicted end of prefill (dispatch + predicted TTFT).
     prefill_done_by: Option<Instant>,
+    /// Its first token passed the gateway: past prefill, observed.
+    past_prefill: bool,
     dispatched_at: Instant,
 }
+
+/// How long after its predicted TTFT a request's prompt still counts as prefill work
+/// when the gateway reports first tokens: long enough for a late first token, short
+/// enough that a lost event does not count a prompt for long.
+const FIRST_TOKEN_GRACE: Duration = Duration::from_secs(2);
+/// A pool whose gateway reported a first token this recently is taken to report them all.
+const FIRST_TOKENS_RECENT: Duration = Duration::from_secs(60);
 
 /// One model server.
 #[derive(Debug)]
@@ -41,6 +50,33 @@ pub struct Endpoint {
     /// Hardware class id (0: unknown), a model feature.
     pub hardware_class: u32,
     prefix: PrefixCache,
+    /// Moving average of the TPOT reports observed there.
+    recent_tpot_ms: Option<f64>,
+    /// Uncached prompt tokens dispatched there per second, decaying with [`PREFILL_RATE_TAU`],
+    /// as of `prefill_rate_at`.
+    prefill_rate: f64,
+    prefill_rate_at: Option<Instant>,
+}
+
+/// Weight of the newest TPOT report in an endpoint's moving average.
+const RECENT_TPOT_WEIGHT: f64 = 0.2;
+/// Time constant of an endpoint's recent prefill rate.
+const PREFILL_RATE_TAU: Duration = Duration::from_secs(5);
+
+impl Endpoint {
+    /// The recent prefill rate decayed to `now`.
+    fn prefill_rate(&self, now: Instant) -> f64 {
+        self.prefill_rate_at.map_or(0.0, |t| {
+            let dt = now.saturating_duration_since(t).as_secs_f64();
+            self.prefill_rate * (-dt / PREFILL_RATE_TAU.as_secs_f64()).exp()
+        })
+    }
+
+    /// Adds `tokens` of prefill dispatched at `now` to the rate.
+    fn add_prefill(&mut self, tokens: u64, now: Instant) {
+        self.prefill_rate = self.prefill_rate(now) + tokens as f64 / PREFILL_RATE_TAU.as_secs_f64();
+        self.prefill_rate_at = Some(now);
+    }
 }
 
 /// Output tokens assumed for a request that gave no `max_tokens`.
@@ -61,6 +97,9 @@ pub struct Pool {
     max_in_flight: usize,
     /// Requests reported recently; a late dispatch for one of them is ignored.
     finished: RecentIds,
+    /// When the last first-token event arrived: while recent, prefill ends when
+    /// observed (or a grace period after the prediction), not at the prediction.
+    last_first_token: Option<Instant>,
 }
 
 /// Request ids seen finishing, oldest first: bounded in count and forgotten after
@@ -150,6 +189,7 @@ impl Pool {
             in_flight: HashMap::new(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
+            last_first_token: None,
         };
         pool.rebuild();
         pool
@@ -191,6 +231,9 @@ impl Pool {
                         scrape_errors: 0,
                         hardware_class: class,
                         prefix: PrefixCache::new(self.prefix_blocks),
+                        recent_tpot_ms: None,
+                        prefill_rate: 0.0,
+                        prefill_rate_at: None,
                     }
                 }
             };
@@ -232,12 +275,14 @@ impl Pool {
         let prefix = self.endpoints[i].prefix.match_fraction(&d.request.prefix_hashes);
         self.endpoints[i].prefix.insert(&d.request.prefix_hashes);
         let r = &d.request;
+        let uncached_tokens = (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64;
+        self.endpoints[i].add_prefill(uncached_tokens, now);
         self.in_flight.insert(
             d.request_id.clone(),
             InFlight {
                 endpoint: i,
                 input_tokens: r.input_tokens,
-                uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
+                uncached_tokens,
                 expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
                 tpot_slo_ms: r.slo.tpot_ms.filter(|_| r.streaming),
                 // Checked: a prediction too large for an Instant means "not known", never a panic.
@@ -245,10 +290,43 @@ impl Pool {
                     .predicted_ttft_ms
                     .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
                     .and_then(|d| now.checked_add(d)),
+                past_prefill: false,
                 dispatched_at: now,
             },
         );
         Applied::Accepted
+    }
+
+    /// A TPOT observed at `endpoint` (a report of a request dispatched there).
+    pub fn observed_tpot(&mut self, endpoint: &str, tpot_ms: f64) {
+        let Some(e) = self.index_of(endpoint).and_then(|i| self.endpoints.get_mut(i)) else { return };
+        if tpot_ms.is_finite() && tpot_ms > 0.0 {
+            let w = RECENT_TPOT_WEIGHT;
+            e.recent_tpot_ms = Some(e.recent_tpot_ms.map_or(tpot_ms, |avg| (1.0 - w) * avg + w * tpot_ms));
+        }
+    }
+
+    /// A tracked request's first token passed the gateway at `endpoint`: it is past
+    /// prefill. Returns whether it applied (tracked here, at that endpoint).
+    pub fn first_token(&mut self, request_id: &str, endpoint: &str, now: Instant) -> bool {
+        let Some(i) = self.index_of(endpoint) else { return false };
+        let Some(f) = self.in_flight.get_mut(request_id).filter(|f| f.endpoint == i) else { return false };
+        f.past_prefill = true;
+        self.last_first_token = Some(now);
+        true
+    }
+
+    /// Whether `f`'s prompt still counts as prefill work at `now`: until its first token
+    /// is observed (with first-token events; a grace period after the predicted TTFT
+    /// covers a lost one), else until its predicted TTFT.
+    fn in_prefill(&self, f: &InFlight, now: Instant) -> bool {
+        let events = self.last_first_token.is_some_and(|t| now.saturating_duration_since(t) < FIRST_TOKENS_RECENT);
+        match (events, f.prefill_done_by) {
+            (true, _) if f.past_prefill => false,
+            (true, Some(t)) => now < t.checked_add(FIRST_TOKEN_GRACE).unwrap_or(t),
+            (false, Some(t)) => now < t,
+            (_, None) => !f.past_prefill,
+        }
     }
 
     /// Ends tracking of a reported request (known or not). Returns the address it was
@@ -292,6 +370,8 @@ impl Pool {
                     prefix_match: e.prefix.match_fraction(&request.prefix_hashes),
                     metrics_age_ms: e.scraped_at.map(|t| now.saturating_duration_since(t).as_millis() as u64),
                     hardware_class: e.hardware_class,
+                    recent_tpot_ms: e.recent_tpot_ms,
+                    prefill_tokens_per_s: e.prefill_rate(now),
                     ..Default::default()
                 }
             })
@@ -301,7 +381,7 @@ impl Pool {
             s.in_flight = s.in_flight.saturating_add(1);
             s.tokens_in_flight =
                 s.tokens_in_flight.saturating_add(u64::from(f.input_tokens) + u64::from(f.expected_output));
-            if f.prefill_done_by.is_none_or(|t| now < t) {
+            if self.in_prefill(f, now) {
                 s.uncached_tokens_in_flight = s.uncached_tokens_in_flight.saturating_add(f.uncached_tokens);
             }
             if let Some(slo) = f.tpot_slo_ms {
@@ -462,6 +542,38 @@ mod tests {
         // A second request with the same prefix is mostly cached.
         p.dispatch(&dispatch("r2", "a:1", 100, None), later);
         assert_eq!(p.states_for(&req, later)[0].uncached_tokens_in_flight, 0);
+    }
+
+    #[test]
+    fn a_first_token_ends_prefill_when_observed_not_when_predicted() {
+        let mut p = pool();
+        let now = Instant::now();
+        p.dispatch(&own("slow", 100, 50.0), now);
+        p.dispatch(&own("fast", 300, 100.0), now);
+        let uncached =
+            |p: &Pool, at: Instant| p.states_for(&RequestFeatures::default(), at)[0].uncached_tokens_in_flight;
+        // An event for another endpoint, or an unknown request, changes nothing.
+        assert!(!p.first_token("fast", "b:1", now) && !p.first_token("nope", "a:1", now));
+        assert!(p.first_token("fast", "a:1", now + Duration::from_millis(5)));
+        let at = now + Duration::from_millis(10);
+        assert_eq!(uncached(&p, at), 100, "fast is past prefill, slow still in it");
+        // With first tokens reported, a prompt whose predicted TTFT passed still counts
+        // until its own first token (within the grace period)...
+        let late = now + Duration::from_millis(500);
+        assert_eq!(uncached(&p, late), 100);
+        assert!(p.first_token("slow", "a:1", late));
+        assert_eq!(uncached(&p, late), 0);
+        // ...and a lost event is forgotten after the grace period.
+        p.dispatch(&own("lost", 100, 50.0), late);
+        assert_eq!(uncached(&p, late + FIRST_TOKEN_GRACE + Duration::from_millis(100)), 0);
+    }
+
+    /// A dispatch to `a:1` with a prefix of its own (nothing cached from the others).
+    fn own(id: &str, tokens: u32, predicted_ms: f64) -> Dispatch {
+        let mut d = dispatch(id, "a:1", tokens, None);
+        d.request.prefix_hashes = vec![id.len() as u64 * 1000 + u64::from(id.as_bytes()[0])];
+        d.predicted_ttft_ms = Some(predicted_ms);
+        d
     }
 
     #[test]

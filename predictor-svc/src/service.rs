@@ -64,6 +64,12 @@ pub fn dispatch(state: &AppState, batch: &DispatchBatch, now: Instant) -> BatchA
 /// dispatched, to the endpoint that served them (the batch is already checked).
 pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
+    // First tokens first: one for a request whose observation is in the same batch
+    // would find it no longer tracked.
+    for f in &batch.first_tokens {
+        let applied = state.pools.with(&f.pool, |p| p.first_token(&f.request_id, &f.endpoint, now));
+        state.metrics.report(if applied == Some(true) { "first_token" } else { "first_token_unknown" }, 1);
+    }
     for mut o in batch.observations {
         // Prefix hashes serve placement only; dropping them keeps the log small.
         o.request.prefix_hashes = Vec::new();
@@ -77,6 +83,9 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
         // A report for a request never dispatched here teaches nothing: with the token,
         // only the gateway posts reports, and even it cannot invent training samples.
         if tracked.as_deref() == Some(o.endpoint.as_str()) {
+            if let Some(tpot) = o.tpot_ms.filter(|_| o.status == 200 && o.request.streaming) {
+                state.pools.with(&o.pool, |p| p.observed_tpot(&o.endpoint, tpot));
+            }
             state.metrics.observed(&o);
             if state.models.observe(&o) {
                 state.metrics.report("sampled", 1);

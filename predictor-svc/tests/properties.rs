@@ -128,7 +128,7 @@ proptest! {
         };
         let prior = AnalyticPrior::default();
         let row = features::row(&RequestFeatures { input_tokens: input, ..Default::default() }, &state, &prior);
-        prop_assert!(row[10].is_finite() && row[11].is_finite(), "the prior columns are finite: {row:?}");
+        prop_assert!(row[features::PRIOR_LOG_TTFT].is_finite() && row[features::PRIOR_LOG_TPOT].is_finite(), "the prior columns are finite: {row:?}");
         let (ttft, tpot) = prior.predict(&row);
         for v in [ttft, tpot] {
             // What the API answers: a usable number or nothing, never NaN or a negative.

@@ -10,7 +10,7 @@
 //! lists them with the reasons for each number.
 
 use crate::messages::{
-    Dispatch, DispatchBatch, EndpointPrediction, EndpointState, Observation, PredictRequest, ReportBatch,
+    Dispatch, DispatchBatch, EndpointPrediction, EndpointState, FirstToken, Observation, PredictRequest, ReportBatch,
     RequestFeatures, Slo,
 };
 
@@ -145,7 +145,17 @@ impl EndpointState {
     pub fn check(&self, at: &str) -> Result<(), Invalid> {
         unit(at, "kv_usage", self.kv_usage)?;
         unit(at, "prefix_match", self.prefix_match)?;
-        slo_ms(at, "tightest_tpot_slo_ms", self.tightest_tpot_slo_ms)
+        slo_ms(at, "tightest_tpot_slo_ms", self.tightest_tpot_slo_ms)?;
+        opt_ms(at, "recent_tpot_ms", self.recent_tpot_ms)?;
+        let rate = self.prefill_tokens_per_s;
+        if !(rate.is_finite() && (0.0..=MAX_TOKENS as f64 * 1000.0).contains(&rate)) {
+            return Err(invalid(
+                at,
+                "prefill_tokens_per_s",
+                format!("must be within 0..={}, got {rate}", MAX_TOKENS as f64 * 1000.0),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -192,6 +202,15 @@ impl Observation {
     }
 }
 
+impl FirstToken {
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        text(at, "pool", &self.pool, MAX_NAME_BYTES, true)?;
+        text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, true)?;
+        text(at, "endpoint", &self.endpoint, MAX_NAME_BYTES, false)?;
+        ms(at, "ttft_ms", self.ttft_ms)
+    }
+}
+
 impl DispatchBatch {
     /// The whole batch, so that a refused batch leaves nothing half-applied.
     pub fn check(&self) -> Result<(), Invalid> {
@@ -203,7 +222,9 @@ impl DispatchBatch {
 impl ReportBatch {
     pub fn check(&self) -> Result<(), Invalid> {
         items("observations", self.observations.len())?;
-        self.observations.iter().enumerate().try_for_each(|(i, o)| o.check(&format!("observations[{i}]")))
+        items("first_tokens", self.first_tokens.len())?;
+        self.observations.iter().enumerate().try_for_each(|(i, o)| o.check(&format!("observations[{i}]")))?;
+        self.first_tokens.iter().enumerate().try_for_each(|(i, f)| f.check(&format!("first_tokens[{i}]")))
     }
 }
 
@@ -244,7 +265,10 @@ mod tests {
     #[test]
     fn in_range_values_pass() {
         assert_eq!(DispatchBatch { dispatches: vec![dispatch()] }.check(), Ok(()));
-        assert_eq!(ReportBatch { observations: vec![observation()] }.check(), Ok(()));
+        assert_eq!(ReportBatch { observations: vec![observation()], first_tokens: vec![] }.check(), Ok(()));
+        let first = FirstToken { pool: "p".into(), request_id: "r".into(), endpoint: "e:1".into(), ttft_ms: -1.0 };
+        let err = ReportBatch { observations: vec![], first_tokens: vec![first] }.check().unwrap_err();
+        assert_eq!(err.field, "first_tokens[0].ttft_ms");
     }
 
     #[test]

@@ -79,6 +79,13 @@ pub struct EndpointState {
     /// The endpoint's hardware class from the pool configuration (0: unknown).
     #[serde(default)]
     pub hardware_class: u32,
+    /// TPOT recently observed there (moving average of the last reports; `None`: none yet).
+    #[serde(default)]
+    pub recent_tpot_ms: Option<f64>,
+    /// Uncached prompt tokens dispatched there per second, recently (decaying over
+    /// seconds): prefill work that will share the steps of a request sent now.
+    #[serde(default)]
+    pub prefill_tokens_per_s: f64,
 }
 
 /// One candidate endpoint with its predictions.
@@ -190,10 +197,26 @@ pub struct Observation {
     pub status: u16,
 }
 
-/// `POST /v1/report` body: observations batched on the filter's tick.
+/// A routed request's first token passed the gateway: it is past prefill. Sent
+/// while the response still streams, so the predictor stops counting its prompt
+/// as prefill work ahead of new requests when it happened, not when predicted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FirstToken {
+    pub pool: String,
+    pub request_id: String,
+    /// The endpoint serving it (Envoy's `upstream.address`).
+    pub endpoint: String,
+    /// Time from forwarding upstream to the first token event.
+    pub ttft_ms: f64,
+}
+
+/// `POST /v1/report` body: first-token events and observations batched on the
+/// filter's tick. First tokens are applied before the observations of a batch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReportBatch {
     pub observations: Vec<Observation>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first_tokens: Vec<FirstToken>,
 }
 
 /// Answer to a dispatch or report batch.

@@ -106,6 +106,11 @@ impl ResponseMeter {
         }
     }
 
+    /// Time from forwarding to the first token event, once one has passed (streaming).
+    pub fn ttft_ms(&self) -> Option<f64> {
+        self.first_token_ns.map(|t| t.saturating_sub(self.started_ns) as f64 / NS_PER_MS)
+    }
+
     /// Ends the response at `now_ns` and returns what was measured.
     pub fn finish(mut self, now_ns: u64) -> Measurement {
         let e2e_ms = now_ns.saturating_sub(self.started_ns) as f64 / NS_PER_MS;

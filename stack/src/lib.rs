@@ -326,6 +326,11 @@ impl Stack {
             config.model.data_dir = Some(run_dir.join(Self::replica_name("predictor-data", i)));
             config.model.retrain_interval_ms = 2000;
             config.model.objective = opts.objective.clone();
+            // As an operator of this fleet would set it: the simulated A100 runs 1.75x (decode)
+            // to 2.7x (prefill) slower than the H100 the prior is calibrated on (docs/simulator.md).
+            if opts.profiles.iter().any(|p| p == "a100") {
+                config.model.prior_hardware_scale.insert("a100".into(), 2.0);
+            }
             std::fs::write(stack.predictor_config(i), config.to_toml()?)?;
             if opts.external_predictor.is_none() {
                 stack.start_predictor_replica(i)?;

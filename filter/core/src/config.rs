@@ -85,6 +85,9 @@ pub struct FilterConfig {
     pub inference_paths: Vec<String>,
     /// Add `x-headroom-*` response headers (chosen endpoint, predictions, tier).
     pub debug_headers: bool,
+    /// Report each routed request's first token as it passes (on the next tick), so the
+    /// predictor sees the request past prefill when it happens, not when predicted.
+    pub first_token_events: bool,
     /// Endpoint state older than this is not used by the fallback.
     pub fallback_state_max_age_ms: u64,
     /// At most this many prefix blocks are hashed per request.
@@ -140,6 +143,7 @@ impl Default for FilterConfig {
             priority_header: headers::PRIORITY.into(),
             inference_paths: vec!["/v1/completions".into(), "/v1/chat/completions".into()],
             debug_headers: false,
+            first_token_events: true,
             fallback_state_max_age_ms: 5_000,
             max_prefix_blocks: 256,
             tpot_buffer: 1.0,

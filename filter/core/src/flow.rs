@@ -15,7 +15,7 @@ use std::time::Duration;
 use headroom_protocol::headers::{DEBUG_ENDPOINT, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_TIER};
 use headroom_protocol::meter::{Measurement, ResponseMeter};
 use headroom_protocol::{
-    codec, limits, openai, paths, tokens, Dispatch, EndpointState, Format, Observation, PredictRequest,
+    codec, limits, openai, paths, tokens, Dispatch, EndpointState, FirstToken, Format, Observation, PredictRequest,
     PredictResponse, RequestFeatures, RouteSource,
 };
 
@@ -72,6 +72,8 @@ pub struct Flow {
     choice: Option<Choice>,
     forwarded_ns: u64,
     meter: Option<ResponseMeter>,
+    /// The first-token event is queued (once per request).
+    first_token_queued: bool,
     status: u16,
 }
 
@@ -233,13 +235,36 @@ impl Flow {
     }
 
     /// A chunk of the response body passed (`body_size`: its length).
-    pub fn on_response_body(&mut self, host: &mut dyn Host, body_size: usize) -> Step {
+    pub fn on_response_body(&mut self, host: &mut dyn Host, vm: &mut Vm, body_size: usize) -> Step {
         if let Some(meter) = self.meter.as_mut().filter(|_| body_size > 0) {
             if let Some(chunk) = host.buffer(Buffer::ResponseBody, body_size) {
                 meter.on_chunk(&chunk, host.now_ns());
             }
         }
+        self.queue_first_token(host, vm);
         Step::Continue
+    }
+
+    /// Queues the first-token event once the first token passed, for a request the
+    /// predictor saw dispatched, served where it was dispatched.
+    fn queue_first_token(&mut self, host: &dyn Host, vm: &mut Vm) {
+        if self.first_token_queued || self.dispatch_seq == 0 || !vm.config.first_token_events {
+            return;
+        }
+        let (Some(ttft_ms), Some(choice)) = (self.meter.as_ref().and_then(ResponseMeter::ttft_ms), &self.choice) else {
+            return;
+        };
+        self.first_token_queued = true;
+        if host.upstream_address().is_some_and(|served| served != choice.endpoint) {
+            return; // served elsewhere: the dispatch's endpoint is not where it runs
+        }
+        let event = FirstToken {
+            pool: vm.config.pool.clone(),
+            request_id: self.request_id.clone(),
+            endpoint: choice.endpoint.clone(),
+            ttft_ms: ttft_ms.clamp(0.0, limits::MAX_MS),
+        };
+        vm.outbox.first_token(self.dispatch_seq, event);
     }
 
     /// The stream is done: what was measured goes to the outbox as an observation.

@@ -17,7 +17,7 @@
 //!   would block the queue behind it, so it is dropped and counted; failed (no
 //!   answer, timeout, 5xx) goes back to the front for a later tick.
 
-use headroom_protocol::{codec, Dispatch, DispatchBatch, Format, Observation, ReportBatch};
+use headroom_protocol::{codec, Dispatch, DispatchBatch, FirstToken, Format, Observation, ReportBatch};
 use serde::Serialize;
 
 use crate::queue::BoundedQueue;
@@ -47,11 +47,20 @@ impl Outcome {
     }
 }
 
+/// An item of the report queue: a request's first token, then its observation.
+/// Both wait for the request's dispatch to be delivered; they keep their order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Report {
+    FirstToken(FirstToken),
+    /// Boxed: an observation is several times a first token's size.
+    Observation(Box<Observation>),
+}
+
 /// A batch on its way, kept to requeue if its call fails.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Batch {
     Dispatches(Vec<(u64, Dispatch)>),
-    Observations(Vec<(u64, Observation)>),
+    Observations(Vec<(u64, Report)>),
 }
 
 /// Counts for the filter's stats, taken (and reset) by [`Outbox::take_counts`].
@@ -73,7 +82,7 @@ pub struct Counts {
 #[derive(Debug)]
 pub struct Outbox {
     dispatches: BoundedQueue<(u64, Dispatch)>,
-    observations: BoundedQueue<(u64, Observation)>,
+    observations: BoundedQueue<(u64, Report)>,
     next_seq: u64,
     /// Every dispatch with a sequence number up to this one is delivered or given up.
     done_through: u64,
@@ -110,7 +119,12 @@ impl Outbox {
 
     /// Queues an observation; `dispatch_seq` is what [`Outbox::dispatch`] returned (0: none).
     pub fn report(&mut self, dispatch_seq: u64, o: Observation) {
-        self.observations.push((dispatch_seq, o));
+        self.observations.push((dispatch_seq, Report::Observation(Box::new(o))));
+    }
+
+    /// Queues a first-token event of the request dispatched as `dispatch_seq`.
+    pub fn first_token(&mut self, dispatch_seq: u64, f: FirstToken) {
+        self.observations.push((dispatch_seq, Report::FirstToken(f)));
     }
 
     /// The next dispatch batch and its encoded body, if any is queued.
@@ -133,7 +147,13 @@ impl Outbox {
         if items.is_empty() {
             return None;
         }
-        let body = ReportBatch { observations: items.iter().map(|(_, o)| o.clone()).collect() };
+        let mut body = ReportBatch::default();
+        for (_, item) in &items {
+            match item {
+                Report::FirstToken(f) => body.first_tokens.push(f.clone()),
+                Report::Observation(o) => body.observations.push((**o).clone()),
+            }
+        }
         encoded(&body).map(|bytes| (Batch::Observations(items), bytes))
     }
 
@@ -141,7 +161,9 @@ impl Outbox {
     pub fn sent(&mut self, batch: Batch, outcome: Outcome) {
         match (outcome, batch) {
             (Outcome::Delivered, Batch::Dispatches(items)) => self.dispatched_through(&items),
-            (Outcome::Delivered, Batch::Observations(items)) => self.counts.reported += items.len() as u64,
+            (Outcome::Delivered, Batch::Observations(items)) => {
+                self.counts.reported += items.iter().filter(|(_, r)| matches!(r, Report::Observation(_))).count() as u64
+            }
             (Outcome::Refused, Batch::Dispatches(items)) => {
                 self.counts.refused += items.len() as u64;
                 self.dispatched_through(&items);
@@ -247,8 +269,32 @@ mod tests {
     fn ids(batch: &Batch) -> Vec<String> {
         match batch {
             Batch::Dispatches(items) => items.iter().map(|(_, d)| d.request_id.clone()).collect(),
-            Batch::Observations(items) => items.iter().map(|(_, o)| o.request_id.clone()).collect(),
+            Batch::Observations(items) => items
+                .iter()
+                .map(|(_, r)| match r {
+                    Report::FirstToken(f) => format!("first:{}", f.request_id),
+                    Report::Observation(o) => o.request_id.clone(),
+                })
+                .collect(),
         }
+    }
+
+    #[test]
+    fn a_first_token_goes_with_the_reports_after_its_dispatch_and_before_its_observation() {
+        let mut out = Outbox::new(100, 10, 1 << 20);
+        let seq = out.dispatch(dispatch("a", 0));
+        let first = FirstToken { pool: "p".into(), request_id: "a".into(), endpoint: "e:1".into(), ttft_ms: 12.0 };
+        out.first_token(seq, first.clone());
+        out.report(seq, observation("a"));
+        assert!(out.next_reports().is_none(), "the dispatch is not delivered yet");
+        let (batch, _) = out.next_dispatches().unwrap();
+        out.sent(batch, Outcome::Delivered);
+        let (batch, body) = out.next_reports().unwrap();
+        assert_eq!(ids(&batch), ["first:a", "a"]);
+        let sent: ReportBatch = codec::decode(Format::MsgPack, &body).unwrap();
+        assert_eq!((sent.first_tokens, sent.observations.len()), (vec![first], 1));
+        out.sent(batch, Outcome::Delivered);
+        assert_eq!(out.take_counts().reported, 1, "observations are what count as reported");
     }
 
     #[test]

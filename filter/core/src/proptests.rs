@@ -48,6 +48,8 @@ fn any_state() -> impl Strategy<Value = EndpointState> {
             tokens_in_flight: tokens,
             metrics_age_ms: Some(0),
             hardware_class: 0,
+            recent_tpot_ms: tightest,
+            prefill_tokens_per_s: kv_usage.abs(),
         })
 }
 

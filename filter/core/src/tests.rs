@@ -206,7 +206,7 @@ fn stream_response(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, ttft_ms: u
         host.now_ns += if i == 0 { ttft_ms * MS } else { 10 * MS };
         let chunk = format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"{text}\"}}]}}\n\n");
         host.buffers.insert(Buffer::ResponseBody, chunk.clone().into_bytes());
-        flow.on_response_body(host, chunk.len());
+        flow.on_response_body(host, vm, chunk.len());
     }
     flow.on_log(host, vm);
 }
@@ -405,15 +405,15 @@ fn a_batch_failing_with_5xx_is_sent_again_and_one_refused_with_4xx_is_dropped() 
     assert!(batches::<ReportBatch>(&host, paths::REPORT).is_empty());
     assert!(host.has(Event::Outbox(crate::outbox::Counts { failed: 1, ..Default::default() })));
 
-    // 4xx: refused for good; dropped and counted, never sent again. The report then goes
-    // (and is refused too).
+    // 4xx: refused for good; dropped and counted, never sent again. The reports then go
+    // (the first-token event and the observation, refused too).
     deliver_all(&mut host, &mut vm, 400);
     let calls = host.calls.len();
     assert_eq!(batches::<ReportBatch>(&host, paths::REPORT).len(), 1);
     deliver_all(&mut host, &mut vm, 200);
     assert_eq!(host.calls.len(), calls, "nothing left to send");
     let refused: u64 = host.events.iter().map(|e| if let Event::Outbox(c) = e { c.refused } else { 0 }).sum();
-    assert_eq!(refused, 2);
+    assert_eq!(refused, 3);
 }
 
 #[test]
@@ -516,4 +516,34 @@ fn a_reconfigure_keeps_what_is_queued() {
     deliver_all(&mut host, &mut vm, 200);
     let last = host.calls.last().unwrap();
     assert_eq!((last.cluster.as_str(), last.header(":path")), ("other", Some(paths::DISPATCH)));
+}
+
+#[test]
+fn the_first_token_is_reported_as_it_passes_and_not_when_switched_off() {
+    for on in [true, false] {
+        let mut host = FakeHost::new();
+        let mut vm = vm(&format!(r#"{{"first_token_events":{on}}}"#));
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &predictions(&[("10.0.0.1:8000", Some(100.0))]));
+        host.upstream = Some("10.0.0.1:8000".into());
+        host.headers.insert((Map::ResponseHeaders, ":status".into()), "200".into());
+        host.headers.insert((Map::ResponseHeaders, "content-type".into()), "text/event-stream".into());
+        flow.on_response_headers(&mut host, &vm);
+        host.now_ns += 42 * MS;
+        let chunk = "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n";
+        host.buffers.insert(Buffer::ResponseBody, chunk.as_bytes().to_vec());
+        flow.on_response_body(&mut host, &mut vm, chunk.len());
+        flow.on_response_body(&mut host, &mut vm, chunk.len()); // a second token: still one event
+                                                                // Mid-stream, on the tick: the dispatch, then the first token.
+        deliver_all(&mut host, &mut vm, 200);
+        let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+        let firsts: Vec<_> = reported.iter().flat_map(|b| b.first_tokens.clone()).collect();
+        if on {
+            assert_eq!(firsts.len(), 1);
+            assert_eq!((firsts[0].endpoint.as_str(), firsts[0].ttft_ms), ("10.0.0.1:8000", 42.0));
+            assert!(reported.iter().all(|b| b.observations.is_empty()), "the stream is still open");
+        } else {
+            assert!(firsts.is_empty());
+        }
+    }
 }

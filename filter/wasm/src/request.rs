@@ -76,7 +76,7 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, _: bool) -> Action {
-        self.step(|flow, host, _| flow.on_response_body(host, body_size))
+        self.step(|flow, host, vm| flow.on_response_body(host, vm, body_size))
     }
 
     fn on_log(&mut self) {

@@ -9,7 +9,9 @@
 //! took longer than the served (corrected) prediction. At equilibrium a share
 //! `1 - q` of requests take longer than served: q = 0.9 for the p90 objective
 //! (coverage held at 90%), q = 0.5 for the mean objective (served predictions
-//! median-unbiased on live traffic). A new model starts from no correction.
+//! median-unbiased on live traffic). The correction carries over from one model
+//! to the next: with a new model every few seconds, one restarted each time would
+//! never settle (measured: p90 coverage 0.82 with resets).
 
 use serde::Serialize;
 
@@ -74,11 +76,6 @@ impl Calibration {
         }
     }
 
-    /// Forgets the correction (a new model starts from its own predictions).
-    pub fn reset(&mut self) {
-        self.log_shift = [[0.0; CLASSES]; 2];
-    }
-
     pub fn view(&self) -> CalibrationView {
         let factors = |k: usize| self.log_shift[k].iter().map(|s| s.exp()).collect();
         CalibrationView { quantile: self.quantile, rate: self.rate, ttft_factor: factors(0), tpot_factor: factors(1) }
@@ -119,7 +116,7 @@ mod tests {
     }
 
     #[test]
-    fn classes_are_corrected_apart_and_a_reset_forgets() {
+    fn classes_are_corrected_apart() {
         let mut c = Calibration::new(0.5, 0.05);
         for _ in 0..200 {
             c.observe(2, [Some(10.0), Some(5.0)], [Some(30.0), None]);
@@ -128,8 +125,6 @@ mod tests {
         assert_eq!(c.apply(2.0, (10.0, 5.0)).1, 5.0, "TPOT was never observed");
         assert_eq!(c.apply(1.0, (10.0, 5.0)), (10.0, 5.0), "other classes untouched");
         assert!(c.view().ttft_factor[2] > 2.0);
-        c.reset();
-        assert_eq!(c.apply(2.0, (10.0, 5.0)), (10.0, 5.0));
         // Off: nothing moves.
         let mut off = Calibration::new(0.9, 0.0);
         off.observe(0, [Some(1.0), Some(1.0)], [Some(9.0), Some(9.0)]);

@@ -16,14 +16,14 @@ use headroom_protocol::{EndpointState, RequestFeatures};
 use super::prior::AnalyticPrior;
 
 /// Number of features.
-pub const COUNT: usize = 12;
+pub const COUNT: usize = 14;
 
 /// Column of the endpoint's hardware class.
 pub const HARDWARE_CLASS: usize = 9;
 /// Column of the prior's log TTFT.
-pub const PRIOR_LOG_TTFT: usize = 10;
+pub const PRIOR_LOG_TTFT: usize = 12;
 /// Column of the prior's log TPOT.
-pub const PRIOR_LOG_TPOT: usize = 11;
+pub const PRIOR_LOG_TPOT: usize = 13;
 
 /// Feature names, in column order (also written into exported ONNX models).
 pub const NAMES: [&str; COUNT] = [
@@ -37,6 +37,8 @@ pub const NAMES: [&str; COUNT] = [
     "in_flight",
     "tokens_in_flight",
     "hardware_class",
+    "recent_tpot_ms",
+    "prefill_tokens_per_s",
     "prior_log_ttft",
     "prior_log_tpot",
 ];
@@ -57,6 +59,8 @@ pub type Row = [f32; COUNT];
 /// | in_flight | requests dispatched there and not yet reported |
 /// | tokens_in_flight | prompt + expected output tokens of those requests (KV they will read) |
 /// | hardware_class | the endpoint's class from the pool config (0: unknown), so one pool can mix GPUs |
+/// | recent_tpot_ms | moving average of TPOTs reported there (0: none yet): the step time it runs at now |
+/// | prefill_tokens_per_s | uncached prompt tokens dispatched there per second, decaying over 5 s: prefill that will share its steps |
 /// | prior_log_ttft, prior_log_tpot | `ln` of the analytic prior's TTFT and TPOT for the columns above |
 pub fn row(request: &RequestFeatures, state: &EndpointState, prior: &AnalyticPrior) -> Row {
     let prefix = state.prefix_match.clamp(0.0, 1.0);
@@ -72,6 +76,8 @@ pub fn row(request: &RequestFeatures, state: &EndpointState, prior: &AnalyticPri
         state.in_flight as f32,
         state.tokens_in_flight as f32,
         state.hardware_class as f32,
+        state.recent_tpot_ms.unwrap_or(0.0) as f32,
+        state.prefill_tokens_per_s as f32,
         0.0,
         0.0,
     ];

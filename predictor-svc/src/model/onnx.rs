@@ -1,6 +1,6 @@
 //! Writing trained ensembles as a standard ONNX model.
 //!
-//! The graph: `features` float[N, 12] -> `ai.onnx.ml.TreeEnsembleRegressor`
+//! The graph: `features` float[N, 14] -> `ai.onnx.ml.TreeEnsembleRegressor`
 //! (two targets: the log residuals of TTFT and TPOT), plus
 //! `ai.onnx.ml.LinearRegressor` picking out the prior's log columns
 //! (`features::PRIOR_LOG_*`), `Add`, `Exp` -> `latency_ms` float[N, 2] (column 0

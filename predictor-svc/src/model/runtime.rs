@@ -69,7 +69,7 @@ pub fn init(configured: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A loaded latency model (`features[N,10] -> latency_ms[N,2]`).
+/// A loaded latency model (`features[N,14] -> latency_ms[N,2]`).
 pub struct OnnxModel {
     session: Mutex<Session>,
 }

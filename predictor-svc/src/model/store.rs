@@ -308,9 +308,8 @@ impl ModelStore {
                 if drifting {
                     self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout);
                 }
-                // The correction and the drift window belonged to the model just replaced.
-                self.calibration.lock().unwrap_or_else(|p| p.into_inner()).reset();
-                *self.live.lock().unwrap_or_else(|p| p.into_inner()) = LiveErrors::default();
+                // The correction and the drift window carry over: models follow each other
+                // every few seconds, faster than either would settle if restarted.
                 TrainOutcome::Activated(info)
             }
             Err(e) => {
