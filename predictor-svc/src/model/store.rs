@@ -306,7 +306,9 @@ impl ModelStore {
                 self.registry.install(model, info.clone(), bytes);
                 self.active_from.store(filed, Ordering::SeqCst);
                 if drifting {
+                    // A new regime: the reservoirs and the live correction of the old one go.
                     self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout);
+                    self.calibration.lock().unwrap_or_else(|p| p.into_inner()).reset();
                 }
                 // The correction and the drift window carry over: models follow each other
                 // every few seconds, faster than either would settle if restarted.
