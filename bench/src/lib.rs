@@ -39,17 +39,20 @@ pub struct Contender {
     pub prediction_based: Option<bool>,
     /// Filter `strategy` for the positive tier (headroom only).
     pub strategy: &'static str,
+    /// Filter `default_profile`: how requests without SLO routing are placed (headroom only).
+    pub default_profile: &'static str,
     /// A router users run today (what headroom has to beat).
     pub baseline: bool,
 }
 
 /// Every router the benchmark knows, baselines first.
-pub const CONTENDERS: [Contender; 5] = [
+pub const CONTENDERS: [Contender; 6] = [
     Contender {
         name: "envoy round robin",
         router: Router::RoundRobin,
         prediction_based: None,
         strategy: "",
+        default_profile: "",
         baseline: true,
     },
     Contender {
@@ -57,6 +60,7 @@ pub const CONTENDERS: [Contender; 5] = [
         router: Router::LeastRequest,
         prediction_based: None,
         strategy: "",
+        default_profile: "",
         baseline: true,
     },
     Contender {
@@ -64,6 +68,17 @@ pub const CONTENDERS: [Contender; 5] = [
         router: Router::Headroom,
         prediction_based: Some(false),
         strategy: "least",
+        default_profile: "composite",
+        baseline: true,
+    },
+    // llm-d's default scheduler (prefix-cache affinity filter + token-load scorer), run by
+    // the filter as its `prefix_load` profile (filter/core/src/prefix_load.rs).
+    Contender {
+        name: "llm-d prefix + token load",
+        router: Router::Headroom,
+        prediction_based: Some(false),
+        strategy: "least",
+        default_profile: "prefix_load",
         baseline: true,
     },
     Contender {
@@ -71,6 +86,7 @@ pub const CONTENDERS: [Contender; 5] = [
         router: Router::Headroom,
         prediction_based: Some(true),
         strategy: "most",
+        default_profile: "composite",
         baseline: false,
     },
     Contender {
@@ -78,6 +94,7 @@ pub const CONTENDERS: [Contender; 5] = [
         router: Router::Headroom,
         prediction_based: Some(true),
         strategy: "least",
+        default_profile: "composite",
         baseline: false,
     },
 ];
@@ -199,8 +216,8 @@ fn sweep(opts: &BenchOptions, c: &Contender, name: &str, rates: &[f64]) -> anyho
     let mut plugin = Map::new();
     if c.router == Router::Headroom {
         plugin.insert("strategy".into(), c.strategy.into());
-        // Without SLO routing the filter places by this profile: "composite" means composite.
-        plugin.insert("default_profile".into(), "composite".into());
+        // Without SLO routing the filter places by this profile.
+        plugin.insert("default_profile".into(), c.default_profile.into());
     }
     let stack = Stack::start(StackOptions {
         run_dir: opts.run_dir.clone(),

@@ -4,6 +4,8 @@
 use headroom_protocol::{headers, limits};
 use serde::Deserialize;
 
+use crate::prefix_load::PrefixLoadConfig;
+
 /// How the positive tier is scored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -22,6 +24,9 @@ pub enum DefaultProfile {
     LowestLatency,
     /// The composite of free KV, relative queue and prefix match.
     Composite,
+    /// llm-d's default: prefix-cache affinity filter, then token-load scorer
+    /// (`prefix_load` holds its knobs; `crate::prefix_load`).
+    PrefixLoad,
 }
 
 /// What happens to a stated SLO below its floor (`min_ttft_slo_ms`, `min_tpot_slo_ms`).
@@ -102,6 +107,8 @@ pub struct FilterConfig {
     pub strategy: Strategy,
     /// Placement of requests without `x-prediction-based-scheduling: true`.
     pub default_profile: DefaultProfile,
+    /// Knobs of the `prefix_load` default profile.
+    pub prefix_load: PrefixLoadConfig,
     /// Extra endpoints listed after the chosen one in the destination header
     /// (`ip:port,ip:port,...`); override_host tries them on retry.
     pub fallback_endpoints: usize,
@@ -152,6 +159,7 @@ impl Default for FilterConfig {
             // Spreading: measured better than bin-packing on every mixed workload (docs/benchmark.md).
             strategy: Strategy::Most,
             default_profile: DefaultProfile::LowestLatency,
+            prefix_load: PrefixLoadConfig::default(),
             fallback_endpoints: 0,
             prefix_strict_threshold: 0.99,
             prefix_loose_threshold: 0.80,
@@ -283,6 +291,9 @@ impl FilterConfig {
         if self.max_prefix_blocks > limits::MAX_PREFIX_HASHES {
             return Err(bad("max_prefix_blocks", format!("must be at most {}", limits::MAX_PREFIX_HASHES)));
         }
+        if let Some((field, why)) = self.prefix_load.invalid() {
+            return Err(bad(field, why));
+        }
         if self.fallback_endpoints > 16 {
             return Err(bad("fallback_endpoints", "must be within 0..=16"));
         }
@@ -406,6 +417,10 @@ mod tests {
             (br#"{"predictor_token":"short"}"#, "predictor_token"),
             (br#"{"min_tpot_slo_ms":-1}"#, "min_tpot_slo_ms"),
             (br#"{"slo_floor_action":"ignore"}"#, "slo_floor_action"),
+            (br#"{"prefix_load":{"affinity_threshold":2}}"#, "prefix_load.affinity_threshold"),
+            (br#"{"prefix_load":{"peak_prefill_tokens_per_s":0}}"#, "prefix_load.peak_prefill_tokens_per_s"),
+            (br#"{"prefix_load":{"tau":1}}"#, "prefix_load.tau"),
+            (br#"{"default_profile":"llm-d"}"#, "default_profile"),
         ];
         for (json, field) in cases {
             let err = FilterConfig::parse(json).unwrap_err();

@@ -13,6 +13,7 @@ pub mod headers;
 pub mod host;
 pub mod outbox;
 pub mod policy;
+pub mod prefix_load;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod proptests;
 pub mod queue;

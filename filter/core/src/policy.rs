@@ -91,7 +91,7 @@ pub fn decide(
         return Decision::NoPrediction;
     }
     if !(slo_routing && request.slo.is_set()) {
-        return default_profile(endpoints, config, rng);
+        return default_profile(request, endpoints, config, rng);
     }
     let judged: Vec<Option<Headroom>> = endpoints.iter().map(|e| headroom(request, e, config.tpot_buffer)).collect();
     let positive: Vec<usize> = (0..endpoints.len()).filter(|&i| judged[i].is_some_and(|h| h.is_positive())).collect();
@@ -201,12 +201,23 @@ fn deficit_group(h: &Headroom) -> Option<u8> {
 }
 
 /// Requests without SLO routing: lowest predicted latency, or the composite.
-fn default_profile(endpoints: &[EndpointPrediction], config: &FilterConfig, rng: &mut Rng) -> Decision {
+fn default_profile(
+    request: &RequestFeatures,
+    endpoints: &[EndpointPrediction],
+    config: &FilterConfig,
+    rng: &mut Rng,
+) -> Decision {
     match config.default_profile {
         DefaultProfile::Composite => {
             let states: Vec<&EndpointState> = endpoints.iter().map(|e| &e.state).collect();
             let ranked = fallback::rank_composite(&states, rng);
             let ranked = ranked.into_iter().take(1 + config.fallback_endpoints).collect();
+            Decision::Route { ranked, source: RouteSource::Composite }
+        }
+        // A heuristic over the endpoint state, reported as composite (no prediction judged).
+        DefaultProfile::PrefixLoad => {
+            let mut ranked = crate::prefix_load::rank(request, endpoints, &config.prefix_load, rng);
+            ranked.truncate(1 + config.fallback_endpoints);
             Decision::Route { ranked, source: RouteSource::Composite }
         }
         DefaultProfile::LowestLatency => {
