@@ -150,6 +150,10 @@ pub struct WorkloadRun {
     pub step_s: f64,
     pub servers: usize,
     pub runs: Vec<RouterRun>,
+    /// The best headroom router against the best baseline, by capacity and critical
+    /// capacity (`report::ratios`); filled when results are written.
+    #[serde(default)]
+    pub ratios: Option<report::Ratios>,
 }
 
 /// Everything the report is made from (also written as `results.json`).
@@ -282,8 +286,13 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
         requests(name, 11, rates[0], 1.0)?; // an unknown workload fails before any stack starts
         println!("workload {name}: rates {rates:?} req/s, {} s per rate", opts.step_s);
-        let mut w =
-            WorkloadRun { workload: name.clone(), step_s: opts.step_s, servers: opts.profiles.len(), runs: Vec::new() };
+        let mut w = WorkloadRun {
+            workload: name.clone(),
+            step_s: opts.step_s,
+            servers: opts.profiles.len(),
+            runs: Vec::new(),
+            ratios: None,
+        };
         for c in &contenders {
             w.runs.push(sweep(opts, c, name, &rates)?);
         }
@@ -293,9 +302,14 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     Ok(results)
 }
 
-/// Writes the report, the raw results and the charts.
+/// Writes the report, the raw results (with each workload's ratios) and the charts.
 pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
+    let mut results = results.clone();
+    for w in &mut results.workloads {
+        w.ratios = report::ratios(w);
+    }
+    let results = &results;
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(results)?)?;
     std::fs::write(out.join("report.md"), report::markdown(results))?;
     for w in &results.workloads {

@@ -28,6 +28,49 @@ pub fn router_capacity(run: &RouterRun) -> Capacity {
     capacity(&curve(run), TARGET).unwrap_or(Capacity::Below(0.0))
 }
 
+/// A router's critical capacity: the highest rate at which the non-sheddable classes
+/// together keep [`TARGET`] attainment. `None` when a point lacks the figure (older results).
+pub fn router_critical_capacity(run: &RouterRun) -> Option<Capacity> {
+    let points: Option<Vec<(f64, f64)>> =
+        run.points.iter().map(|(_, s)| s.critical_attainment.map(|a| (s.offered_rps, a))).collect();
+    capacity(&points?, TARGET)
+}
+
+/// The headline comparison of a workload, also written into `results.json`: the best
+/// headroom (predicted) router against the best baseline, by capacity and by critical
+/// capacity (each "best" chosen by its own measure).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Ratios {
+    pub best_headroom: String,
+    pub best_baseline: String,
+    pub capacity_ratio: f64,
+    pub best_headroom_critical: Option<String>,
+    pub best_baseline_critical: Option<String>,
+    pub critical_capacity_ratio: Option<f64>,
+}
+
+/// [`Ratios`] of a workload; `None` without both a headroom and a baseline run.
+pub fn ratios(w: &WorkloadRun) -> Option<Ratios> {
+    let (p, b) = (best_by_capacity(w, false)?, best_by_capacity(w, true)?);
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
+    let best_critical = |baseline: bool| {
+        w.runs
+            .iter()
+            .filter(|r| r.baseline == baseline)
+            .filter_map(|r| Some((r, router_critical_capacity(r)?)))
+            .max_by(|a, b| a.1.rps().total_cmp(&b.1.rps()))
+    };
+    let critical = best_critical(false).zip(best_critical(true));
+    Some(Ratios {
+        best_headroom: p.router.clone(),
+        best_baseline: b.router.clone(),
+        capacity_ratio: ratio(router_capacity(p).rps(), router_capacity(b).rps()),
+        best_headroom_critical: critical.map(|((p, _), _)| p.router.clone()),
+        best_baseline_critical: critical.map(|(_, (b, _))| b.router.clone()),
+        critical_capacity_ratio: critical.map(|((_, cp), (_, cb))| ratio(cp.rps(), cb.rps())),
+    })
+}
+
 /// The baseline (or predicted) router with the highest capacity (ties: the last listed).
 fn best_by_capacity(w: &WorkloadRun, baseline: bool) -> Option<&RouterRun> {
     w.runs
@@ -107,6 +150,22 @@ pub fn verdict(w: &WorkloadRun) -> String {
             if open { "; an open-ended capacity (≥ or <) means the ladder did not reach the crossing" } else { "" }
         );
     }
+    if let Some(r) = ratios(w) {
+        if let (Some(p), Some(b), Some(ratio)) =
+            (&r.best_headroom_critical, &r.best_baseline_critical, r.critical_capacity_ratio)
+        {
+            let capacity_of = |name: &str| {
+                w.runs.iter().find(|run| run.router == name).and_then(router_critical_capacity).map(Capacity::label)
+            };
+            let _ = writeln!(
+                out,
+                "\nCritical capacity (the non-sheddable classes together at {}): best predicted {p} {} req/s vs best baseline {b} {} req/s: **{ratio:.2}x**.",
+                pct(TARGET),
+                capacity_of(p).unwrap_or_default(),
+                capacity_of(b).unwrap_or_default(),
+            );
+        }
+    }
     // Why a capacity target can be out of reach: no router serves more than the fleet can.
     // With goodput at most G, 90% attainment is possible only up to G / 0.9 offered.
     let goodput = w.runs.iter().flat_map(|r| r.points.iter().map(|(_, s)| s.goodput_rps)).fold(0.0, f64::max);
@@ -144,12 +203,18 @@ pub fn section(w: &WorkloadRun) -> String {
         pct(crate::STOP_BELOW)
     );
     let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
-    let _ = writeln!(s, "| router | {} | capacity at {} (req/s) |", header.join(" | "), pct(TARGET));
-    let _ = writeln!(s, "| --- |{} --- |", " ---: |".repeat(rates.len()));
+    let _ = writeln!(
+        s,
+        "| router | {} | capacity at {} (req/s) | critical capacity (req/s) |",
+        header.join(" | "),
+        pct(TARGET)
+    );
+    let _ = writeln!(s, "| --- |{} --- | --- |", " ---: |".repeat(rates.len()));
     for r in &w.runs {
         let cells: Vec<String> =
             rates.iter().map(|rate| at_rate(r, *rate).map_or("-".into(), |x| pct(x.attainment))).collect();
-        let _ = writeln!(s, "| {} | {} | {} |", r.router, cells.join(" | "), router_capacity(r).label());
+        let critical = router_critical_capacity(r).map_or("-".into(), Capacity::label);
+        let _ = writeln!(s, "| {} | {} | {} | {critical} |", r.router, cells.join(" | "), router_capacity(r).label());
     }
     if let Some(rate) = equal_load_rate(w) {
         let _ = writeln!(
@@ -172,6 +237,30 @@ pub fn section(w: &WorkloadRun) -> String {
                     pct(x.shed),
                     pct(x.failed)
                 );
+            }
+        }
+        let mut classes: Vec<&String> =
+            w.runs.iter().filter_map(|r| at_rate(r, rate)).flat_map(|x| x.per_class.keys()).collect();
+        classes.sort();
+        classes.dedup();
+        if !classes.is_empty() {
+            let names: Vec<String> = classes.iter().map(|c| format!("{c} (shed)")).collect();
+            let _ = writeln!(
+                s,
+                "\nBy SLO class at {rate:.0} req/s (attainment, and the share shed):\n\n| router | non-sheddable together | {} |\n| --- | ---: |{}",
+                names.join(" | "),
+                " ---: |".repeat(classes.len())
+            );
+            for r in &w.runs {
+                let Some(x) = at_rate(r, rate) else { continue };
+                let cells: Vec<String> = classes
+                    .iter()
+                    .map(|c| {
+                        x.per_class.get(*c).map_or("-".into(), |k| format!("{} ({})", pct(k.attainment), pct(k.shed)))
+                    })
+                    .collect();
+                let critical = x.critical_attainment.map_or("-".into(), pct);
+                let _ = writeln!(s, "| {} | {critical} | {} |", r.router, cells.join(" | "));
             }
         }
     }
@@ -211,6 +300,7 @@ pub fn chart(w: &WorkloadRun) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::summary::ClassSummary;
 
     fn point(rate: f64, attainment: f64) -> (f64, Summary) {
         let s = Summary {
@@ -223,6 +313,14 @@ mod tests {
             shed: 0.0,
             failed: 0.0,
             per_server: [("a".to_string(), 3usize)].into_iter().collect(),
+            // The non-sheddable classes fare better than the whole (sheddable ones go first).
+            critical_attainment: Some((attainment + 0.05).min(1.0)),
+            per_class: [
+                ("interactive".to_string(), ClassSummary { requests: 7, attainment, shed: 0.0 }),
+                ("sheddable".to_string(), ClassSummary { requests: 3, attainment: attainment / 2.0, shed: 0.2 }),
+            ]
+            .into_iter()
+            .collect(),
         };
         (rate, s)
     }
@@ -241,7 +339,22 @@ mod tests {
                 run("lr", true, &[(10.0, 0.99), (20.0, 0.95), (30.0, 0.7)]),
                 run("pred", false, &[(10.0, 1.0), (20.0, 0.99), (30.0, 0.93), (40.0, 0.6)]),
             ],
+            ratios: None,
         }
+    }
+
+    #[test]
+    fn ratios_compare_the_best_of_each_side_by_capacity_and_critical_capacity() {
+        let r = ratios(&workload()).unwrap();
+        assert_eq!((r.best_headroom.as_str(), r.best_baseline.as_str()), ("pred", "lr"));
+        // pred crosses 90% at 30 + 0.03/0.33 * 10 = 30.9; lr at 20 + 0.05/0.25 * 10 = 22.
+        assert!((r.capacity_ratio - 30.909 / 22.0).abs() < 1e-3, "{r:?}");
+        // Critical: pred 0.98 at 30 -> 0.65 at 40: 30 + 0.08/0.33 * 10; lr 1.0 at 20 -> 0.75 at 30: 20 + 0.1/0.25 * 10.
+        let expected = (30.0 + 0.08 / 0.33 * 10.0) / (20.0 + 0.1 / 0.25 * 10.0);
+        assert!((r.critical_capacity_ratio.unwrap() - expected).abs() < 1e-3, "{r:?}");
+        let text = section(&workload());
+        assert!(text.contains("critical capacity") && text.contains("Critical capacity"), "{text}");
+        assert!(text.contains("| sheddable (shed) |") && text.contains("(20.0%)"), "{text}");
     }
 
     #[test]

@@ -27,6 +27,36 @@ pub struct Summary {
     pub failed: f64,
     /// Requests served per model server (`x-served-by`).
     pub per_server: BTreeMap<String, usize>,
+    /// Attainment of the non-sheddable requests (priority >= 0) alone: what the SLO
+    /// classes exist to protect. Shed sheddable requests do not count against it.
+    /// (`None` in results written before it existed, or with no such request.)
+    #[serde(default)]
+    pub critical_attainment: Option<f64>,
+    /// The same figures per SLO class (`interactive`, `batch`, `sheddable`, ...).
+    #[serde(default)]
+    pub per_class: BTreeMap<String, ClassSummary>,
+}
+
+/// One SLO class's share of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ClassSummary {
+    pub requests: usize,
+    /// Share that met both SLOs (shed and failed ones count as misses).
+    pub attainment: f64,
+    /// Share shed (429).
+    pub shed: f64,
+}
+
+impl ClassSummary {
+    fn of<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Option<ClassSummary> {
+        let (mut n, mut met, mut shed) = (0usize, 0usize, 0usize);
+        for o in outcomes {
+            n += 1;
+            met += usize::from(o.met_slo());
+            shed += usize::from(o.shed());
+        }
+        (n > 0).then(|| ClassSummary { requests: n, attainment: met as f64 / n as f64, shed: shed as f64 / n as f64 })
+    }
 }
 
 impl Summary {
@@ -44,6 +74,13 @@ impl Summary {
         for s in outcomes.iter().filter_map(|o| o.served_by.as_ref()) {
             *per_server.entry(s.clone()).or_default() += 1;
         }
+        let mut classes: Vec<&str> = outcomes.iter().map(|o| o.class.as_str()).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        let per_class = classes
+            .into_iter()
+            .filter_map(|c| Some((c.to_string(), ClassSummary::of(outcomes.iter().filter(|o| o.class == c))?)))
+            .collect();
         Summary {
             requests: outcomes.len(),
             offered_rps: outcomes.len() as f64 / window_s,
@@ -54,6 +91,8 @@ impl Summary {
             shed: shed / n,
             failed: failed / n,
             per_server,
+            critical_attainment: ClassSummary::of(outcomes.iter().filter(|o| o.priority >= 0)).map(|c| c.attainment),
+            per_class,
         }
     }
 

@@ -32,14 +32,19 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
         assert_eq!(*rate, 6.0);
         assert!(first.requests > 0 && first.attainment > 0.0, "{}: {first:?}", run.router);
         assert!(!first.per_server.is_empty(), "{}: no server named in responses", run.router);
+        assert!(first.critical_attainment.is_some(), "{}: no critical attainment", run.router);
+        assert!(first.per_class.contains_key("interactive"), "{}: per class {:?}", run.router, first.per_class);
     }
+    let ratios = mixed.ratios.clone().expect("results.json carries the headline ratios");
+    assert!(ratios.capacity_ratio > 0.0 && ratios.critical_capacity_ratio.is_some_and(|r| r > 0.0), "{ratios:?}");
     // Identical traffic: every router got the same number of requests at the first rate.
     let sent: Vec<usize> = mixed.runs.iter().map(|r| r.points[0].1.requests).collect();
     assert!(sent.windows(2).all(|w| w[0] == w[1]), "different request counts: {sent:?}");
 
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("## mixed") && report.contains("At equal load"), "{report}");
-    assert!(report.contains("capacity"), "{report}");
+    assert!(report.contains("capacity") && report.contains("critical capacity"), "{report}");
+    assert!(report.contains("By SLO class"), "{report}");
     for c in CONTENDERS {
         assert!(report.contains(&format!("| {} |", c.name)), "{} missing from the report:\n{report}", c.name);
     }
