@@ -316,11 +316,15 @@ impl Pool {
         true
     }
 
+    /// Whether the gateway reports first tokens (one arrived recently).
+    fn first_token_events(&self, now: Instant) -> bool {
+        self.last_first_token.is_some_and(|t| now.saturating_duration_since(t) < FIRST_TOKENS_RECENT)
+    }
+
     /// Whether `f`'s prompt still counts as prefill work at `now`: until its first token
-    /// is observed (with first-token events; a grace period after the predicted TTFT
+    /// is observed (with first-token `events`; a grace period after the predicted TTFT
     /// covers a lost one), else until its predicted TTFT.
-    fn in_prefill(&self, f: &InFlight, now: Instant) -> bool {
-        let events = self.last_first_token.is_some_and(|t| now.saturating_duration_since(t) < FIRST_TOKENS_RECENT);
+    fn in_prefill(f: &InFlight, now: Instant, events: bool) -> bool {
         match (events, f.prefill_done_by) {
             (true, _) if f.past_prefill => false,
             (true, Some(t)) => now < t.checked_add(FIRST_TOKEN_GRACE).unwrap_or(t),
@@ -376,12 +380,13 @@ impl Pool {
                 }
             })
             .collect();
+        let events = self.first_token_events(now);
         for f in self.in_flight.values() {
             let Some(s) = states.get_mut(f.endpoint) else { continue };
             s.in_flight = s.in_flight.saturating_add(1);
             s.tokens_in_flight =
                 s.tokens_in_flight.saturating_add(u64::from(f.input_tokens) + u64::from(f.expected_output));
-            if self.in_prefill(f, now) {
+            if Self::in_prefill(f, now, events) {
                 s.uncached_tokens_in_flight = s.uncached_tokens_in_flight.saturating_add(f.uncached_tokens);
             }
             if let Some(slo) = f.tpot_slo_ms {

@@ -73,7 +73,17 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
     for mut o in batch.observations {
         // Prefix hashes serve placement only; dropping them keeps the log small.
         o.request.prefix_hashes = Vec::new();
-        let Some(tracked) = state.pools.with(&o.pool, |p| p.finish(&o.request_id, now)) else {
+        // One lock of the pool: end tracking and, for a streamed 200 served where it was
+        // dispatched, fold its TPOT into that endpoint's recent average.
+        let tpot = o.tpot_ms.filter(|_| o.status == 200 && o.request.streaming);
+        let finished = state.pools.with(&o.pool, |p| {
+            let tracked = p.finish(&o.request_id, now);
+            if let Some(tpot) = tpot.filter(|_| tracked.as_deref() == Some(o.endpoint.as_str())) {
+                p.observed_tpot(&o.endpoint, tpot);
+            }
+            tracked
+        });
+        let Some(tracked) = finished else {
             ack.rejected += 1;
             state.metrics.report("unknown_pool", 1);
             continue;
@@ -83,9 +93,6 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
         // A report for a request never dispatched here teaches nothing: with the token,
         // only the gateway posts reports, and even it cannot invent training samples.
         if tracked.as_deref() == Some(o.endpoint.as_str()) {
-            if let Some(tpot) = o.tpot_ms.filter(|_| o.status == 200 && o.request.streaming) {
-                state.pools.with(&o.pool, |p| p.observed_tpot(&o.endpoint, tpot));
-            }
             state.metrics.observed(&o);
             if state.models.observe(&o) {
                 state.metrics.report("sampled", 1);

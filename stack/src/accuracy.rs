@@ -139,7 +139,7 @@ fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
             let sample = probe.sample();
             println!("{}", sample.row(started, phase));
             if phase == "shifted" {
-                shifted.push((phase_started.elapsed().as_secs_f64(), probe.recent_mape(RECENT)));
+                shifted.push((phase_started.elapsed().as_secs_f64(), sample.recent));
             }
         }
         let _ = runtime.block_on(traffic);

@@ -222,7 +222,8 @@ impl ModelStore {
         // says now (a bias the correction hides is still a model gone stale).
         let served = [o.predicted_ttft_ms, o.predicted_tpot_ms].map(ok);
         self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(state.hardware_class, served, [ttft, tpot]);
-        if self.config.drift_factor > 0.0 && self.registry.active().is_some() {
+        // Only when drift can act: training on (no user model), a model serving, and on.
+        if self.config.drift_factor > 0.0 && self.trains() && self.registry.active().is_some() {
             let (raw, _) = self.predict_raw(&[row]);
             if let Some(&(raw_ttft, raw_tpot)) = raw.first() {
                 let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
