@@ -8,7 +8,7 @@ BENCH      := target/release/headroom-bench
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm oci validate up down demo bench test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
+.PHONY: setup build wasm oci validate up down demo bench bench-gateway test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
 
 setup:
 	@bash scripts/setup.sh
@@ -43,6 +43,12 @@ demo: build
 BENCH_ARGS ?=
 bench: build
 	@$(BENCH) run --out results $(BENCH_ARGS)
+
+# The gateway's own cost: plain Envoy against Envoy + headroom in one run, latency added at
+# low load and closed-loop throughput with CPU (docs/performance.md). About 3 minutes.
+GATEWAY_ARGS ?=
+bench-gateway: build
+	@$(BENCH) gateway --out results $(GATEWAY_ARGS)
 
 # Calibration checks and load sweep of the simulated engine (docs/simulator.md).
 sim-bench:

@@ -13,8 +13,10 @@
 //! measured latencies are multiplied by it.
 
 pub mod chart;
+pub mod gateway;
 pub mod report;
 pub mod summary;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 

@@ -1,4 +1,5 @@
-//! `headroom-bench run | report`: the benchmark behind `make bench` (docs/benchmark.md).
+//! `headroom-bench run | report | gateway`: the benchmarks behind `make bench` (docs/benchmark.md)
+//! and `make bench-gateway` (docs/performance.md).
 
 use clap::{Parser, Subcommand};
 use headroom_bench::{BenchOptions, BenchResults};
@@ -44,6 +45,31 @@ enum Cmd {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
     },
+    /// The gateway's own cost: added latency at low load and closed-loop throughput of plain
+    /// Envoy and Envoy + headroom in front of servers that answer in microseconds.
+    Gateway {
+        /// Sequential requests per path per round.
+        #[arg(long, default_value_t = 250)]
+        requests: usize,
+        /// Interleaved latency rounds.
+        #[arg(long, default_value_t = 8)]
+        rounds: usize,
+        /// Closed-loop connections.
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        /// Seconds per closed-loop run.
+        #[arg(long, default_value_t = 8.0)]
+        seconds: f64,
+        /// Closed-loop rounds (each runs every Envoy path once).
+        #[arg(long, default_value_t = 2)]
+        throughput_rounds: usize,
+        /// Filter configuration fields (a JSON object) over the benchmark's, to measure another setup.
+        #[arg(long, default_value = "{}")]
+        plugin: String,
+        /// Where gateway.md and gateway.json go.
+        #[arg(long, default_value = "results")]
+        out: std::path::PathBuf,
+    },
     /// Re-render report.md and the charts from a results.json of an earlier `run`.
     Report {
         #[arg(long, default_value = "results")]
@@ -62,6 +88,26 @@ fn main() -> anyhow::Result<()> {
                 serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             headroom_bench::write_outputs(&out, &results)?;
             println!("report: {}", out.join("report.md").display());
+        }
+        Cmd::Gateway { requests, rounds, connections, seconds, throughput_rounds, plugin, out } => {
+            let plugin = match serde_json::from_str::<serde_json::Value>(&plugin) {
+                Ok(serde_json::Value::Object(fields)) => fields,
+                _ => anyhow::bail!("--plugin: not a JSON object: {plugin}"),
+            };
+            let opts = headroom_bench::gateway::GatewayOptions {
+                plugin,
+                requests,
+                rounds,
+                connections,
+                seconds,
+                throughput_rounds,
+                run_dir,
+                out: out.clone(),
+                ..Default::default()
+            };
+            let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+            headroom_bench::gateway::run(&opts, command.trim())?;
+            println!("report: {}", out.join("gateway.md").display());
         }
         Cmd::Run { workloads, rates, step, warmup, servers, time_scale, routers, out } => {
             let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();

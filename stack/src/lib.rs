@@ -150,6 +150,31 @@ pub struct Stack {
     pub run_dir: PathBuf,
     children: Vec<Option<Child>>,
     attached: bool,
+    /// The filter configuration every Envoy of this stack runs (defaults, token, the caller's fields).
+    plugin: Map<String, Value>,
+}
+
+/// One Envoy to start in front of the stack's servers: the stack's own, or another beside it
+/// (a plain Envoy to compare with, or the next epoch of a hot restart).
+#[derive(Debug, Clone)]
+pub struct EnvoyLaunch {
+    /// Process name (logs, `stop_named`); the config goes to `<name>.yaml`.
+    pub name: String,
+    pub router: Router,
+    pub gateway: SocketAddr,
+    pub admin: SocketAddr,
+    /// Worker threads (`--concurrency`).
+    pub concurrency: usize,
+    /// Hot restart `(base_id, epoch)`: epoch 0 starts a family, epoch n+1 takes the listeners
+    /// over from epoch n and drains it. `None`: `--disable-hot-restart`.
+    pub hot_restart: Option<(u32, u32)>,
+}
+
+impl EnvoyLaunch {
+    /// Two workers, no hot restart: how the stack runs Envoy unless told otherwise.
+    pub fn new(name: &str, router: Router, gateway: SocketAddr, admin: SocketAddr) -> EnvoyLaunch {
+        EnvoyLaunch { name: name.to_string(), router, gateway, admin, concurrency: 2, hot_restart: None }
+    }
 }
 
 /// The filter configuration of the local stack, before the caller's fields.
@@ -273,8 +298,9 @@ impl Stack {
         std::fs::create_dir_all(&opts.run_dir)?;
         let run_dir = opts.run_dir.canonicalize()?;
         let bins = locate::bin_dir()?;
-        let envoy = locate::envoy()?;
-        let wasm = locate::wasm()?;
+        // Missing Envoy or .wasm: fail before starting anything.
+        locate::envoy()?;
+        locate::wasm()?;
         let replicas = opts.predictor_replicas.max(1);
         let mut ports = free_ports(opts.profiles.len() + 2 + replicas)?.into_iter().map(local);
         let mut next = || ports.next().ok_or_else(|| anyhow::anyhow!("port allocation came up short"));
@@ -294,7 +320,13 @@ impl Stack {
             procs: Vec::new(),
             token: Some(token.clone()),
         };
-        let mut stack = Stack { run_dir: run_dir.clone(), state, children: Vec::new(), attached: opts.attached };
+        let mut stack = Stack {
+            run_dir: run_dir.clone(),
+            state,
+            children: Vec::new(),
+            attached: opts.attached,
+            plugin: Map::new(),
+        };
 
         // Simulated model servers, one process.
         let mut args: Vec<String> = vec!["--time-scale".into(), opts.time_scale.to_string()];
@@ -345,39 +377,46 @@ impl Stack {
             plugin.insert("predictor_shards".into(), json!(shards));
         }
         plugin.extend(opts.plugin.clone());
-        let (file, lb_policy) = match opts.router {
-            Router::Headroom => ("envoy/envoy.yaml.tmpl", ""),
-            Router::RoundRobin => ("envoy/baseline.yaml.tmpl", "ROUND_ROBIN"),
-            Router::LeastRequest => ("envoy/baseline.yaml.tmpl", "LEAST_REQUEST"),
-            Router::HeadroomFilterSkipped => ("envoy/envoy.yaml.tmpl", ""),
-        };
-        let mut template = std::fs::read_to_string(locate::root().join(file))?;
-        if opts.router == Router::HeadroomFilterSkipped {
-            template = without_wasm_filter(&template)?;
-        }
-        let yaml = render_envoy(&template, &stack.state, &wasm, &Value::Object(plugin), lb_policy)?;
-        let envoy_yaml = run_dir.join("envoy.yaml");
-        std::fs::write(&envoy_yaml, yaml)?;
-        let args: Vec<String> = [
-            "-c",
-            &envoy_yaml.display().to_string(),
-            "--disable-hot-restart",
-            "--concurrency",
-            "2",
-            "--log-level",
-            "warn",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        stack.spawn("envoy", &envoy, &args)?;
-        let (admin, gateway) = (stack.state.admin, stack.state.gateway);
-        stack.wait_ready("envoy", || {
-            http::get(admin, "/ready").is_ok_and(|(c, _)| c == 200)
-                && http::get(gateway, "/v1/models").is_ok_and(|(c, _)| c == 200)
-        })?;
+        stack.plugin = plugin;
+        let (gateway, admin) = (stack.state.gateway, stack.state.admin);
+        stack.start_envoy(&EnvoyLaunch::new("envoy", opts.router, gateway, admin))?;
         std::fs::write(StackState::file(&run_dir), serde_json::to_string_pretty(&stack.state)?)?;
         Ok(stack)
+    }
+
+    /// Renders the bootstrap for `launch`, starts that Envoy and waits until it routes.
+    /// Its process is the stack's: stopped with it, or alone by [`Stack::stop_named`].
+    pub fn start_envoy(&mut self, launch: &EnvoyLaunch) -> anyhow::Result<()> {
+        let (file, lb_policy) = match launch.router {
+            Router::Headroom | Router::HeadroomFilterSkipped => ("envoy/envoy.yaml.tmpl", ""),
+            Router::RoundRobin => ("envoy/baseline.yaml.tmpl", "ROUND_ROBIN"),
+            Router::LeastRequest => ("envoy/baseline.yaml.tmpl", "LEAST_REQUEST"),
+        };
+        let mut template = std::fs::read_to_string(locate::root().join(file))?;
+        if launch.router == Router::HeadroomFilterSkipped {
+            template = without_wasm_filter(&template)?;
+        }
+        let addresses = StackState { gateway: launch.gateway, admin: launch.admin, ..self.state.clone() };
+        let plugin = Value::Object(self.plugin.clone());
+        let yaml = render_envoy(&template, &addresses, &locate::wasm()?, &plugin, lb_policy)?;
+        let config = self.run_dir.join(format!("{}.yaml", launch.name));
+        std::fs::write(&config, yaml)?;
+        let mut args: Vec<String> = vec!["-c".into(), config.display().to_string()];
+        match launch.hot_restart {
+            None => args.push("--disable-hot-restart".into()),
+            Some((base_id, epoch)) => {
+                args.extend(["--base-id".into(), base_id.to_string(), "--restart-epoch".into(), epoch.to_string()]);
+                // The old epoch drains for 2 s and exits after 5: requests in flight on it finish.
+                args.extend(["--drain-time-s".into(), "2".into(), "--parent-shutdown-time-s".into(), "5".into()]);
+            }
+        }
+        args.extend(["--concurrency".into(), launch.concurrency.to_string(), "--log-level".into(), "warn".into()]);
+        self.spawn(&launch.name, &locate::envoy()?, &args)?;
+        let (admin, gateway) = (launch.admin, launch.gateway);
+        self.wait_ready(&launch.name, || {
+            http::get(admin, "/ready").is_ok_and(|(c, _)| c == 200)
+                && http::get(gateway, "/v1/models").is_ok_and(|(c, _)| c == 200)
+        })
     }
 
     fn spawn(&mut self, name: &str, exe: &Path, args: &[String]) -> anyhow::Result<()> {
@@ -445,7 +484,8 @@ impl Stack {
         self.stop_named(&Self::replica_name("predictor", i));
     }
 
-    fn stop_named(&mut self, name: &str) {
+    /// Stops every process of the stack named `name` (the rest keeps running).
+    pub fn stop_named(&mut self, name: &str) {
         for (i, p) in self.state.procs.iter().enumerate() {
             if p.name == name {
                 process::stop(p, self.children[i].as_mut(), Duration::from_secs(5));

@@ -108,3 +108,37 @@ pub fn log_tail(log: &Path, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// CPU time (user + system, all threads) `pid` has used so far, in seconds; `None` once it is gone.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+/// Resident memory of `pid` in bytes (`VmRSS`); `None` once it is gone.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let me = std::process::id();
+        let spin = Instant::now();
+        while spin.elapsed() < Duration::from_millis(30) {}
+        assert!(cpu_seconds(me).is_some_and(|s| s > 0.0));
+        assert!(rss_bytes(me).is_some_and(|b| b > 1 << 20));
+        assert_eq!(cpu_seconds(u32::MAX), None);
+    }
+}

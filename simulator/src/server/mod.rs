@@ -136,7 +136,8 @@ async fn generate(shared: Arc<Shared>, raw: &[u8], chat: bool) -> Response {
         return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some("max_tokens"), &message);
     }
     let scale = shared.config.time_scale;
-    tokio::time::sleep(Duration::from_secs_f64(shared.config.profile.api_overhead_ms / 1000.0 / scale)).await;
+    let overhead = Duration::from_secs_f64(shared.config.profile.api_overhead_ms / 1000.0 / scale);
+    driver::sleep_until(tokio::time::Instant::now() + overhead).await;
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let max_blocks = shared.config.profile.max_model_len as usize;

@@ -1,0 +1,379 @@
+//! `headroom-bench gateway` (`make bench-gateway`): what the gateway itself costs.
+//!
+//! One stack (2 simulated servers so fast they answer in microseconds, predictor-svc, Envoy
+//! with the filter) and a plain Envoy beside it in front of the same servers, measured in
+//! one run so the noisy host affects every path alike:
+//!
+//! - **Added latency at low load**: sequential `max_tokens: 1` completions on one keep-alive
+//!   connection, in interleaved rounds over the four paths (the server directly, plain
+//!   Envoy, Envoy + headroom without SLO headers, Envoy + headroom with SLO routing). The
+//!   filter's cost is a headroom path's percentile minus plain Envoy's.
+//! - **Throughput**: a closed loop of N connections for S seconds on each Envoy path, in
+//!   alternating rounds, with the CPU each process used.
+//!
+//! The client is [`crate::wire`]: one thread per connection, no runtime, so it stays out of
+//! the figures as far as a client on the same two cores can.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use headroom_stack::{process, EnvoyLaunch, Router, Stack, StackOptions};
+
+use crate::wire::{request_bytes, Conn};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// Sequential requests per path per round.
+    pub requests: usize,
+    /// Interleaved rounds of the latency phase.
+    pub rounds: usize,
+    /// Connections of the closed loop.
+    pub connections: usize,
+    /// Seconds of each closed-loop run.
+    pub seconds: f64,
+    /// Closed-loop rounds (each runs every Envoy path once).
+    pub throughput_rounds: usize,
+    /// Filter configuration fields over the benchmark's (`debug_headers: false`).
+    pub plugin: serde_json::Map<String, serde_json::Value>,
+    /// Simulator speed: large, so the server answers in microseconds.
+    pub time_scale: f64,
+    pub run_dir: PathBuf,
+    pub out: PathBuf,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            requests: 250,
+            rounds: 8,
+            connections: 8,
+            seconds: 8.0,
+            throughput_rounds: 2,
+            plugin: serde_json::Map::new(),
+            time_scale: 1000.0,
+            run_dir: PathBuf::from(".run"),
+            out: PathBuf::from("results"),
+        }
+    }
+}
+
+/// The four ways a request reaches a model server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Direct,
+    PlainEnvoy,
+    Headroom,
+    HeadroomSlo,
+}
+
+impl Way {
+    const ALL: [Way; 4] = [Way::Direct, Way::PlainEnvoy, Way::Headroom, Way::HeadroomSlo];
+
+    fn name(self) -> &'static str {
+        match self {
+            Way::Direct => "model server directly",
+            Way::PlainEnvoy => "plain Envoy",
+            Way::Headroom => "Envoy + headroom, no SLO headers",
+            Way::HeadroomSlo => "Envoy + headroom, SLO routing",
+        }
+    }
+}
+
+/// Latency of one path at low load, in microseconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LatencyRow {
+    pub path: String,
+    pub requests: usize,
+    pub errors: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+}
+
+/// One closed-loop run of one path.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThroughputRow {
+    pub path: String,
+    pub round: usize,
+    pub requests_per_s: f64,
+    pub errors: usize,
+    /// CPU cores used on average during the run, per process.
+    pub envoy_cores: f64,
+    pub predictor_cores: f64,
+    pub simulator_cores: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GatewayResults {
+    pub command: String,
+    pub connections: usize,
+    pub seconds: f64,
+    pub latency: Vec<LatencyRow>,
+    pub throughput: Vec<ThroughputRow>,
+    /// Mean time predictor-svc spent answering one `/v1/predict` during the latency phase.
+    pub predict_handler_us: f64,
+    /// The filter's added latency (headroom with SLO routing minus plain Envoy).
+    pub filter_added_p50_ms: f64,
+    pub filter_added_p99_ms: f64,
+    /// Headroom with SLO routing's throughput as a share of plain Envoy's (means over rounds).
+    pub throughput_share: f64,
+}
+
+/// Runs the measurement, prints the tables and writes `gateway.md` and `gateway.json` under `out`.
+pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResults> {
+    anyhow::ensure!(opts.requests > 0 && opts.rounds > 0, "--requests and --rounds must be > 0");
+    anyhow::ensure!(opts.connections > 0 && opts.seconds > 0.0, "--connections and --seconds must be > 0");
+    let mut plugin = serde_json::Map::new();
+    plugin.insert("debug_headers".into(), json!(false));
+    plugin.extend(opts.plugin.clone());
+    let mut stack = Stack::start(StackOptions {
+        profiles: vec!["h100".into(); 2],
+        time_scale: opts.time_scale,
+        plugin,
+        run_dir: opts.run_dir.clone(),
+        attached: true,
+        ..Default::default()
+    })?;
+    let ports = headroom_stack::free_ports(2)?;
+    let plain = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+    let plain_admin = SocketAddr::from(([127, 0, 0, 1], ports[1]));
+    stack.start_envoy(&EnvoyLaunch::new("envoy-plain", Router::LeastRequest, plain, plain_admin))?;
+
+    let body =
+        json!({"model": "sim-llama-8b", "prompt": "Say hello to the gateway benchmark.", "max_tokens": 1}).to_string();
+    let slo = [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
+    let target = |way: Way| -> (SocketAddr, Vec<u8>) {
+        match way {
+            Way::Direct => (stack.state.servers[0], request_bytes("/v1/completions", &[], &body)),
+            Way::PlainEnvoy => (plain, request_bytes("/v1/completions", &[], &body)),
+            Way::Headroom => (stack.state.gateway, request_bytes("/v1/completions", &[], &body)),
+            Way::HeadroomSlo => (stack.state.gateway, request_bytes("/v1/completions", &slo, &body)),
+        }
+    };
+
+    // Warm-up: connections, the predictor's first model inputs, Envoy's pools.
+    for way in Way::ALL {
+        let (addr, req) = target(way);
+        let mut conn = Conn::new(addr);
+        for _ in 0..200 {
+            let _ = conn.send(&req);
+        }
+    }
+
+    println!("latency: {} rounds x {} sequential requests per path", opts.rounds, opts.requests);
+    let predict_before = predict_handler_totals(&stack);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); Way::ALL.len()];
+    let mut errors = vec![0usize; Way::ALL.len()];
+    let mut conns: Vec<(Conn, Vec<u8>)> = Way::ALL
+        .iter()
+        .map(|&w| {
+            let (addr, req) = target(w);
+            (Conn::new(addr), req)
+        })
+        .collect();
+    for _ in 0..opts.rounds {
+        for (i, (conn, req)) in conns.iter_mut().enumerate() {
+            for _ in 0..opts.requests {
+                let start = Instant::now();
+                let ok = matches!(conn.send(req), Ok(200));
+                let us = start.elapsed().as_secs_f64() * 1e6;
+                if ok {
+                    samples[i].push(us);
+                } else {
+                    errors[i] += 1;
+                }
+            }
+        }
+    }
+    let predict_after = predict_handler_totals(&stack);
+    let predict_handler_us = match (predict_before, predict_after) {
+        (Some((s0, c0)), Some((s1, c1))) if c1 > c0 => (s1 - s0) / (c1 - c0) * 1e6,
+        _ => f64::NAN,
+    };
+    let latency: Vec<LatencyRow> = Way::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let s = &mut samples[i];
+            s.sort_by(f64::total_cmp);
+            LatencyRow {
+                path: w.name().to_string(),
+                requests: s.len() + errors[i],
+                errors: errors[i],
+                p50_us: percentile(s, 0.5),
+                p99_us: percentile(s, 0.99),
+                mean_us: s.iter().sum::<f64>() / s.len().max(1) as f64,
+            }
+        })
+        .collect();
+
+    println!(
+        "throughput: {} connections, {} s per run, {} rounds",
+        opts.connections, opts.seconds, opts.throughput_rounds
+    );
+    let pid = |name: &str| stack.state.procs.iter().find(|p| p.name == name).map(|p| p.pid);
+    let (predictor_pid, simulator_pid) = (pid("predictor"), pid("simulator"));
+    let mut throughput = Vec::new();
+    for round in 0..opts.throughput_rounds {
+        for way in [Way::PlainEnvoy, Way::Headroom, Way::HeadroomSlo] {
+            let envoy_pid = pid(if way == Way::PlainEnvoy { "envoy-plain" } else { "envoy" });
+            let (addr, req) = target(way);
+            let pids = [envoy_pid, predictor_pid, simulator_pid];
+            let cpu0 = pids.map(|p| p.and_then(process::cpu_seconds));
+            let started = Instant::now();
+            let (ok, failed) = closed_loop(addr, &req, opts.connections, Duration::from_secs_f64(opts.seconds));
+            let wall = started.elapsed().as_secs_f64();
+            let cpu1 = pids.map(|p| p.and_then(process::cpu_seconds));
+            let cores = |i: usize| match (cpu0[i], cpu1[i]) {
+                (Some(a), Some(b)) => (b - a) / wall,
+                _ => f64::NAN,
+            };
+            let row = ThroughputRow {
+                path: way.name().to_string(),
+                round,
+                requests_per_s: ok as f64 / wall,
+                errors: failed,
+                envoy_cores: cores(0),
+                predictor_cores: cores(1),
+                simulator_cores: cores(2),
+            };
+            println!("  {:<34} {:>8.0} req/s", row.path, row.requests_per_s);
+            throughput.push(row);
+        }
+    }
+    stack.stop();
+
+    let row = |way: Way| latency.iter().find(|r| r.path == way.name());
+    let (Some(plain_row), Some(slo_row)) = (row(Way::PlainEnvoy), row(Way::HeadroomSlo)) else {
+        anyhow::bail!("a latency row is missing");
+    };
+    let mean_rate = |way: Way| {
+        let r: Vec<f64> = throughput.iter().filter(|t| t.path == way.name()).map(|t| t.requests_per_s).collect();
+        r.iter().sum::<f64>() / r.len().max(1) as f64
+    };
+    let results = GatewayResults {
+        command: command.to_string(),
+        connections: opts.connections,
+        seconds: opts.seconds,
+        filter_added_p50_ms: (slo_row.p50_us - plain_row.p50_us) / 1000.0,
+        filter_added_p99_ms: (slo_row.p99_us - plain_row.p99_us) / 1000.0,
+        throughput_share: mean_rate(Way::HeadroomSlo) / mean_rate(Way::PlainEnvoy),
+        latency,
+        throughput,
+        predict_handler_us,
+    };
+    let text = report(&results);
+    println!("\n{text}");
+    std::fs::create_dir_all(&opts.out)?;
+    std::fs::write(opts.out.join("gateway.md"), &text)?;
+    std::fs::write(opts.out.join("gateway.json"), serde_json::to_string_pretty(&results)?)?;
+    Ok(results)
+}
+
+/// `connections` threads sending `request` back to back for `length`: (answered 200, failed).
+fn closed_loop(addr: SocketAddr, request: &[u8], connections: usize, length: Duration) -> (usize, usize) {
+    let deadline = Instant::now() + length;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..connections)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut conn = Conn::new(addr);
+                    let (mut ok, mut failed) = (0usize, 0usize);
+                    while Instant::now() < deadline {
+                        match conn.send(request) {
+                            Ok(200) => ok += 1,
+                            _ => failed += 1,
+                        }
+                    }
+                    (ok, failed)
+                })
+            })
+            .collect();
+        workers.into_iter().filter_map(|w| w.join().ok()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    })
+}
+
+/// (sum in seconds, count) of the predictor's `headroom_predict_duration_seconds`.
+fn predict_handler_totals(stack: &Stack) -> Option<(f64, f64)> {
+    let (_, text) = headroom_stack::http::get(stack.state.predictor, "/metrics").ok()?;
+    let value = |name: &str| {
+        text.lines().find(|l| l.split(['{', ' ']).next() == Some(name))?.rsplit(' ').next()?.parse::<f64>().ok()
+    };
+    Some((value("headroom_predict_duration_seconds_sum")?, value("headroom_predict_duration_seconds_count")?))
+}
+
+/// The `q` quantile of sorted `values` (nearest rank); NaN when empty.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The markdown report: both tables and the two figures the targets are about.
+pub fn report(r: &GatewayResults) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let direct = r.latency.first().map(|d| (d.p50_us, d.p99_us)).unwrap_or((f64::NAN, f64::NAN));
+    let _ = writeln!(s, "# Gateway cost\n\n`{}`\n", r.command);
+    let _ = writeln!(s, "## Added latency at low load (sequential `max_tokens: 1` completions, one connection)\n");
+    let _ = writeln!(s, "| path | requests | errors | p50 ms | p99 ms | mean ms | added p50 ms | added p99 ms |");
+    let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for l in &r.latency {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:+.3} | {:+.3} |",
+            l.path,
+            l.requests,
+            l.errors,
+            l.p50_us / 1000.0,
+            l.p99_us / 1000.0,
+            l.mean_us / 1000.0,
+            (l.p50_us - direct.0) / 1000.0,
+            (l.p99_us - direct.1) / 1000.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nThe filter's cost (headroom with SLO routing minus plain Envoy): **{:.3} ms p50, {:.3} ms p99** \
+         (targets <= 0.5 and <= 2). predictor-svc's own time per `/v1/predict`: {:.0} us.\n",
+        r.filter_added_p50_ms, r.filter_added_p99_ms, r.predict_handler_us
+    );
+    let _ = writeln!(s, "## Throughput (closed loop, {} connections, {} s per run)\n", r.connections, r.seconds);
+    let _ = writeln!(s, "| path | round | req/s | errors | Envoy cores | predictor cores | simulator cores |");
+    let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for t in &r.throughput {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {} | {:.2} | {:.2} | {:.2} |",
+            t.path, t.round, t.requests_per_s, t.errors, t.envoy_cores, t.predictor_cores, t.simulator_cores
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nHeadroom with SLO routing sustains **{:.0}%** of plain Envoy's request rate (target >= 50%).",
+        r.throughput_share * 100.0
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&v, 1.0), 100.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+}
