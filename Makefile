@@ -8,7 +8,7 @@ BENCH      := target/release/headroom-bench
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm oci validate up down demo bench bench-gateway test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
+.PHONY: setup build wasm oci validate up down demo bench bench-gateway soak test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
 
 setup:
 	@bash scripts/setup.sh
@@ -49,6 +49,13 @@ bench: build
 GATEWAY_ARGS ?=
 bench-gateway: build
 	@$(BENCH) gateway --out results $(GATEWAY_ARGS)
+
+# Steady mixed traffic at ~70% of capacity for SOAK_S seconds: memory of the predictor, Envoy
+# and the Wasm VMs sampled every 10 s (samples.csv, memory.svg), failures and the predictor's
+# books checked; fails on >10% memory growth after warm-up (docs/reliability.md).
+SOAK_S ?= 1800
+soak: build
+	@$(BENCH) soak --seconds $(SOAK_S) --out results/soak
 
 # Calibration checks and load sweep of the simulated engine (docs/simulator.md).
 sim-bench:

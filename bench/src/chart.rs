@@ -1,4 +1,5 @@
-//! A dependency-free SVG line chart: SLO attainment against offered rate, one line per router.
+//! Dependency-free SVG line charts: SLO attainment against offered rate, one line per router
+//! (the benchmark), and any series over time (the soak's memory).
 
 use std::fmt::Write;
 
@@ -28,8 +29,43 @@ fn tick_step(span: f64, ticks: f64) -> f64 {
     [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag)
 }
 
+/// How a chart's axes read.
+pub struct Axes<'a> {
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+    /// The y range shown.
+    pub y_min: f64,
+    pub y_max: f64,
+    /// Distance between y grid lines.
+    pub y_step: f64,
+    /// A y tick's text.
+    pub y_text: &'a dyn Fn(f64) -> String,
+    /// A dashed horizontal line and its label (a target).
+    pub threshold: Option<(f64, String)>,
+    /// Draw a dot on every point (off for long time series).
+    pub dots: bool,
+}
+
 /// Attainment (y, 0-100%) against rate (x, req/s), with the `threshold` as a dashed line.
 pub fn attainment_svg(title: &str, series: &[Series], threshold: f64) -> String {
+    let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+    let y0 = (ys.fold(1.0f64, f64::min).min(threshold) * 10.0).floor() / 10.0;
+    let percent = |y: f64| format!("{:.0}%", 100.0 * y);
+    let axes = Axes {
+        x_label: "offered load (requests/s)",
+        y_label: "SLO attainment",
+        y_min: y0.clamp(0.0, 0.8),
+        y_max: 1.0,
+        y_step: 0.1,
+        y_text: &percent,
+        threshold: Some((threshold, format!("{:.0}% target", 100.0 * threshold))),
+        dots: true,
+    };
+    line_svg(title, &axes, series)
+}
+
+/// Any line chart: one polyline per series over x from the data and y from `axes`.
+pub fn line_svg(title: &str, axes: &Axes, series: &[Series]) -> String {
     let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
     let (mut x0, mut x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
     if !x0.is_finite() || !x1.is_finite() {
@@ -38,12 +74,10 @@ pub fn attainment_svg(title: &str, series: &[Series], threshold: f64) -> String 
     let step = tick_step((x1 - x0).max(1.0), 6.0);
     x0 = (x0 / step).floor() * step;
     x1 = ((x1 / step).ceil() * step).max(x0 + step);
-    let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
-    let y0 = (ys.fold(1.0f64, f64::min).min(threshold) * 10.0).floor() / 10.0;
-    let y0 = y0.clamp(0.0, 0.8);
+    let (y0, y1) = (axes.y_min, if axes.y_max > axes.y_min { axes.y_max } else { axes.y_min + 1.0 });
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * pw;
-    let py = |y: f64| TOP + (1.0 - (y - y0) / (1.0 - y0)) * ph;
+    let py = |y: f64| TOP + (1.0 - (y.clamp(y0, y1) - y0) / (y1 - y0)) * ph;
 
     let mut s = String::new();
     let _ = write!(
@@ -68,47 +102,54 @@ pub fn attainment_svg(title: &str, series: &[Series], threshold: f64) -> String 
         );
         x += step;
     }
+    let y_step = if axes.y_step > 0.0 { axes.y_step } else { (y1 - y0) / 5.0 };
     let mut y = y0;
-    while y <= 1.0 + 1e-9 {
+    while y <= y1 + 1e-9 {
         let _ = writeln!(
             s,
-            r##"<line x1="{0:.1}" y1="{1:.1}" x2="{2:.1}" y2="{1:.1}" stroke="#eee"/><text x="{3:.1}" y="{4:.1}" text-anchor="end">{5:.0}%</text>"##,
+            r##"<line x1="{0:.1}" y1="{1:.1}" x2="{2:.1}" y2="{1:.1}" stroke="#eee"/><text x="{3:.1}" y="{4:.1}" text-anchor="end">{5}</text>"##,
             LEFT,
             py(y),
             LEFT + pw,
             LEFT - 6.0,
             py(y) + 4.0,
-            100.0 * y
+            (axes.y_text)(y)
         );
-        y += 0.1;
+        y += y_step;
+    }
+    if let Some((threshold, label)) = &axes.threshold {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#000" stroke-dasharray="6 4"/><text x="{1:.1}" y="{2:.1}" text-anchor="end">{3}</text>"##,
+            py(*threshold),
+            LEFT + pw,
+            py(*threshold) - 4.0,
+            escape(label)
+        );
     }
     let _ = writeln!(
         s,
-        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#000" stroke-dasharray="6 4"/><text x="{1:.1}" y="{2:.1}" text-anchor="end">{3:.0}% target</text>"##,
-        py(threshold),
-        LEFT + pw,
-        py(threshold) - 4.0,
-        100.0 * threshold
-    );
-    let _ = writeln!(
-        s,
         r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#000"/>
-<text x="{:.1}" y="{:.1}" text-anchor="middle">offered load (requests/s)</text>
-<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">SLO attainment</text>"##,
+<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>
+<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"##,
         LEFT + pw / 2.0,
         H - 10.0,
-        TOP + ph / 2.0
+        escape(axes.x_label),
+        TOP + ph / 2.0,
+        escape(axes.y_label)
     );
     for (i, line) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let pts: Vec<String> = line.points.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(y.max(y0)))).collect();
+        let pts: Vec<String> = line.points.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y))).collect();
         let _ = writeln!(
             s,
             r##"<polyline class="series" fill="none" stroke="{color}" stroke-width="2" points="{}"/>"##,
             pts.join(" ")
         );
-        for (x, y) in &line.points {
-            let _ = writeln!(s, r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"##, px(*x), py(y.max(y0)));
+        if axes.dots {
+            for (x, y) in &line.points {
+                let _ = writeln!(s, r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"##, px(*x), py(*y));
+            }
         }
         let ly = TOP + 10.0 + 20.0 * i as f64;
         let _ = writeln!(

@@ -302,10 +302,8 @@ fn closed_loop(addr: SocketAddr, request: &[u8], connections: usize, length: Dur
 /// (sum in seconds, count) of the predictor's `headroom_predict_duration_seconds`.
 fn predict_handler_totals(stack: &Stack) -> Option<(f64, f64)> {
     let (_, text) = headroom_stack::http::get(stack.state.predictor, "/metrics").ok()?;
-    let value = |name: &str| {
-        text.lines().find(|l| l.split(['{', ' ']).next() == Some(name))?.rsplit(' ').next()?.parse::<f64>().ok()
-    };
-    Some((value("headroom_predict_duration_seconds_sum")?, value("headroom_predict_duration_seconds_count")?))
+    let value = |name: &str| headroom_stack::http::metric_sum(&text, name);
+    Some((value("headroom_predict_duration_seconds_sum"), value("headroom_predict_duration_seconds_count")))
 }
 
 /// The `q` quantile of sorted `values` (nearest rank); NaN when empty.

@@ -15,6 +15,7 @@
 pub mod chart;
 pub mod gateway;
 pub mod report;
+pub mod soak;
 pub mod summary;
 pub mod wire;
 

@@ -1,5 +1,6 @@
-//! `headroom-bench run | report | gateway`: the benchmarks behind `make bench` (docs/benchmark.md)
-//! and `make bench-gateway` (docs/performance.md).
+//! `headroom-bench run | report | gateway | soak`: the benchmarks behind `make bench`
+//! (docs/benchmark.md), `make bench-gateway` (docs/performance.md) and `make soak`
+//! (docs/reliability.md).
 
 use clap::{Parser, Subcommand};
 use headroom_bench::{BenchOptions, BenchResults};
@@ -70,6 +71,25 @@ enum Cmd {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
     },
+    /// Steady mixed traffic for a long time: memory of the predictor, Envoy and the Wasm VMs
+    /// sampled, failures counted, the predictor's books balanced at the end (exit 1 on failure).
+    Soak {
+        /// Seconds of traffic, warm-up included.
+        #[arg(long, default_value_t = 1800.0)]
+        seconds: f64,
+        /// Seconds before the memory baseline (default: a sixth of the run, at most 300).
+        #[arg(long)]
+        warmup: Option<f64>,
+        /// Offered load, requests/s (about 70% of the 2 H100 + 1 A100 fleet's capacity).
+        #[arg(long, default_value_t = 35.0)]
+        rate: f64,
+        /// Shrink the predictor's bounded stores so a short soak sees them full (`make test`).
+        #[arg(long)]
+        small_caps: bool,
+        /// Where samples.csv, memory.svg and soak.json go.
+        #[arg(long, default_value = "results/soak")]
+        out: std::path::PathBuf,
+    },
     /// Re-render report.md and the charts from a results.json of an earlier `run`.
     Report {
         #[arg(long, default_value = "results")]
@@ -88,6 +108,27 @@ fn main() -> anyhow::Result<()> {
                 serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             headroom_bench::write_outputs(&out, &results)?;
             println!("report: {}", out.join("report.md").display());
+        }
+        Cmd::Soak { seconds, warmup, rate, small_caps, out } => {
+            let opts = headroom_bench::soak::SoakOptions {
+                seconds,
+                warmup_s: warmup.unwrap_or((seconds / 6.0).min(300.0)),
+                rate,
+                small_caps,
+                run_dir,
+                out: out.clone(),
+                ..Default::default()
+            };
+            let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+            let summary = headroom_bench::soak::run(&opts, command.trim())?;
+            println!("{}", summary.line());
+            for f in &summary.first_failures {
+                println!("  failed: {f}");
+            }
+            println!("samples and chart: {}", out.display());
+            if !summary.passed {
+                std::process::exit(1);
+            }
         }
         Cmd::Gateway { requests, rounds, connections, seconds, throughput_rounds, plugin, out } => {
             let plugin = match serde_json::from_str::<serde_json::Value>(&plugin) {

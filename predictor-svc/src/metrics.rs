@@ -109,6 +109,7 @@ pub struct Metrics {
     tier_recall: FloatGauge,
     decisions: Mutex<Decisions>,
     pub in_flight: Family<EndpointLabel, Gauge>,
+    in_flight_expired: Counter,
     unauthorized: Counter,
     panics: Counter,
     invalid: Family<RouteLabel, Counter>,
@@ -127,6 +128,7 @@ impl Metrics {
         let duration = || Histogram::new(exponential_buckets(1e-6, 2.0, 20));
         let m = Metrics {
             predictions: Counter::default(),
+            in_flight_expired: Counter::default(),
             predict_duration: duration(),
             dispatches: Family::default(),
             reports: Family::default(),
@@ -199,6 +201,11 @@ impl Metrics {
         );
         r.register("headroom_in_flight_requests", "Requests dispatched and not yet reported", m.in_flight.clone());
         r.register(
+            "headroom_in_flight_expired",
+            "Requests dispatched and never reported within in_flight_ttl_s, forgotten",
+            m.in_flight_expired.clone(),
+        );
+        r.register(
             "inference_objective_request_ttft_seconds",
             "Observed time to first token (streaming)",
             m.ttft.clone(),
@@ -242,6 +249,11 @@ impl Metrics {
 
     fn count(family: &Family<ResultLabel, Counter>, result: &str, n: u64) {
         family.get_or_create(&ResultLabel { result: result.to_string() }).inc_by(n);
+    }
+
+    /// `n` requests in flight were never reported and are no longer tracked.
+    pub fn expired(&self, n: u64) {
+        self.in_flight_expired.inc_by(n);
     }
 
     pub fn unauthorized(&self) {

@@ -105,6 +105,7 @@ pub async fn expire(state: Arc<AppState>) {
         for pool in state.pools.names() {
             let expired = state.pools.with(&pool, |p| p.expire(now, ttl)).unwrap_or(0);
             if expired > 0 {
+                state.metrics.expired(expired as u64);
                 tracing::warn!(pool = %pool, expired, "in-flight requests never reported were forgotten");
             }
         }

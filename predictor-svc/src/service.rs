@@ -90,6 +90,11 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
         };
         ack.accepted += 1;
         state.metrics.report("accepted", 1);
+        // Dispatched here and tracked until now: `dispatches{accepted}` = `reports{tracked}` +
+        // in flight + expired, the accounting the soak checks.
+        if tracked.is_some() {
+            state.metrics.report("tracked", 1);
+        }
         // A report for a request never dispatched here teaches nothing: with the token,
         // only the gateway posts reports, and even it cannot invent training samples.
         if tracked.as_deref() == Some(o.endpoint.as_str()) {

@@ -44,3 +44,34 @@ fn dechunk(mut body: &str) -> String {
     }
     out
 }
+
+/// The sum of every series of metric `name` in a Prometheus text exposition (0 when absent).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of the series of `name` whose labels include `label` (e.g. `result="accepted"`).
+pub fn metric_with(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_summed_by_exact_name_and_label() {
+        let text = "# HELP a x\na_total{result=\"ok\"} 2\na_total{result=\"bad\"} 3\na_total_more 7\nb 1.5\n";
+        assert_eq!(metric_sum(text, "a_total"), 5.0);
+        assert_eq!(metric_with(text, "a_total", "result=\"ok\""), 2.0);
+        assert_eq!(metric_sum(text, "b"), 1.5);
+        assert_eq!(metric_sum(text, "c"), 0.0);
+    }
+}

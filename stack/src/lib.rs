@@ -69,6 +69,8 @@ pub struct StackOptions {
     pub router: Router,
     /// predictor-svc replicas; more than one are shards (`predictor_shards` in the filter).
     pub predictor_replicas: usize,
+    /// Applied to each replica's configuration after the stack's settings (a test's caps).
+    pub predictor_tweak: fn(&mut PredictorConfig),
 }
 
 impl Default for StackOptions {
@@ -83,6 +85,7 @@ impl Default for StackOptions {
             objective: "mean".into(),
             router: Router::Headroom,
             predictor_replicas: 1,
+            predictor_tweak: |_| {},
         }
     }
 }
@@ -363,6 +366,7 @@ impl Stack {
             if opts.profiles.iter().any(|p| p == "a100") {
                 config.model.prior_hardware_scale.insert("a100".into(), 2.0);
             }
+            (opts.predictor_tweak)(&mut config);
             std::fs::write(stack.predictor_config(i), config.to_toml()?)?;
             if opts.external_predictor.is_none() {
                 stack.start_predictor_replica(i)?;

@@ -118,10 +118,7 @@ impl Harness {
     /// A counter or gauge from a simulated server's `/metrics` (0 when absent).
     pub fn server_metric(&self, server: SocketAddr, name: &str) -> f64 {
         let text = self.get(&format!("http://{server}/metrics")).map(|r| r.body).unwrap_or_default();
-        text.lines()
-            .filter(|l| l.split(['{', ' ']).next() == Some(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        headroom_stack::http::metric_sum(&text, name)
     }
 
     /// The predictor's newest observations.
@@ -144,13 +141,7 @@ impl Harness {
 
     /// Value of an Envoy stat (summed over its series), 0 when absent.
     pub fn envoy_stat(&self, name: &str) -> f64 {
-        self.stack
-            .envoy_stats()
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| l.split(['{', ' ']).next() == Some(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        headroom_stack::http::metric_sum(&self.stack.envoy_stats(), name)
     }
 }
 

@@ -209,6 +209,7 @@ pub fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: 
 #[derive(Debug, Clone, Copy)]
 pub enum MetricKind {
     Counter = 0,
+    Gauge = 1,
     Histogram = 2,
 }
 

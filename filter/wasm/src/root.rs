@@ -18,6 +18,18 @@ use crate::host;
 use crate::request::{Request, SharedVm};
 use crate::stats::Stats;
 
+/// The VM's linear memory (what it holds from the host, never returned: the high-water mark).
+fn linear_memory_bytes() -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        core::arch::wasm32::memory_size::<0>() as u64 * 65536
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        0
+    }
+}
+
 #[derive(Default)]
 pub struct Root {
     /// Set by the first successful `on_configure`.
@@ -60,6 +72,7 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         if let Some((vm, stats)) = &self.vm {
             vm.borrow_mut().flush(&mut Envoy { stats });
+            stats.vm_memory(linear_memory_bytes());
         }
     }
 

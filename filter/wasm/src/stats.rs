@@ -27,6 +27,10 @@ pub struct Stats {
     served_elsewhere: Option<u32>,
     slo_violation_ttft: Option<u32>,
     slo_violation_tpot: Option<u32>,
+    /// Linear memory of all of the plugin's VMs together (each adds its own changes).
+    vm_memory: Option<u32>,
+    /// This VM's share of `vm_memory` so far.
+    vm_memory_seen: std::cell::Cell<u64>,
 }
 
 impl Stats {
@@ -52,6 +56,8 @@ impl Stats {
             served_elsewhere: counter("served_elsewhere"),
             slo_violation_ttft: counter("slo_violation.ttft"),
             slo_violation_tpot: counter("slo_violation.tpot"),
+            vm_memory: host::define_metric(MetricKind::Gauge, "headroom.vm_memory_bytes"),
+            vm_memory_seen: std::cell::Cell::new(0),
         }
     }
 
@@ -84,6 +90,17 @@ impl Stats {
                 Self::inc(self.slo_violation_tpot, u64::from(tpot));
             }
             Event::Outbox(counts) => self.outbox(counts),
+        }
+    }
+
+    /// This VM's linear memory is `bytes` now. The gauge is shared by every VM of the plugin
+    /// (one per worker), so each adds the change since its last report: the gauge is their sum.
+    pub fn vm_memory(&self, bytes: u64) {
+        let Some(id) = self.vm_memory else { return };
+        let change = i64::try_from(bytes).unwrap_or(i64::MAX) - i64::try_from(self.vm_memory_seen.get()).unwrap_or(0);
+        if change != 0 {
+            host::increment_metric(id, change);
+            self.vm_memory_seen.set(bytes);
         }
     }
 
