@@ -193,7 +193,8 @@ pub struct Observation {
     /// `usage.prompt_tokens_details.cached_tokens`, when given.
     #[serde(default)]
     pub cached_tokens: Option<u32>,
-    /// HTTP status returned by the model server (0: no response).
+    /// HTTP status returned by the model server; 0: no response, or a 200 cut off before
+    /// its end (the server or its connection failed mid-body). Only 200s teach the model.
     pub status: u16,
 }
 

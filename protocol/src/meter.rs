@@ -19,6 +19,10 @@ pub struct Measurement {
     pub e2e_ms: f64,
     pub output_tokens: Option<u32>,
     pub cached_tokens: Option<u32>,
+    /// The response reached its end: `data: [DONE]` for a stream, a whole JSON body
+    /// otherwise. A response cut off (the server or its connection failed mid-body) is not
+    /// complete, and its latencies describe a failure, not the server.
+    pub complete: bool,
 }
 
 /// Watches one response body; feed it chunks with their arrival times.
@@ -34,6 +38,7 @@ pub struct ResponseMeter {
     cached_tokens: Option<u32>,
     buffer: Vec<u8>,
     overflowed: bool,
+    saw_done: bool,
 }
 
 impl ResponseMeter {
@@ -51,6 +56,7 @@ impl ResponseMeter {
             cached_tokens: None,
             buffer: Vec::new(),
             overflowed: false,
+            saw_done: false,
         }
     }
 
@@ -84,6 +90,7 @@ impl ResponseMeter {
             let Some(data) = line.strip_prefix("data:") else { continue };
             let data = data.trim();
             if data == "[DONE]" {
+                self.saw_done = true;
                 continue;
             }
             let Ok(value) = serde_json::from_str::<Value>(data) else { continue };
@@ -115,9 +122,12 @@ impl ResponseMeter {
     pub fn finish(mut self, now_ns: u64) -> Measurement {
         let e2e_ms = now_ns.saturating_sub(self.started_ns) as f64 / NS_PER_MS;
         if !self.streaming {
+            // A body too large to parse is taken as whole: nothing says otherwise.
+            let mut complete = self.overflowed;
             if !self.overflowed {
                 if let Ok(value) = serde_json::from_slice::<Value>(&self.buffer) {
                     self.read_usage(&value);
+                    complete = true;
                 }
             }
             return Measurement {
@@ -126,6 +136,7 @@ impl ResponseMeter {
                 e2e_ms,
                 output_tokens: self.completion_tokens,
                 cached_tokens: self.cached_tokens,
+                complete,
             };
         }
         self.drain_events(now_ns);
@@ -137,7 +148,9 @@ impl ResponseMeter {
             }
             _ => None,
         };
-        Measurement { ttft_ms, tpot_ms, e2e_ms, output_tokens: tokens, cached_tokens: self.cached_tokens }
+        // An event larger than the cap stopped parsing: its end cannot be seen, so not judged.
+        let complete = self.saw_done || self.overflowed;
+        Measurement { ttft_ms, tpot_ms, e2e_ms, output_tokens: tokens, cached_tokens: self.cached_tokens, complete }
     }
 }
 
@@ -190,6 +203,25 @@ mod tests {
         assert_eq!(r.cached_tokens, Some(4));
         assert_eq!(r.tpot_ms, Some(20.0)); // (200 - 100) / (6 - 1)
         assert_eq!(r.e2e_ms, 210.0);
+        assert!(r.complete);
+    }
+
+    #[test]
+    fn a_response_cut_off_is_not_complete() {
+        // A stream whose server died after two tokens: no `[DONE]`.
+        let mut m = ResponseMeter::new(true, 0, 1 << 20);
+        m.on_chunk(event("a").as_bytes(), 100 * MS);
+        m.on_chunk(event("b").as_bytes(), 120 * MS);
+        let r = m.finish(5000 * MS);
+        assert_eq!(r.ttft_ms, Some(100.0));
+        assert!(!r.complete);
+        // Half a JSON body.
+        let mut m = ResponseMeter::new(false, 0, 1 << 20);
+        m.on_chunk(br#"{"choices":[{"text":"ab"#, 300 * MS);
+        assert!(!m.finish(301 * MS).complete);
+        let mut m = ResponseMeter::new(false, 0, 1 << 20);
+        m.on_chunk(br#"{"choices":[]}"#, 300 * MS);
+        assert!(m.finish(301 * MS).complete);
     }
 
     #[test]

@@ -71,6 +71,12 @@ pub struct StackOptions {
     pub predictor_replicas: usize,
     /// Applied to each replica's configuration after the stack's settings (a test's caps).
     pub predictor_tweak: fn(&mut PredictorConfig),
+    /// One simulator process per server (`server-0`, `server-1`, ...), so a test can kill
+    /// and restart one server ([`Stack::stop_server`]); otherwise one process serves all.
+    pub server_processes: bool,
+    /// Start Envoy for hot restart (epoch 0), so [`Stack::hot_restart_envoy`] can hand its
+    /// listeners to a new process; otherwise `--disable-hot-restart`.
+    pub envoy_hot_restart: bool,
 }
 
 impl Default for StackOptions {
@@ -86,6 +92,8 @@ impl Default for StackOptions {
             router: Router::Headroom,
             predictor_replicas: 1,
             predictor_tweak: |_| {},
+            server_processes: false,
+            envoy_hot_restart: false,
         }
     }
 }
@@ -155,6 +163,11 @@ pub struct Stack {
     attached: bool,
     /// The filter configuration every Envoy of this stack runs (defaults, token, the caller's fields).
     plugin: Map<String, Value>,
+    /// `ip:port=profile` of each simulated server, and their time scale (to restart one).
+    server_specs: Vec<String>,
+    time_scale: f64,
+    /// How the serving Envoy was started (the newest epoch after a hot restart).
+    envoy: EnvoyLaunch,
 }
 
 /// One Envoy to start in front of the stack's servers: the stack's own, or another beside it
@@ -329,17 +342,27 @@ impl Stack {
             children: Vec::new(),
             attached: opts.attached,
             plugin: Map::new(),
+            server_specs: Vec::new(),
+            time_scale: 1.0,
+            envoy: EnvoyLaunch::new("envoy", opts.router, gateway, admin),
         };
 
-        // Simulated model servers, one process.
-        let mut args: Vec<String> = vec!["--time-scale".into(), opts.time_scale.to_string()];
-        for (addr, profile) in stack.state.servers.iter().zip(&opts.profiles) {
-            args.push("--server".into());
-            args.push(format!("{addr}={profile}"));
-        }
-        stack.spawn("simulator", &bins.join("headroom-sim"), &args)?;
-        for s in stack.state.servers.clone() {
-            stack.wait_ready("simulator", || http::get(s, "/health").is_ok_and(|(code, _)| code == 200))?;
+        // Simulated model servers: one process, or one each.
+        stack.server_specs = stack.state.servers.iter().zip(&opts.profiles).map(|(a, p)| format!("{a}={p}")).collect();
+        stack.time_scale = opts.time_scale;
+        if opts.server_processes {
+            for i in 0..stack.server_specs.len() {
+                stack.start_server(i)?;
+            }
+        } else {
+            let mut args: Vec<String> = vec!["--time-scale".into(), opts.time_scale.to_string()];
+            for spec in &stack.server_specs {
+                args.extend(["--server".to_string(), spec.clone()]);
+            }
+            stack.spawn("simulator", &bins.join("headroom-sim"), &args)?;
+            for s in stack.state.servers.clone() {
+                stack.wait_ready("simulator", || http::get(s, "/health").is_ok_and(|(code, _)| code == 200))?;
+            }
         }
 
         // predictor-svc, one config and data directory per replica. Each server's profile is
@@ -383,7 +406,13 @@ impl Stack {
         plugin.extend(opts.plugin.clone());
         stack.plugin = plugin;
         let (gateway, admin) = (stack.state.gateway, stack.state.admin);
-        stack.start_envoy(&EnvoyLaunch::new("envoy", opts.router, gateway, admin))?;
+        let mut launch = EnvoyLaunch::new("envoy", opts.router, gateway, admin);
+        if opts.envoy_hot_restart {
+            // The base id names the shared memory of one restart family: the gateway port is unique here.
+            launch.hot_restart = Some((u32::from(gateway.port()), 0));
+        }
+        stack.envoy = launch.clone();
+        stack.start_envoy(&launch)?;
         std::fs::write(StackState::file(&run_dir), serde_json::to_string_pretty(&stack.state)?)?;
         Ok(stack)
     }
@@ -476,6 +505,59 @@ impl Stack {
         self.spawn(&name, &bins.join("headroom-predictor"), &args)?;
         let addr = self.state.predictors.get(i).copied().unwrap_or(self.state.predictor);
         self.wait_ready(&name, || http::get(addr, "/readyz").is_ok_and(|(c, _)| c == 200))
+    }
+
+    /// Starts (or restarts, on its port) simulated server `i` in a process of its own,
+    /// `server-<i>`, and waits until it answers.
+    pub fn start_server(&mut self, i: usize) -> anyhow::Result<()> {
+        let spec = self.server_specs.get(i).cloned().ok_or_else(|| anyhow::anyhow!("no server {i}"))?;
+        let args = vec!["--time-scale".to_string(), self.time_scale.to_string(), "--server".into(), spec];
+        let name = format!("server-{i}");
+        self.spawn(&name, &locate::bin_dir()?.join("headroom-sim"), &args)?;
+        let addr = self.state.servers[i];
+        self.wait_ready(&name, || http::get(addr, "/health").is_ok_and(|(c, _)| c == 200))
+    }
+
+    /// Kills simulated server `i` (started with `server_processes`) as a crash would.
+    pub fn kill_server(&mut self, i: usize) {
+        self.kill_named(&format!("server-{i}"));
+    }
+
+    /// Kills the stack's processes named `name` without a grace period, as a crash would:
+    /// open connections are cut, nothing is flushed or persisted.
+    pub fn kill_named(&mut self, name: &str) {
+        for (k, p) in self.state.procs.iter().enumerate() {
+            if p.name == name {
+                process::stop(p, self.children[k].as_mut(), Duration::ZERO);
+            }
+        }
+        self.stop_named(name);
+    }
+
+    /// The pid of the stack's process named `name`, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.state.procs.iter().find(|p| p.name == name).map(|p| p.pid)
+    }
+
+    /// Hot restart: a new Envoy process (the next epoch, `concurrency` workers, a new admin
+    /// port) takes the gateway's listener over from the serving one, which drains and exits
+    /// on its own. Needs `envoy_hot_restart`.
+    pub fn hot_restart_envoy(&mut self, concurrency: usize) -> anyhow::Result<()> {
+        let Some((base_id, epoch)) = self.envoy.hot_restart else {
+            anyhow::bail!("this stack's Envoy was started without hot restart");
+        };
+        let admin = local(free_ports(1)?[0]);
+        let launch = EnvoyLaunch {
+            name: format!("envoy-epoch-{}", epoch + 1),
+            concurrency,
+            admin,
+            hot_restart: Some((base_id, epoch + 1)),
+            ..self.envoy.clone()
+        };
+        self.start_envoy(&launch)?;
+        self.state.admin = admin;
+        self.envoy = launch;
+        Ok(())
     }
 
     /// Stops the running predictor-svc (the rest keeps running).

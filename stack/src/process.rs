@@ -55,7 +55,8 @@ pub fn is_ours(proc: &Proc) -> bool {
     alive && exe.is_ok_and(same)
 }
 
-/// Stops `proc`: SIGTERM, then SIGKILL after `grace`. Returns once it is gone.
+/// Stops `proc`: SIGTERM, then SIGKILL after `grace` (at once when `grace` is zero).
+/// Returns once it is gone.
 /// With its `Child` handle the pid is certainly ours (it cannot be reused before we reap it).
 pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
     let pid = proc.pid as libc::pid_t;
@@ -72,9 +73,10 @@ pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
     if !running {
         return;
     }
-    // SAFETY: plain kill(2) on a pid verified to be our process just above.
+    // SAFETY: plain kill(2) on a pid verified to be our process just above. No grace: a
+    // crash, straight to SIGKILL.
     unsafe {
-        libc::kill(pid, libc::SIGTERM);
+        libc::kill(pid, if grace.is_zero() { libc::SIGKILL } else { libc::SIGTERM });
     }
     let deadline = Instant::now() + grace;
     loop {

@@ -2,6 +2,7 @@
 //! predictor's view.
 
 pub mod fake_predictor;
+pub mod load;
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};

@@ -277,6 +277,12 @@ impl Flow {
             Some(m) => m.finish(now),
             None => Measurement { e2e_ms: now.saturating_sub(self.forwarded_ns) as f64 / 1e6, ..Default::default() },
         };
+        // A 200 cut off before its end (the server died mid-stream) is reported as status 0:
+        // tracking ends, nothing is learnt from it.
+        if self.status == 200 && !measured.complete {
+            host.record(Event::CutOff);
+            self.status = 0;
+        }
         let served = host.upstream_address();
         let choice = self.choice.take();
         // Served elsewhere (a retry, or a chosen endpoint Envoy's cluster lacks): the

@@ -99,6 +99,9 @@ pub enum Event {
     /// A routed request served by another endpoint than the chosen one (a retry,
     /// or a chosen endpoint missing from Envoy's cluster).
     ServedElsewhere,
+    /// A 200 response cut off before its end (the server or its connection failed mid-body):
+    /// reported with status 0, learnt from by nothing.
+    CutOff,
     /// A finished streaming request missed its TTFT (`ttft`) and/or TPOT SLO.
     SloViolation {
         ttft: bool,

@@ -199,6 +199,11 @@ fn routed(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, status: u16, answer
 
 /// A streamed 200 passing by at `ttft_ms`, then the stream's end.
 fn stream_response(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, ttft_ms: u64) {
+    stream_until(flow, host, vm, ttft_ms, true);
+}
+
+/// Three tokens of a streamed 200 from `ttft_ms`, then `[DONE]` only when `complete`, then the log.
+fn stream_until(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, ttft_ms: u64, complete: bool) {
     host.headers.insert((Map::ResponseHeaders, ":status".into()), "200".into());
     host.headers.insert((Map::ResponseHeaders, "content-type".into()), "text/event-stream".into());
     assert_eq!(flow.on_response_headers(host, vm), Step::Continue);
@@ -207,6 +212,11 @@ fn stream_response(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, ttft_ms: u
         let chunk = format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"{text}\"}}]}}\n\n");
         host.buffers.insert(Buffer::ResponseBody, chunk.clone().into_bytes());
         flow.on_response_body(host, vm, chunk.len());
+    }
+    if complete {
+        let done = b"data: [DONE]\n\n".to_vec();
+        host.buffers.insert(Buffer::ResponseBody, done.clone());
+        flow.on_response_body(host, vm, done.len());
     }
     flow.on_log(host, vm);
 }
@@ -383,6 +393,22 @@ fn a_request_served_elsewhere_is_reported_where_it_ran_without_the_chosen_predic
     let o = &reported[0].observations[0];
     assert_eq!(o.endpoint, "10.0.0.7:8000");
     assert_eq!((o.predicted_ttft_ms, o.predicted_tpot_ms, o.state_at_dispatch.is_some()), (None, None, false));
+}
+
+#[test]
+fn a_stream_cut_off_by_its_server_is_reported_with_status_0() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    routed(&mut flow, &mut host, &mut vm, 200, &answer);
+    host.upstream = Some("10.0.0.1:8000".into());
+    stream_until(&mut flow, &mut host, &mut vm, 30, false);
+    assert!(host.has(Event::CutOff));
+    deliver_all(&mut host, &mut vm, 200);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    let o = &reported[0].observations[0];
+    assert_eq!((o.status, o.endpoint.as_str()), (0, "10.0.0.1:8000"), "tracking ends, nothing is learnt");
 }
 
 #[test]

@@ -25,6 +25,7 @@ pub struct Stats {
     reports_oversized: Option<u32>,
     predictor_ejected: Option<u32>,
     served_elsewhere: Option<u32>,
+    cut_off: Option<u32>,
     slo_violation_ttft: Option<u32>,
     slo_violation_tpot: Option<u32>,
     /// Linear memory of all of the plugin's VMs together (each adds its own changes).
@@ -54,6 +55,7 @@ impl Stats {
             reports_oversized: counter("reports.oversized"),
             predictor_ejected: counter("predictor.ejected"),
             served_elsewhere: counter("served_elsewhere"),
+            cut_off: counter("response_cut_off"),
             slo_violation_ttft: counter("slo_violation.ttft"),
             slo_violation_tpot: counter("slo_violation.tpot"),
             vm_memory: host::define_metric(MetricKind::Gauge, "headroom.vm_memory_bytes"),
@@ -85,6 +87,7 @@ impl Stats {
             }
             Event::PredictorEjected => Self::inc(self.predictor_ejected, 1),
             Event::ServedElsewhere => Self::inc(self.served_elsewhere, 1),
+            Event::CutOff => Self::inc(self.cut_off, 1),
             Event::SloViolation { ttft, tpot } => {
                 Self::inc(self.slo_violation_ttft, u64::from(ttft));
                 Self::inc(self.slo_violation_tpot, u64::from(tpot));

@@ -11,7 +11,7 @@ mod metrics;
 mod replies;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +53,21 @@ struct Shared {
     commands: mpsc::UnboundedSender<Command>,
     telemetry: Arc<Telemetry>,
     next_id: AtomicU64,
+    /// What `/metrics` does: a [`MetricsFault`] (tests make a server's scrape fail).
+    metrics_fault: AtomicU8,
+}
+
+/// How `/metrics` misbehaves, set by `PUT /fault/metrics` with `ok`, `hang` or `garbage`:
+/// the end-to-end tests' way to give the predictor a server whose metrics fail while its
+/// completions work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MetricsFault {
+    Ok = 0,
+    /// Never answers (the scraper's timeout must cut it).
+    Hang = 1,
+    /// Answers 200 with bytes that are not the Prometheus text format.
+    Garbage = 2,
 }
 
 /// Binds `config.address` and serves until `shutdown` resolves.
@@ -80,6 +95,7 @@ pub async fn serve(
         commands: tx,
         telemetry: Arc::new(Telemetry::new()),
         next_id: AtomicU64::new(1),
+        metrics_fault: AtomicU8::new(MetricsFault::Ok as u8),
     });
     let engine = tokio::spawn(driver::drive(
         shared.config.profile.clone(),
@@ -94,6 +110,7 @@ pub async fn serve(
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "" }))
         .route("/metrics", get(metrics))
+        .route("/fault/metrics", axum::routing::put(set_metrics_fault))
         .with_state(shared)
         .layer(axum::middleware::map_response(move |mut res: Response| {
             let served_by = served_by.clone();
@@ -160,7 +177,28 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
     axum::Json(body).into_response()
 }
 
+async fn set_metrics_fault(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let fault = match body.as_ref() {
+        b"ok" => MetricsFault::Ok,
+        b"hang" => MetricsFault::Hang,
+        b"garbage" => MetricsFault::Garbage,
+        _ => {
+            return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some("body"), "ok, hang or garbage")
+        }
+    };
+    shared.metrics_fault.store(fault as u8, Ordering::Relaxed);
+    StatusCode::NO_CONTENT.into_response()
+}
+
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.metrics_fault.load(Ordering::Relaxed) {
+        x if x == MetricsFault::Hang as u8 => std::future::pending::<()>().await,
+        x if x == MetricsFault::Garbage as u8 => {
+            let body: &'static [u8] = b"\xff\xfe{vllm:num_requests_running 12 ]] \x00 NaNNaN\nnot prometheus at all";
+            return ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response();
+        }
+        _ => {}
+    }
     let body = shared.telemetry.render(&shared.config.model);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -1,0 +1,246 @@
+//! Faults under steady load, through the real Envoy: what the clients see when a part of
+//! the system fails mid-traffic, and that it comes back (docs/reliability.md, "Faults").
+//!
+//! Each test runs a few clients sending completions back to back ([`SteadyLoad`]), breaks
+//! one thing, repairs it, and checks every outcome. "Caused by headroom" means any failure
+//! a request meets other than on the model server that was itself killed.
+
+use std::time::{Duration, Instant};
+
+use headroom_e2e::load::{Sent, SteadyLoad};
+use headroom_e2e::{wait_until, Harness, StackOptions};
+use headroom_stack::http::{metric_sum, metric_with};
+use serde_json::json;
+
+fn options() -> StackOptions {
+    let plugin = json!({"debug_headers": true});
+    StackOptions { plugin: plugin.as_object().cloned().unwrap_or_default(), ..Default::default() }
+}
+
+/// Every request that failed, as a line each (empty when none did).
+fn failures(sent: &[Sent]) -> Vec<String> {
+    sent.iter()
+        .filter(|s| !s.ok())
+        .map(|s| format!("status {} served by {:?}: {:?}", s.status, s.served_by, s.error))
+        .collect()
+}
+
+/// Requests sent in `[from, to)` routed by prediction (tier positive or negative).
+fn predicted_between(sent: &[Sent], from: Instant, to: Instant) -> usize {
+    sent.iter()
+        .filter(|s| s.at >= from && s.at < to)
+        .filter(|s| matches!(s.tier.as_deref(), Some("positive") | Some("negative")))
+        .count()
+}
+
+fn predictor_metrics(h: &Harness) -> String {
+    h.get(&format!("{}/metrics", h.predictor())).map(|r| r.body).unwrap_or_default()
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[test]
+fn predictor_killed_and_restarted_under_load_serves_every_request_and_keeps_the_reports() {
+    let mut h = Harness::start_opts(options()).unwrap();
+    let load = SteadyLoad::start(h.gateway(), 3, 6, true, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let killed = Instant::now();
+    h.stack.kill_named("predictor");
+    std::thread::sleep(Duration::from_secs(3));
+    h.stack.start_predictor().unwrap();
+    let restarted = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    let sent = load.stop();
+
+    assert_eq!(failures(&sent), Vec::<String>::new(), "no request may fail while the predictor is down");
+    let during = sent.iter().filter(|s| s.at >= killed + Duration::from_millis(500) && s.done < restarted).count();
+    assert!(during >= 10, "traffic went on during the outage ({during} requests)");
+    assert!(
+        sent.iter()
+            .filter(|s| s.at >= killed + Duration::from_millis(500) && s.done < restarted)
+            .all(|s| s.tier.as_deref() != Some("positive")),
+        "nothing is routed by prediction without a predictor"
+    );
+    let after = predicted_between(&sent, restarted + Duration::from_secs(1), Instant::now());
+    assert!(after >= 10, "routing by prediction resumes after the restart ({after} requests)");
+
+    // The reports of requests finished during the outage waited in the filter and reach the
+    // new predictor; none was dropped from the filter's queues.
+    let finished_after_kill = sent.iter().filter(|s| s.done >= killed).count() as f64;
+    let delivered = wait_until(Duration::from_secs(10), || {
+        metric_with(&predictor_metrics(&h), "headroom_reports_total", "result=\"accepted\"") >= finished_after_kill
+    });
+    let accepted = metric_with(&predictor_metrics(&h), "headroom_reports_total", "result=\"accepted\"");
+    assert!(
+        delivered,
+        "{accepted} reports reached the restarted predictor, {finished_after_kill} requests finished after the kill"
+    );
+    assert_eq!(h.envoy_stat("headroom_reports_dropped"), 0.0);
+}
+
+#[test]
+fn predictor_frozen_past_the_timeout_under_load_falls_back_then_recovers() {
+    let h = Harness::start_opts(options()).unwrap();
+    let pid = h.stack.pid("predictor").unwrap();
+    let load = SteadyLoad::start(h.gateway(), 3, 6, true, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_secs(2));
+    signal(pid, "-STOP");
+    let frozen = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    signal(pid, "-CONT");
+    let thawed = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    let sent = load.stop();
+
+    assert_eq!(failures(&sent), Vec::<String>::new(), "a frozen predictor fails no request");
+    assert!(h.envoy_stat("headroom_fallback_timeout") >= 1.0, "the callouts timed out and fell back");
+    let slow: Vec<f64> = sent
+        .iter()
+        .filter(|s| s.at >= frozen + Duration::from_millis(500) && s.done < thawed)
+        .map(|s| (s.done - s.at).as_secs_f64())
+        .collect();
+    assert!(slow.len() >= 5, "traffic went on while the predictor was frozen");
+    // The callout gives up after predictor_timeout_ms (100 ms by default): never a hang.
+    assert!(slow.iter().all(|&s| s < 2.0), "requests during the freeze took {slow:?} s");
+    let after = predicted_between(&sent, thawed + Duration::from_secs(1), Instant::now());
+    assert!(after >= 10, "routing by prediction resumes after the thaw ({after} requests)");
+}
+
+#[test]
+fn a_model_server_killed_mid_stream_fails_only_its_streams_teaches_nothing_and_returns() {
+    let mut h = Harness::start_opts(StackOptions { server_processes: true, ..options() }).unwrap();
+    let victim = h.stack.state.servers[1].to_string();
+    // Streams of 150 tokens (about 2 s each) so some are open on every server at the kill.
+    let load = SteadyLoad::start(h.gateway(), 4, 150, true, Duration::from_millis(10));
+    std::thread::sleep(Duration::from_secs(4));
+    let killed = Instant::now();
+    h.stack.kill_server(1);
+    std::thread::sleep(Duration::from_secs(4));
+    h.stack.start_server(1).unwrap();
+    let restarted = Instant::now();
+    // Back in the pool once scraped again; then new requests reach it.
+    std::thread::sleep(Duration::from_secs(6));
+    let sent = load.stop();
+
+    let failed: Vec<&Sent> = sent.iter().filter(|s| !s.ok()).collect();
+    assert!(!failed.is_empty(), "some streams were open on the killed server");
+    for s in &failed {
+        assert_eq!(s.served_by.as_deref(), Some(victim.as_str()), "only streams on the killed server fail: {s:?}");
+        assert!(s.at < killed, "only streams already open on it fail: {s:?}");
+    }
+    let healthy = sent.iter().filter(|s| s.ok() && s.served_by.as_deref() != Some(&victim)).count();
+    assert!(healthy >= 10, "the other servers went on serving ({healthy})");
+    // While it was down nothing new was served by it; after its return, requests reach it again.
+    assert!(!sent.iter().any(|s| s.at > killed && s.done < restarted && s.served_by.as_deref() == Some(&victim)));
+    let back = sent.iter().filter(|s| s.at > restarted && s.ok() && s.served_by.as_deref() == Some(&victim)).count();
+    assert!(back >= 1, "the restarted server serves again");
+
+    // The cut streams were reported with status 0: tracking ended, no sample was filed.
+    assert!(wait_until(Duration::from_secs(8), || h.envoy_stat("headroom_response_cut_off") >= failed.len() as f64));
+    let obs = h.observations();
+    let cut = obs.iter().filter(|o| o["endpoint"] == victim.as_str() && o["status"] == 0).count();
+    assert!(cut >= failed.len(), "{cut} observations of {victim} with status 0, {} streams cut", failed.len());
+}
+
+#[test]
+fn a_server_whose_metrics_hang_or_are_garbage_leaves_routing_and_returns() {
+    let h = Harness::start_opts(options()).unwrap();
+    let victim = h.stack.state.servers[2];
+    let fault = |mode: &str| {
+        let r = h.http.put(format!("http://{victim}/fault/metrics")).body(mode.to_string()).send().unwrap();
+        assert!(r.status().is_success(), "fault {mode}: {}", r.status());
+    };
+    let load = SteadyLoad::start(h.gateway(), 3, 6, true, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let scrapes_failed = |h: &Harness| metric_with(&predictor_metrics(h), "headroom_scrapes_total", "result=\"error\"");
+    let before = scrapes_failed(&h);
+    fault("hang");
+    let broken = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    fault("garbage");
+    std::thread::sleep(Duration::from_secs(4));
+    let broken_until = Instant::now();
+    fault("ok");
+    std::thread::sleep(Duration::from_secs(4));
+    let sent = load.stop();
+
+    assert_eq!(failures(&sent), Vec::<String>::new(), "a server's broken metrics fail no request");
+    assert!(scrapes_failed(&h) > before, "the predictor saw the scrapes fail");
+    // The predictor kept answering (a hung scrape holds no lock the predict path needs).
+    let predicted = predicted_between(&sent, broken_until - Duration::from_secs(5), broken_until);
+    assert!(predicted >= 10, "routing by prediction went on for the other servers ({predicted})");
+    let victim = victim.to_string();
+    // Once its last good scrape is older than stale_after_ms (5 s), it gets no prediction
+    // and no request (the filter places among the predicted endpoints).
+    let stale = broken + Duration::from_millis(5500);
+    let misplaced = sent
+        .iter()
+        .filter(|s| s.at > stale && s.done < broken_until && s.served_by.as_deref() == Some(&victim))
+        .count();
+    assert_eq!(misplaced, 0, "no request went to the server without fresh metrics");
+    let back = sent
+        .iter()
+        .filter(|s| s.at > broken_until + Duration::from_secs(1))
+        .filter(|s| s.served_by.as_deref() == Some(&victim))
+        .count();
+    assert!(back >= 1, "the server returns to routing once its metrics are fine");
+}
+
+#[test]
+fn envoy_hot_restart_with_fewer_workers_fails_no_request_and_keeps_routing() {
+    let mut h = Harness::start_opts(StackOptions { envoy_hot_restart: true, ..options() }).unwrap();
+    // Short requests: every one finishes within the old epoch's drain time.
+    let load = SteadyLoad::start(h.gateway(), 3, 4, false, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_secs(2));
+    h.stack.hot_restart_envoy(1).unwrap();
+    let restarted = Instant::now();
+    // The old epoch drains (2 s) and exits (5 s after the new one started).
+    std::thread::sleep(Duration::from_secs(7));
+    let sent = load.stop();
+
+    assert_eq!(failures(&sent), Vec::<String>::new(), "no request fails across a hot restart");
+    let after = predicted_between(&sent, restarted + Duration::from_secs(5), Instant::now());
+    assert!(after >= 10, "the new epoch's filter routes by prediction ({after} requests)");
+    assert!(h.envoy_stat("headroom_routed_predicted_positive") >= 10.0, "the new epoch's own stats count");
+    // What the old epoch dispatched and could not report before it exited is expired by the
+    // predictor after in_flight_ttl_s; everything else was reported.
+    let m = predictor_metrics(&h);
+    let dispatched = metric_with(&m, "headroom_dispatches_total", "result=\"accepted\"");
+    let tracked = metric_with(&m, "headroom_reports_total", "result=\"tracked\"");
+    let in_flight = metric_sum(&m, "headroom_in_flight_requests");
+    assert!(dispatched >= sent.len() as f64 - 5.0, "{dispatched} dispatches for {} requests", sent.len());
+    assert_eq!(dispatched, tracked + in_flight + metric_sum(&m, "headroom_in_flight_expired_total"));
+}
+
+#[test]
+fn a_data_dir_that_cannot_be_written_under_load_is_a_metric_not_a_failure() {
+    // Training rounds from the first 20 samples on, so one tries to persist within seconds.
+    let tweak: fn(&mut headroom_predictor_config::Config) = |c| {
+        c.model.min_samples = 20;
+        c.model.min_new_samples = 10;
+    };
+    let h = Harness::start_opts(StackOptions { predictor_tweak: tweak, ..options() }).unwrap();
+    let data = h.stack.run_dir.join("predictor-data");
+    let aside = h.stack.run_dir.join("predictor-data.aside");
+    let load = SteadyLoad::start(h.gateway(), 3, 6, true, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_secs(2));
+    // Tests run as root, for whom permission bits do not stop a write: the directory is
+    // taken away and a file put in its place, which fails every write the same way.
+    std::fs::rename(&data, &aside).unwrap();
+    std::fs::write(&data, b"not a directory").unwrap();
+    let failures_metric = |h: &Harness| metric_sum(&predictor_metrics(h), "headroom_persist_failures_total");
+    let failed_writes = wait_until(Duration::from_secs(20), || failures_metric(&h) >= 1.0);
+    std::fs::remove_file(&data).unwrap();
+    std::fs::rename(&aside, &data).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let sent = load.stop();
+
+    assert!(failed_writes, "a training round tried to persist and counted the failure");
+    assert_eq!(failures(&sent), Vec::<String>::new(), "an unwritable data dir fails no request");
+    assert!(h.get(&format!("{}/readyz", h.predictor())).unwrap().status == 200);
+    let end = Instant::now();
+    assert!(predicted_between(&sent, end - Duration::from_secs(3), end) >= 5, "routing by prediction went on");
+}
