@@ -64,6 +64,10 @@ enum Cmd {
         /// Closed-loop rounds (each runs every Envoy path once).
         #[arg(long, default_value_t = 2)]
         throughput_rounds: usize,
+        /// Simulator speed: large so the servers answer in microseconds (1: real time, as a
+        /// calibrated server would answer).
+        #[arg(long, default_value_t = 1000.0)]
+        time_scale: f64,
         /// Filter configuration fields (a JSON object) over the benchmark's, to measure another setup.
         #[arg(long, default_value = "{}")]
         plugin: String,
@@ -77,7 +81,8 @@ enum Cmd {
         /// Seconds of traffic, warm-up included.
         #[arg(long, default_value_t = 1800.0)]
         seconds: f64,
-        /// Seconds before the memory baseline (default: a sixth of the run, at most 300).
+        /// Seconds before the memory baseline (default: a third of the run, at most 600: at the
+        /// default rate the predictor's bounded stores take about 9 minutes to fill).
         #[arg(long)]
         warmup: Option<f64>,
         /// Offered load, requests/s (about 70% of the 2 H100 + 1 A100 fleet's capacity).
@@ -112,7 +117,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Soak { seconds, warmup, rate, small_caps, out } => {
             let opts = headroom_bench::soak::SoakOptions {
                 seconds,
-                warmup_s: warmup.unwrap_or((seconds / 6.0).min(300.0)),
+                warmup_s: warmup.unwrap_or((seconds / 3.0).min(600.0)),
                 rate,
                 small_caps,
                 run_dir,
@@ -130,7 +135,7 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Gateway { requests, rounds, connections, seconds, throughput_rounds, plugin, out } => {
+        Cmd::Gateway { requests, rounds, connections, seconds, throughput_rounds, time_scale, plugin, out } => {
             let plugin = match serde_json::from_str::<serde_json::Value>(&plugin) {
                 Ok(serde_json::Value::Object(fields)) => fields,
                 _ => anyhow::bail!("--plugin: not a JSON object: {plugin}"),
@@ -142,6 +147,7 @@ fn main() -> anyhow::Result<()> {
                 connections,
                 seconds,
                 throughput_rounds,
+                time_scale,
                 run_dir,
                 out: out.clone(),
                 ..Default::default()

@@ -56,7 +56,7 @@ impl Default for SoakOptions {
     fn default() -> Self {
         SoakOptions {
             seconds: 1800.0,
-            warmup_s: 300.0,
+            warmup_s: 600.0,
             rate: 35.0,
             sample_s: 10.0,
             profiles: vec!["h100".into(), "h100".into(), "a100".into()],
@@ -81,9 +81,9 @@ pub struct Sample {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Growth {
     pub what: String,
-    /// Mean of the samples just after warm-up, bytes.
+    /// Median of the three samples just after warm-up, bytes.
     pub baseline: f64,
-    /// Mean of the last samples, bytes.
+    /// Median of the last three samples, bytes.
     pub end: f64,
     pub growth: f64,
 }
@@ -155,7 +155,10 @@ pub fn run(opts: &SoakOptions, command: &str) -> anyhow::Result<SoakSummary> {
         "--warmup must leave at least three samples before the end"
     );
     std::fs::create_dir_all(&opts.out)?;
+    // Each store the soak showed filling: prefix blocks remembered per endpoint (every
+    // prompt adds its blocks), the observation log, the sample reservoir.
     let small_caps: fn(&mut PredictorConfig) = |c| {
+        c.prefix_blocks_per_endpoint = 2000;
         c.observations_kept = 300;
         c.model.bucket_cap = 20;
     };
@@ -256,13 +259,18 @@ pub fn run(opts: &SoakOptions, command: &str) -> anyhow::Result<SoakSummary> {
     Ok(summary)
 }
 
-/// Growth of one series: the mean of the last three samples over the mean of the three
-/// samples after warm-up (means, so one sample taken mid-allocation does not decide).
+/// Growth of one series: the median of the last three samples over the median of the
+/// three samples after warm-up (medians, so one sample taken mid-allocation, such as a
+/// training round's, does not decide).
 fn growth_of(what: &str, samples: &[Sample], opts: &SoakOptions, value: impl Fn(&Sample) -> u64) -> Growth {
-    let mean = |s: &[&Sample]| s.iter().map(|x| value(x) as f64).sum::<f64>() / s.len().max(1) as f64;
+    let median = |s: &[&Sample]| {
+        let mut v: Vec<f64> = s.iter().map(|x| value(x) as f64).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
     let after: Vec<&Sample> = samples.iter().filter(|s| s.t_s >= opts.warmup_s).collect();
-    let baseline = mean(&after[..after.len().min(3)]);
-    let end = mean(&after[after.len().saturating_sub(3)..]);
+    let baseline = median(&after[..after.len().min(3)]);
+    let end = median(&after[after.len().saturating_sub(3)..]);
     let growth = if baseline > 0.0 { end / baseline - 1.0 } else { f64::INFINITY };
     Growth { what: what.to_string(), baseline, end, growth }
 }
@@ -316,8 +324,8 @@ mod tests {
     #[test]
     fn growth_compares_the_end_with_just_after_warm_up() {
         let opts = SoakOptions { warmup_s: 20.0, ..Default::default() };
-        // Warm-up climbs from 50 to 100; after it: flat at 100, then 112 at the end.
-        let s = samples(&[50, 80, 100, 100, 100, 100, 112, 112, 112]);
+        // Warm-up climbs from 50 to 100; after it: flat at 100 (one spike), then 112 at the end.
+        let s = samples(&[50, 80, 100, 130, 100, 100, 112, 112, 112]);
         let g = growth_of("x", &s, &opts, |s| s.predictor_rss);
         assert_eq!(g.baseline, 100.0);
         assert!((g.growth - 0.12).abs() < 1e-9, "{}", g.growth);
