@@ -150,7 +150,6 @@ fn main() -> anyhow::Result<()> {
                 time_scale,
                 run_dir,
                 out: out.clone(),
-                ..Default::default()
             };
             let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
             headroom_bench::gateway::run(&opts, command.trim())?;
