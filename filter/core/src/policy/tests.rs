@@ -109,6 +109,12 @@ fn routing_rules() {
             expect: Expect::Only(1, RouteSource::PredictedPositive),
         },
         Case {
+            name: "an endpoint without a prediction (stale metrics) is not taken for idle when all are short",
+            endpoints: vec![idle(ep(None, None)), ep(Some(500.0), Some(10.0)), ep(Some(400.0), Some(10.0))],
+            request: req(Some(100.0), None, true, 0),
+            expect: Expect::Never(0),
+        },
+        Case {
             name: "sheddable and nothing can serve: shed",
             endpoints: vec![ep(Some(500.0), Some(10.0)), ep(Some(400.0), Some(10.0))],
             request: req(Some(100.0), None, true, -1),
