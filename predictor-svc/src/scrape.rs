@@ -1,7 +1,10 @@
 //! Scraping vLLM's Prometheus metrics from every endpoint.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
 
 use crate::pool::EngineMetrics;
 use crate::state::AppState;
@@ -41,6 +44,13 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
 }
 
 /// Scrapes every endpoint of every pool forever, one request per endpoint per interval.
+///
+/// Each endpoint is on its own clock: a scrape's result is applied, stamped with when it
+/// arrived, as soon as it arrives, and an endpoint whose last scrape is still under way is
+/// skipped on the next tick. So one server whose `/metrics` hangs until `scrape_timeout_ms`
+/// only makes its own metrics stale; the others are refreshed every interval as before
+/// (with one barrier per round, a hung server slowed every endpoint's refresh to the
+/// timeout and stamped their metrics later than they were read).
 pub async fn run(state: Arc<AppState>) {
     let interval = Duration::from_millis(state.config.scrape_interval_ms);
     let client = match reqwest::Client::builder().timeout(Duration::from_millis(state.config.scrape_timeout_ms)).build()
@@ -53,44 +63,64 @@ pub async fn run(state: Arc<AppState>) {
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut running = futures_util::stream::FuturesUnordered::new();
+    let mut busy: HashSet<(String, String)> = HashSet::new();
+    // Ready once every endpoint known at the first tick has been tried once.
+    let mut first_round: Option<usize> = None;
     loop {
-        ticker.tick().await;
-        let mut jobs = Vec::new();
-        for pool in state.pools.names() {
-            let addresses =
-                state.pools.with(&pool, |p| p.endpoints.iter().map(|e| e.address.clone()).collect::<Vec<_>>());
-            for address in addresses.unwrap_or_default() {
-                let client = client.clone();
-                let pool = pool.clone();
-                let max_bytes = state.config.max_scrape_bytes;
-                jobs.push(async move {
-                    let result = scrape_one(&client, &address, max_bytes).await;
-                    (pool, address, result)
-                });
-            }
-        }
-        let results = futures_util::future::join_all(jobs).await;
-        let now = Instant::now();
-        for (pool, address, result) in results {
-            state.pools.with(&pool, |p| {
-                let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) else { return };
-                match &result {
-                    Ok(m) => {
-                        e.metrics = Some(*m);
-                        e.scraped_at = Some(now);
-                    }
-                    Err(err) => {
-                        e.scrape_errors += 1;
-                        if e.scrape_errors.is_power_of_two() {
-                            tracing::warn!(pool = %pool, endpoint = %address, error = %err, failures = e.scrape_errors, "scrape failed");
+        tokio::select! {
+            _ = ticker.tick() => {
+                let mut started = 0;
+                for pool in state.pools.names() {
+                    let addresses =
+                        state.pools.with(&pool, |p| p.endpoints.iter().map(|e| e.address.clone()).collect::<Vec<_>>());
+                    for address in addresses.unwrap_or_default() {
+                        if !busy.insert((pool.clone(), address.clone())) {
+                            continue;
                         }
+                        let (client, pool) = (client.clone(), pool.clone());
+                        let max_bytes = state.config.max_scrape_bytes;
+                        running.push(async move {
+                            let result = scrape_one(&client, &address, max_bytes).await;
+                            (pool, address, result)
+                        });
+                        started += 1;
                     }
                 }
-            });
-            state.metrics.scrape(result.is_ok());
+                if first_round.is_none() {
+                    first_round = Some(started);
+                }
+            }
+            Some((pool, address, result)) = running.next(), if !running.is_empty() => {
+                busy.remove(&(pool.clone(), address.clone()));
+                apply(&state, &pool, &address, &result, Instant::now());
+                first_round = first_round.map(|n| n.saturating_sub(1));
+            }
         }
-        state.scraped_once.store(true, std::sync::atomic::Ordering::Relaxed);
+        if first_round == Some(0) {
+            state.scraped_once.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
+}
+
+/// Files one scrape's result for `address` in `pool`, read at `now`.
+fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetrics, String>, now: Instant) {
+    state.pools.with(pool, |p| {
+        let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) else { return };
+        match result {
+            Ok(m) => {
+                e.metrics = Some(*m);
+                e.scraped_at = Some(now);
+            }
+            Err(err) => {
+                e.scrape_errors += 1;
+                if e.scrape_errors.is_power_of_two() {
+                    tracing::warn!(pool = %pool, endpoint = %address, error = %err, failures = e.scrape_errors, "scrape failed");
+                }
+            }
+        }
+    });
+    state.metrics.scrape(result.is_ok());
 }
 
 /// Forgets requests never reported and old finished ids, every second, on its own

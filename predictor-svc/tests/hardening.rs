@@ -344,3 +344,46 @@ fn concurrent_writes_never_leave_a_torn_file() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_server_whose_metrics_hang_does_not_slow_the_others_scrapes() {
+    let serve = |hang: bool| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                "vllm:num_requests_running 1\n"
+            }),
+        );
+        (addr, tokio::spawn(async move { axum::serve(listener, app).await }))
+    };
+    let ((good, good_server), (hung, hung_server)) = (serve(false).await, serve(true).await);
+    let config = format!(
+        "scrape_interval_ms = 50\nscrape_timeout_ms = 2000\n[[pool]]\nname = \"default\"\nendpoints = [\"{good}\", \"{hung}\"]\n"
+    );
+    let state = Arc::new(AppState::new(Config::parse(&config).unwrap()).unwrap());
+    let scraper = tokio::spawn(headroom_predictor::scrape::run(state.clone()));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let (good_age, good_scrapes) = state
+        .pools
+        .with("default", |p| {
+            let e = p.endpoints.iter().find(|e| e.address == good.to_string()).unwrap();
+            (e.scraped_at.map(|t| t.elapsed()), e.scrape_errors)
+        })
+        .unwrap();
+    // Refreshed every 50 ms although the other's scrape has hung for 1.5 s (timeout 2 s).
+    let age = good_age.expect("the good server was scraped");
+    assert!(age < std::time::Duration::from_millis(300), "the good server's metrics are {age:?} old");
+    assert_eq!(good_scrapes, 0);
+    let text = state.metrics.render();
+    let ok = text.lines().find(|l| l.starts_with("headroom_scrapes_total{result=\"ok\"}")).unwrap_or_default();
+    let n: f64 = ok.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    assert!(n >= 10.0, "the good server was scraped {n} times in 1.5 s");
+    scraper.abort();
+    good_server.abort();
+    hung_server.abort();
+}
