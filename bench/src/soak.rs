@@ -177,13 +177,7 @@ pub fn run(opts: &SoakOptions, command: &str) -> anyhow::Result<SoakSummary> {
 
     let specs = workload::mixed(opts.seed, opts.rate, opts.seconds);
     let requests = specs.len();
-    let target = runner::Target {
-        url: format!("http://{}", stack.state.gateway),
-        model: "sim-llama-8b".into(),
-        slo_headers: true,
-        prediction_based: Some(true),
-        timeout: Duration::from_secs(120),
-    };
+    let target = runner::Target::slo_routed(format!("http://{}", stack.state.gateway));
     let load = std::thread::spawn(move || -> anyhow::Result<Vec<runner::Outcome>> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
         rt.block_on(runner::run(&target, &specs))

@@ -23,6 +23,20 @@ pub struct Target {
     pub timeout: Duration,
 }
 
+impl Target {
+    /// SLO traffic through a gateway at `url`: SLO and priority headers, prediction-based
+    /// scheduling asked for, the simulated model, two minutes per request at most.
+    pub fn slo_routed(url: String) -> Target {
+        Target {
+            url,
+            model: "sim-llama-8b".into(),
+            slo_headers: true,
+            prediction_based: Some(true),
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
 /// What happened to one request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Outcome {

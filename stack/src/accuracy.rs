@@ -113,13 +113,7 @@ fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
         "| time | phase | model | train samples | live MAPE TTFT | live MAPE TPOT | coverage TTFT | coverage TPOT | recent MAPE TTFT | recent MAPE TPOT | tier precision |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    let target = runner::Target {
-        url: format!("http://{}", stack.state.gateway),
-        model: "sim-llama-8b".into(),
-        slo_headers: true,
-        prediction_based: Some(true),
-        timeout: Duration::from_secs(120),
-    };
+    let target = runner::Target::slo_routed(format!("http://{}", stack.state.gateway));
     let runtime = tokio::runtime::Runtime::new()?;
     let started = Instant::now();
     let mut probe = Probe::new(&stack);
