@@ -46,22 +46,6 @@ pub struct GatewayOptions {
     pub out: PathBuf,
 }
 
-impl Default for GatewayOptions {
-    fn default() -> Self {
-        GatewayOptions {
-            requests: 250,
-            rounds: 8,
-            connections: 8,
-            seconds: 8.0,
-            throughput_rounds: 2,
-            plugin: serde_json::Map::new(),
-            time_scale: 1000.0,
-            run_dir: PathBuf::from(".run"),
-            out: PathBuf::from("results"),
-        }
-    }
-}
-
 /// The four ways a request reaches a model server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Way {
@@ -217,12 +201,11 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
         "throughput: {} connections, {} s per run, {} rounds",
         opts.connections, opts.seconds, opts.throughput_rounds
     );
-    let pid = |name: &str| stack.state.procs.iter().find(|p| p.name == name).map(|p| p.pid);
-    let (predictor_pid, simulator_pid) = (pid("predictor"), pid("simulator"));
+    let (predictor_pid, simulator_pid) = (stack.pid("predictor"), stack.pid("simulator"));
     let mut throughput = Vec::new();
     for round in 0..opts.throughput_rounds {
         for way in [Way::PlainEnvoy, Way::Headroom, Way::HeadroomSlo] {
-            let envoy_pid = pid(if way == Way::PlainEnvoy { "envoy-plain" } else { "envoy" });
+            let envoy_pid = stack.pid(if way == Way::PlainEnvoy { "envoy-plain" } else { "envoy" });
             let (addr, req) = target(way);
             let pids = [envoy_pid, predictor_pid, simulator_pid];
             let cpu0 = pids.map(|p| p.and_then(process::cpu_seconds));

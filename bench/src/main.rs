@@ -117,7 +117,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Soak { seconds, warmup, rate, small_caps, out } => {
             let opts = headroom_bench::soak::SoakOptions {
                 seconds,
-                warmup_s: warmup.unwrap_or((seconds / 3.0).min(600.0)),
+                warmup_s: warmup.unwrap_or_else(|| headroom_bench::soak::default_warmup(seconds)),
                 rate,
                 small_caps,
                 run_dir,

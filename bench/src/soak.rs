@@ -44,19 +44,25 @@ pub struct SoakOptions {
     pub sample_s: f64,
     pub profiles: Vec<String>,
     pub seed: u64,
-    /// Shrink the predictor's bounded stores (observation log, sample reservoir) so they
-    /// fill within a short warm-up: the 2-minute soak of `make test` then sees any growth
+    /// Shrink the predictor's bounded stores (prefix blocks per endpoint, observation log,
+    /// sample reservoir) so they fill within a short warm-up: the 2-minute soak of `make test` then sees any growth
     /// beyond its bounds, where with the defaults it would still see them filling.
     pub small_caps: bool,
     pub run_dir: PathBuf,
     pub out: PathBuf,
 }
 
+/// The warm-up of a run of `seconds`: a third of it, at most 10 minutes (at the default
+/// rate the predictor's bounded stores take about 9 minutes to fill).
+pub fn default_warmup(seconds: f64) -> f64 {
+    (seconds / 3.0).min(600.0)
+}
+
 impl Default for SoakOptions {
     fn default() -> Self {
         SoakOptions {
             seconds: 1800.0,
-            warmup_s: 600.0,
+            warmup_s: default_warmup(1800.0),
             rate: 35.0,
             sample_s: 10.0,
             profiles: vec!["h100".into(), "h100".into(), "a100".into()],
@@ -100,6 +106,17 @@ pub struct Books {
 }
 
 impl Books {
+    /// The books from the predictor's `/metrics` and Envoy's stats.
+    pub fn read(predictor_metrics: &str, envoy_stats: &str) -> Books {
+        Books {
+            dispatched: metric_with(predictor_metrics, "headroom_dispatches_total", "result=\"accepted\""),
+            reported: metric_with(predictor_metrics, "headroom_reports_total", "result=\"tracked\""),
+            in_flight: metric_sum(predictor_metrics, "headroom_in_flight_requests"),
+            expired: metric_sum(predictor_metrics, "headroom_in_flight_expired_total"),
+            filter_dropped: metric_sum(envoy_stats, "headroom_reports_dropped"),
+        }
+    }
+
     pub fn balanced(&self) -> bool {
         self.dispatched == self.reported + self.in_flight + self.expired && self.filter_dropped == 0.0
     }
@@ -169,10 +186,9 @@ pub fn run(opts: &SoakOptions, command: &str) -> anyhow::Result<SoakSummary> {
         attached: true,
         ..Default::default()
     })?;
-    let pid = |name: &str| stack.state.procs.iter().find(|p| p.name == name).map(|p| p.pid);
     let (predictor, envoy) = (
-        pid("predictor").ok_or_else(|| anyhow::anyhow!("no predictor"))?,
-        pid("envoy").ok_or_else(|| anyhow::anyhow!("no envoy"))?,
+        stack.pid("predictor").ok_or_else(|| anyhow::anyhow!("no predictor"))?,
+        stack.pid("envoy").ok_or_else(|| anyhow::anyhow!("no envoy"))?,
     );
 
     let specs = workload::mixed(opts.seed, opts.rate, opts.seconds);
@@ -203,22 +219,12 @@ pub fn run(opts: &SoakOptions, command: &str) -> anyhow::Result<SoakSummary> {
     let outcomes = load.join().map_err(|_| anyhow::anyhow!("the load thread panicked"))??;
 
     // Traffic stopped: the last reports reach the predictor on the filter's next ticks.
-    let predictor_metrics =
-        || headroom_stack::http::get(stack.state.predictor, "/metrics").map(|(_, b)| b).unwrap_or_default();
-    let settled = |text: &str| {
-        metric_with(text, "headroom_dispatches_total", "result=\"accepted\"")
-            == metric_with(text, "headroom_reports_total", "result=\"tracked\"")
-                + metric_sum(text, "headroom_in_flight_expired_total")
+    let read_books = || {
+        let predictor = headroom_stack::http::get(stack.state.predictor, "/metrics").map(|(_, b)| b);
+        Books::read(&predictor.unwrap_or_default(), &stack.envoy_stats())
     };
-    headroom_stack::wait_until(Duration::from_secs(15), || settled(&predictor_metrics()));
-    let text = predictor_metrics();
-    let books = Books {
-        dispatched: metric_with(&text, "headroom_dispatches_total", "result=\"accepted\""),
-        reported: metric_with(&text, "headroom_reports_total", "result=\"tracked\""),
-        in_flight: metric_sum(&text, "headroom_in_flight_requests"),
-        expired: metric_sum(&text, "headroom_in_flight_expired_total"),
-        filter_dropped: metric_sum(&stack.envoy_stats(), "headroom_reports_dropped"),
-    };
+    headroom_stack::wait_until(Duration::from_secs(15), || read_books().in_flight == 0.0);
+    let books = read_books();
     drop(stack);
 
     let failures: Vec<&runner::Outcome> =

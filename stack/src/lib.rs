@@ -72,7 +72,8 @@ pub struct StackOptions {
     /// Applied to each replica's configuration after the stack's settings (a test's caps).
     pub predictor_tweak: fn(&mut PredictorConfig),
     /// One simulator process per server (`server-0`, `server-1`, ...), so a test can kill
-    /// and restart one server ([`Stack::stop_server`]); otherwise one process serves all.
+    /// and restart one server ([`Stack::kill_server`], [`Stack::start_server`]); otherwise one
+    /// process serves all.
     pub server_processes: bool,
     /// Start Envoy for hot restart (epoch 0), so [`Stack::hot_restart_envoy`] can hand its
     /// listeners to a new process; otherwise `--disable-hot-restart`.
@@ -336,20 +337,24 @@ impl Stack {
             procs: Vec::new(),
             token: Some(token.clone()),
         };
+        let server_specs = state.servers.iter().zip(&opts.profiles).map(|(a, p)| format!("{a}={p}")).collect();
+        let mut envoy = EnvoyLaunch::new("envoy", opts.router, gateway, admin);
+        if opts.envoy_hot_restart {
+            // The base id names the shared memory of one restart family: the gateway port is unique here.
+            envoy.hot_restart = Some((u32::from(gateway.port()), 0));
+        }
         let mut stack = Stack {
             run_dir: run_dir.clone(),
             state,
             children: Vec::new(),
             attached: opts.attached,
             plugin: Map::new(),
-            server_specs: Vec::new(),
-            time_scale: 1.0,
-            envoy: EnvoyLaunch::new("envoy", opts.router, gateway, admin),
+            server_specs,
+            time_scale: opts.time_scale,
+            envoy,
         };
 
         // Simulated model servers: one process, or one each.
-        stack.server_specs = stack.state.servers.iter().zip(&opts.profiles).map(|(a, p)| format!("{a}={p}")).collect();
-        stack.time_scale = opts.time_scale;
         if opts.server_processes {
             for i in 0..stack.server_specs.len() {
                 stack.start_server(i)?;
@@ -405,13 +410,7 @@ impl Stack {
         }
         plugin.extend(opts.plugin.clone());
         stack.plugin = plugin;
-        let (gateway, admin) = (stack.state.gateway, stack.state.admin);
-        let mut launch = EnvoyLaunch::new("envoy", opts.router, gateway, admin);
-        if opts.envoy_hot_restart {
-            // The base id names the shared memory of one restart family: the gateway port is unique here.
-            launch.hot_restart = Some((u32::from(gateway.port()), 0));
-        }
-        stack.envoy = launch.clone();
+        let launch = stack.envoy.clone();
         stack.start_envoy(&launch)?;
         std::fs::write(StackState::file(&run_dir), serde_json::to_string_pretty(&stack.state)?)?;
         Ok(stack)
@@ -526,12 +525,7 @@ impl Stack {
     /// Kills the stack's processes named `name` without a grace period, as a crash would:
     /// open connections are cut, nothing is flushed or persisted.
     pub fn kill_named(&mut self, name: &str) {
-        for (k, p) in self.state.procs.iter().enumerate() {
-            if p.name == name {
-                process::stop(p, self.children[k].as_mut(), Duration::ZERO);
-            }
-        }
-        self.stop_named(name);
+        self.end_named(name, Duration::ZERO);
     }
 
     /// The pid of the stack's process named `name`, while it runs.
@@ -572,9 +566,15 @@ impl Stack {
 
     /// Stops every process of the stack named `name` (the rest keeps running).
     pub fn stop_named(&mut self, name: &str) {
+        self.end_named(name, Duration::from_secs(5));
+    }
+
+    /// Ends the processes named `name` (SIGTERM, SIGKILL after `grace`; at once when zero)
+    /// and forgets them.
+    fn end_named(&mut self, name: &str, grace: Duration) {
         for (i, p) in self.state.procs.iter().enumerate() {
             if p.name == name {
-                process::stop(p, self.children[i].as_mut(), Duration::from_secs(5));
+                process::stop(p, self.children[i].as_mut(), grace);
             }
         }
         let keep: Vec<bool> = self.state.procs.iter().map(|p| p.name != name).collect();

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use headroom_bench::soak::Books;
 use headroom_e2e::load::{Sent, SteadyLoad};
 use headroom_e2e::{wait_until, Harness, StackOptions};
 use headroom_stack::http::{metric_sum, metric_with};
@@ -210,12 +211,9 @@ fn envoy_hot_restart_with_fewer_workers_fails_no_request_and_keeps_routing() {
     assert!(h.envoy_stat("headroom_routed_predicted_positive") >= 10.0, "the new epoch's own stats count");
     // What the old epoch dispatched and could not report before it exited is expired by the
     // predictor after in_flight_ttl_s; everything else was reported.
-    let m = predictor_metrics(&h);
-    let dispatched = metric_with(&m, "headroom_dispatches_total", "result=\"accepted\"");
-    let tracked = metric_with(&m, "headroom_reports_total", "result=\"tracked\"");
-    let in_flight = metric_sum(&m, "headroom_in_flight_requests");
-    assert!(dispatched >= sent.len() as f64 - 5.0, "{dispatched} dispatches for {} requests", sent.len());
-    assert_eq!(dispatched, tracked + in_flight + metric_sum(&m, "headroom_in_flight_expired_total"));
+    let b = Books::read(&predictor_metrics(&h), &h.stack.envoy_stats());
+    assert!(b.dispatched >= sent.len() as f64 - 5.0, "{} dispatches for {} requests", b.dispatched, sent.len());
+    assert_eq!(b.dispatched, b.reported + b.in_flight + b.expired, "{b:?}");
 }
 
 #[test]
