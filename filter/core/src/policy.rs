@@ -97,7 +97,10 @@ pub fn decide(
     let positive: Vec<usize> = (0..endpoints.len()).filter(|&i| judged[i].is_some_and(|h| h.is_positive())).collect();
     let negative: Vec<usize> = (0..endpoints.len()).filter(|i| !positive.contains(i)).collect();
 
-    let explore = !negative.is_empty() && rng.next_f64() < config.negative_tier_epsilon;
+    // Exploration probes endpoints predicted short, to learn where the model is wrong; one
+    // without a prediction (no fresh metrics) has nothing to check and is not probed.
+    let explorable = negative.iter().any(|&i| judged[i].is_some());
+    let explore = explorable && rng.next_f64() < config.negative_tier_epsilon;
     if !positive.is_empty() && !explore {
         let tier = prefix_affinity(&positive, endpoints, config, rng);
         let weights = score(&tier, &judged, config.strategy, config.ttft_weight);

@@ -276,6 +276,19 @@ fn fallback_list_is_ranked_and_distinct() {
 }
 
 #[test]
+fn exploration_never_probes_an_endpoint_without_a_prediction() {
+    // The only negative endpoint has no prediction (stale metrics): there is nothing to check
+    // there, so even an exploration rate of 1 keeps to the predicted endpoint.
+    let eps = [idle(ep(None, None)), ep(Some(100.0), Some(10.0))];
+    let config = FilterConfig { negative_tier_epsilon: 1.0, ..cfg() };
+    let mut rng = Rng::new(9);
+    for _ in 0..200 {
+        let d = decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng);
+        assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)));
+    }
+}
+
+#[test]
 fn exploration_rate_matches_epsilon() {
     let eps = [ep(Some(500.0), Some(10.0)), ep(Some(100.0), Some(10.0))];
     let config = FilterConfig { negative_tier_epsilon: 0.1, ..cfg() };
