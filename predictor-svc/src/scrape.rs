@@ -103,8 +103,34 @@ pub async fn run(state: Arc<AppState>) {
     }
 }
 
+/// Why a scrape failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrapeError {
+    /// Nothing accepted the connection: the server is down, not merely slow or odd.
+    pub unreachable: bool,
+    pub message: String,
+}
+
+impl ScrapeError {
+    fn failed(message: impl Into<String>) -> ScrapeError {
+        ScrapeError { unreachable: false, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Files one scrape's result for `address` in `pool`, read at `now`.
-fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetrics, String>, now: Instant) {
+///
+/// A server that refuses the connection has no state to predict from: its metrics are
+/// dropped at once, so it gets no prediction from this moment instead of after
+/// `stale_after_ms` (during which its in-flight count falls as its streams are cut, and it
+/// would look like the idlest server in the pool). A timeout or a garbled body says nothing
+/// about the server's load being different, so those only let the metrics age.
+fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetrics, ScrapeError>, now: Instant) {
     state.pools.with(pool, |p| {
         let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) else { return };
         match result {
@@ -113,6 +139,10 @@ fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetr
                 e.scraped_at = Some(now);
             }
             Err(err) => {
+                if err.unreachable {
+                    e.metrics = None;
+                    e.scraped_at = None;
+                }
                 e.scrape_errors += 1;
                 if e.scrape_errors.is_power_of_two() {
                     tracing::warn!(pool = %pool, endpoint = %address, error = %err, failures = e.scrape_errors, "scrape failed");
@@ -143,20 +173,28 @@ pub async fn expire(state: Arc<AppState>) {
 }
 
 /// One scrape; the body is read only up to `max_bytes` (a larger one fails the scrape).
-pub async fn scrape_one(client: &reqwest::Client, address: &str, max_bytes: usize) -> Result<EngineMetrics, String> {
-    let mut response = client.get(format!("http://{address}/metrics")).send().await.map_err(|e| e.to_string())?;
+pub async fn scrape_one(
+    client: &reqwest::Client,
+    address: &str,
+    max_bytes: usize,
+) -> Result<EngineMetrics, ScrapeError> {
+    let mut response = client
+        .get(format!("http://{address}/metrics"))
+        .send()
+        .await
+        .map_err(|e| ScrapeError { unreachable: e.is_connect(), message: e.to_string() })?;
     if !response.status().is_success() {
-        return Err(format!("status {}", response.status()));
+        return Err(ScrapeError::failed(format!("status {}", response.status())));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = response.chunk().await.map_err(|e| ScrapeError::failed(e.to_string()))? {
         if body.len() + chunk.len() > max_bytes {
-            return Err(format!("/metrics body over max_scrape_bytes ({max_bytes})"));
+            return Err(ScrapeError::failed(format!("/metrics body over max_scrape_bytes ({max_bytes})")));
         }
         body.extend_from_slice(&chunk);
     }
     parse_engine_metrics(&String::from_utf8_lossy(&body))
-        .ok_or_else(|| "no vllm:* engine metrics in /metrics".to_string())
+        .ok_or_else(|| ScrapeError::failed("no vllm:* engine metrics in /metrics"))
 }
 
 #[cfg(test)]

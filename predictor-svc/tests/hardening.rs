@@ -302,7 +302,7 @@ async fn a_metrics_body_over_the_cap_fails_the_scrape() {
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let client = reqwest::Client::new();
     let err = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 4096).await.unwrap_err();
-    assert!(err.contains("max_scrape_bytes"), "{err}");
+    assert!(err.message.contains("max_scrape_bytes") && !err.unreachable, "{err}");
     let ok = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20).await.unwrap();
     assert_eq!(ok.running, 1);
     server.abort();
@@ -386,4 +386,33 @@ async fn a_server_whose_metrics_hang_does_not_slow_the_others_scrapes() {
     scraper.abort();
     good_server.abort();
     hung_server.abort();
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_connections_loses_its_prediction_at_the_next_scrape() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { "vllm:num_requests_running 1\n" }));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let config = format!(
+        "scrape_interval_ms = 50\nscrape_timeout_ms = 500\nstale_after_ms = 60000\n[[pool]]\nname = \"default\"\nendpoints = [\"{addr}\"]\n"
+    );
+    let state = Arc::new(AppState::new(Config::parse(&config).unwrap()).unwrap());
+    let scraper = tokio::spawn(headroom_predictor::scrape::run(state.clone()));
+    let fresh = |state: &AppState| state.pools.with("default", |p| p.endpoints[0].scraped_at.is_some()).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(fresh(&state), "scraped while up");
+    // The server goes away (its port now refuses connections). Its metrics would stay
+    // "fresh" for a minute by age alone; a refused scrape drops them within an interval.
+    server.abort();
+    let _ = server.await;
+    let gone = std::time::Instant::now();
+    while fresh(&state) {
+        assert!(gone.elapsed() < std::time::Duration::from_millis(1000), "still predicted a second after it went away");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // No metrics, so `service::predict` gives it no prediction (it says so for any endpoint
+    // without fresh metrics; tested in api.rs).
+    assert!(state.pools.with("default", |p| p.endpoints[0].metrics.is_none()).unwrap());
+    scraper.abort();
 }

@@ -1,5 +1,6 @@
 //! A predictor that misbehaves on purpose: answers garbage, sleeps past the
-//! filter's timeout, or names an endpoint Envoy does not have. Plain HTTP/1.1
+//! filter's timeout, names an endpoint Envoy does not have, or favours the one endpoint
+//! the test says. Plain HTTP/1.1
 //! with keep-alive, on 127.0.0.1, stopped on drop; it keeps the reports it gets.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -22,6 +23,10 @@ pub enum Misbehaviour {
     /// A well-formed answer whose only endpoint, [`UNKNOWN_ENDPOINT`], is in no
     /// Envoy cluster (a predictor pool out of step with the gateway's).
     UnknownEndpoint,
+    /// A well-formed answer in which the first address of [`FakePredictor::ranking`] is the
+    /// only one predicted to meet any SLO (TTFT 1 ms) and the others are hopeless (TTFT
+    /// 1000 s): the filter picks the first, and lists the rest as fallbacks.
+    Ranked,
 }
 
 /// The endpoint [`Misbehaviour::UnknownEndpoint`] predicts for (nothing listens there).
@@ -33,6 +38,9 @@ pub struct FakePredictor {
     pub predicts: Arc<AtomicU64>,
     /// Observations reported to it, decoded.
     pub observations: Arc<Mutex<Vec<Observation>>>,
+    /// The addresses [`Misbehaviour::Ranked`] answers with, best first (set by the test
+    /// once it knows them).
+    pub ranking: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -45,7 +53,13 @@ impl FakePredictor {
         let stop = Arc::new(AtomicBool::new(false));
         let predicts = Arc::new(AtomicU64::new(0));
         let observations = Arc::new(Mutex::new(Vec::new()));
-        let seen = Seen { stop: stop.clone(), predicts: predicts.clone(), observations: observations.clone() };
+        let ranking = Arc::new(Mutex::new(Vec::new()));
+        let seen = Seen {
+            stop: stop.clone(),
+            predicts: predicts.clone(),
+            observations: observations.clone(),
+            ranking: ranking.clone(),
+        };
         let thread = std::thread::spawn(move || {
             while !seen.stop.load(Ordering::Relaxed) {
                 match listener.accept() {
@@ -57,7 +71,7 @@ impl FakePredictor {
                 }
             }
         });
-        Ok(FakePredictor { addr, predicts, observations, stop, thread: Some(thread) })
+        Ok(FakePredictor { addr, predicts, observations, ranking, stop, thread: Some(thread) })
     }
 }
 
@@ -76,26 +90,32 @@ struct Seen {
     stop: Arc<AtomicBool>,
     predicts: Arc<AtomicU64>,
     observations: Arc<Mutex<Vec<Observation>>>,
+    ranking: Arc<Mutex<Vec<String>>>,
 }
 
-/// A positive prediction for [`UNKNOWN_ENDPOINT`] alone, MessagePack-encoded.
-fn unknown_endpoint_answer(request: &[u8]) -> Vec<u8> {
+/// Predictions for `ranking`, MessagePack-encoded: a fast one for the first address, a
+/// hopeless one for each of the others.
+fn ranked_answer(request: &[u8], ranking: &[String]) -> Vec<u8> {
     let pool = decode::<PredictRequest>(Format::MsgPack, request).map(|r| r.pool).unwrap_or_default();
-    let answer = PredictResponse {
-        pool,
-        model_version: "fake".into(),
-        endpoints: vec![EndpointPrediction {
-            address: UNKNOWN_ENDPOINT.into(),
-            ttft_ms: Some(1.0),
-            tpot_ms: Some(1.0),
-            state: EndpointState { running: 1, kv_usage: 0.5, ..Default::default() },
-        }],
-    };
+    let endpoints = ranking
+        .iter()
+        .enumerate()
+        .map(|(i, address)| {
+            let ttft = if i == 0 { 1.0 } else { 1e6 };
+            EndpointPrediction {
+                address: address.clone(),
+                ttft_ms: Some(ttft),
+                tpot_ms: Some(1.0),
+                state: EndpointState { running: 1, kv_usage: 0.5, ..Default::default() },
+            }
+        })
+        .collect();
+    let answer = PredictResponse { pool, model_version: "fake".into(), endpoints };
     encode(Format::MsgPack, &answer).unwrap_or_default()
 }
 
 fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
-    let Seen { stop, predicts, observations } = seen;
+    let Seen { stop, predicts, observations, ranking } = seen;
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
     let Ok(mut writer) = conn.try_clone() else { return };
     let mut reader = BufReader::new(conn);
@@ -135,7 +155,8 @@ fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
                     std::thread::sleep(d);
                     b"\x80".to_vec()
                 }
-                Misbehaviour::UnknownEndpoint => unknown_endpoint_answer(&body),
+                Misbehaviour::UnknownEndpoint => ranked_answer(&body, &[UNKNOWN_ENDPOINT.to_string()]),
+                Misbehaviour::Ranked => ranked_answer(&body, &ranking.lock().unwrap().clone()),
             }
         } else {
             if path == "/v1/report" {

@@ -8,8 +8,9 @@
 use std::time::{Duration, Instant};
 
 use headroom_bench::soak::Books;
+use headroom_e2e::fake_predictor::{FakePredictor, Misbehaviour};
 use headroom_e2e::load::{Sent, SteadyLoad};
-use headroom_e2e::{wait_until, Harness, StackOptions};
+use headroom_e2e::{wait_until, Harness, StackOptions, SLO};
 use headroom_stack::http::{metric_sum, metric_with};
 use serde_json::json;
 
@@ -112,7 +113,12 @@ fn predictor_frozen_past_the_timeout_under_load_falls_back_then_recovers() {
 
 #[test]
 fn a_model_server_killed_mid_stream_fails_only_its_streams_teaches_nothing_and_returns() {
-    let mut h = Harness::start_opts(StackOptions { server_processes: true, ..options() }).unwrap();
+    // One fallback, as docs/deploy.md advises: a request sent to the server in the instant
+    // between its death and the predictor's next scrape is retried elsewhere by Envoy
+    // (see the test above).
+    let mut plugin = options().plugin;
+    plugin.insert("fallback_endpoints".into(), json!(1));
+    let mut h = Harness::start_opts(StackOptions { server_processes: true, plugin, ..options() }).unwrap();
     let victim = h.stack.state.servers[1].to_string();
     // Streams of 150 tokens (about 2 s each) so some are open on every server at the kill.
     let load = SteadyLoad::start(h.gateway(), 4, 150, true, Duration::from_millis(10));
@@ -144,6 +150,40 @@ fn a_model_server_killed_mid_stream_fails_only_its_streams_teaches_nothing_and_r
     let obs = h.observations();
     let cut = obs.iter().filter(|o| o["endpoint"] == victim.as_str() && o["status"] == 0).count();
     assert!(cut >= failed.len(), "{cut} observations of {victim} with status 0, {} streams cut", failed.len());
+}
+
+/// The moment a server dies, the predictor cannot know yet (its next scrape is up to
+/// `scrape_interval_ms` away), so a request may still be sent there. A connect failure
+/// never reached the server, so Envoy retries it: on the destination header's next
+/// address (`fallback_endpoints: 1`), or without one on the fallback policy, which
+/// `previous_hosts` keeps off the dead server. Either way the client never sees it.
+#[test]
+fn a_connect_failure_on_the_chosen_server_is_retried_elsewhere() {
+    for fallbacks in [1, 0] {
+        let fake = FakePredictor::start(Misbehaviour::Ranked).unwrap();
+        // No exploration: every request goes to the prediction's pick, the dead server.
+        let plugin = json!({"debug_headers": true, "fallback_endpoints": fallbacks, "negative_tier_epsilon": 0.0});
+        let mut h = Harness::start_opts(StackOptions {
+            plugin: plugin.as_object().cloned().unwrap_or_default(),
+            external_predictor: Some(fake.addr),
+            server_processes: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let (dead, alive) = (h.stack.state.servers[1].to_string(), h.stack.state.servers[0].to_string());
+        *fake.ranking.lock().unwrap() = vec![dead.clone(), alive.clone()];
+        h.stack.kill_server(1);
+        for i in 0..12 {
+            let r = h.completion(3, i % 2 == 0, &SLO).unwrap();
+            assert!(r.chosen.as_deref().is_some_and(|c| c.starts_with(dead.as_str())), "the prediction's pick: {r:?}");
+            assert_eq!(r.status, 200, "{fallbacks} fallbacks: retried elsewhere: {}", r.body);
+            let served_by = r.served_by.unwrap_or_default();
+            assert_ne!(served_by, dead);
+            if fallbacks == 1 {
+                assert_eq!(served_by, alive, "the listed fallback, not any server");
+            }
+        }
+    }
 }
 
 #[test]
