@@ -12,7 +12,6 @@
 //! are sent at `rate * time_scale` per wall second with SLOs divided by `time_scale`, and
 //! measured latencies are multiplied by it.
 
-pub mod chart;
 pub mod gateway;
 pub mod report;
 pub mod soak;

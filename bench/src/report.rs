@@ -2,9 +2,9 @@
 
 use std::fmt::Write;
 
-use crate::chart::{attainment_svg, Series};
 use crate::summary::{capacity, Capacity, Summary};
 use crate::{BenchResults, RouterRun, WorkloadRun, TARGET};
+use headroom_loadgen::chart::{attainment_svg, Series};
 
 /// The capacity target of predicted routing over the best baseline.
 pub const CAPACITY_TARGET_RATIO: f64 = 1.3;

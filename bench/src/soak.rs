@@ -21,12 +21,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use headroom_loadgen::{runner, workload};
+use headroom_loadgen::{chart, runner, workload};
 use headroom_predictor_config::Config as PredictorConfig;
 use headroom_stack::http::{metric_sum, metric_with};
 use headroom_stack::{process, Stack, StackOptions};
-
-use crate::chart;
 
 /// Largest memory growth after warm-up that passes.
 pub const MAX_GROWTH: f64 = 0.10;

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use headroom_loadgen::{report, runner, workload};
+use headroom_loadgen::{chart, report, runner, workload};
 use headroom_stack::accuracy::{self, AccuracyOptions};
-use headroom_stack::{locate, Stack, StackOptions, StackState};
+use headroom_stack::{locate, Router, Stack, StackOptions, StackState};
 
 #[derive(Parser)]
 #[command(about = "Run the local headroom stack")]
@@ -25,16 +25,24 @@ enum Cmd {
     Up,
     /// Stop exactly what `up` started.
     Down,
-    /// Start the stack, send mixed SLO traffic, print a table, stop the stack.
+    /// The same mixed SLO traffic through Envoy least request, then through headroom: each
+    /// router's table, both side by side per SLO class, and a chart (SVG).
     Demo {
-        /// Seconds of traffic.
-        #[arg(long, default_value_t = 60.0)]
+        /// Seconds of traffic per router.
+        #[arg(long, default_value_t = 50.0)]
         duration: f64,
-        /// Mean requests per second (30 loads 3 simulated H100s enough for the classes to differ).
-        #[arg(long, default_value_t = 30.0)]
+        /// Mean requests per second: enough to load the fleet past where least request
+        /// keeps the interactive class's SLOs.
+        #[arg(long, default_value_t = 40.0)]
         rate: f64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Hardware profile per simulated server.
+        #[arg(long, value_delimiter = ',', default_value = "h100,h100,a100")]
+        servers: Vec<String>,
+        /// Where the chart goes.
+        #[arg(long, default_value = "results/demo.svg")]
+        chart: std::path::PathBuf,
     },
     /// Measure prediction accuracy on simulator traffic through the real stack,
     /// then after a workload shift (docs/predictor.md).
@@ -92,28 +100,65 @@ fn main() -> anyhow::Result<()> {
             Some(state) => println!("stopped {} processes", state.stop_all(&run_dir)),
             None => println!("nothing to stop (no {}/stack.json)", run_dir.display()),
         },
-        Cmd::Demo { duration, rate, seed } => {
-            let stack = Stack::start(StackOptions { run_dir: run_dir.clone(), ..Default::default() })?;
-            println!(
-                "stack up: gateway http://{}, {} simulated H100 servers",
-                stack.state.gateway,
-                stack.state.servers.len()
-            );
-            println!("sending {duration:.0} s of mixed traffic at {rate} req/s (interactive / batch / sheddable SLO classes)...");
-            let work = workload::mixed(seed, rate, duration);
-            let target = gateway_target(&stack, Some(true));
-            let runtime = tokio::runtime::Runtime::new()?;
-            let outcomes = runtime.block_on(runner::run(&target, &work))?;
-            println!();
-            print!("{}", report::table(&outcomes));
-            drop(stack);
-            println!("\nstack stopped");
-        }
+        Cmd::Demo { duration, rate, seed, servers, chart } => demo(&run_dir, duration, rate, seed, servers, &chart)?,
         Cmd::Accuracy { warmup, shift, rate, objective, json } => {
             let opts = AccuracyOptions { run_dir, warmup_s: warmup, shift_s: shift, rate, objective, json };
             accuracy::run(&opts)?;
         }
     }
+    Ok(())
+}
+
+/// `make demo`: one workload, two routers, one stack each (started, loaded, stopped in turn).
+fn demo(
+    run_dir: &std::path::Path,
+    duration: f64,
+    rate: f64,
+    seed: u64,
+    servers: Vec<String>,
+    chart: &std::path::Path,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(duration > 0.0 && rate > 0.0, "--duration and --rate must be > 0");
+    anyhow::ensure!(!servers.is_empty(), "--servers needs at least one hardware profile");
+    let work = workload::mixed(seed, rate, duration);
+    println!(
+        "{} requests of mixed SLO traffic ({duration:.0} s at {rate} req/s: interactive / batch / sheddable classes)",
+        work.len()
+    );
+    println!(
+        "on {} simulated servers ({}), first through Envoy least request, then headroom",
+        servers.len(),
+        servers.join(", ")
+    );
+    let routers = [("envoy least request", Router::LeastRequest, None), ("headroom", Router::Headroom, Some(true))];
+    let mut results = Vec::new();
+    for (name, router, prediction_based) in routers {
+        let opts =
+            StackOptions { run_dir: run_dir.to_path_buf(), router, profiles: servers.clone(), ..Default::default() };
+        let stack = Stack::start(opts)?;
+        println!("\n== {name} (gateway http://{}) ==", stack.state.gateway);
+        let target = gateway_target(&stack, prediction_based);
+        let outcomes = tokio::runtime::Runtime::new()?.block_on(runner::run(&target, &work))?;
+        drop(stack);
+        print!("{}", report::table(&outcomes));
+        results.push((name, outcomes));
+    }
+    let [(a_name, a), (b_name, b)] = <[_; 2]>::try_from(results).map_err(|_| anyhow::anyhow!("two runs"))?;
+    println!("\n== side by side: the same {} requests ==", a.len());
+    print!("{}", report::compare((a_name, &a), (b_name, &b)));
+    let (a_classes, b_classes) = (report::attainment_by_class(&a), report::attainment_by_class(&b));
+    let groups: Vec<&str> = a_classes.iter().map(|(c, _)| c.as_str()).collect();
+    let bars = |name, classes: &[(String, f64)]| chart::Series {
+        name,
+        points: classes.iter().enumerate().map(|(i, (_, y))| (i as f64, *y)).collect(),
+    };
+    let title = format!("SLO attainment by class: {rate} req/s on {}", servers.join(", "));
+    let svg = chart::bars_svg(&title, &groups, &[bars(a_name, &a_classes), bars(b_name, &b_classes)], 0.9);
+    if let Some(dir) = chart.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(chart, svg)?;
+    println!("\nchart: {}", chart.display());
     Ok(())
 }
 

@@ -1,5 +1,6 @@
-//! Dependency-free SVG line charts: SLO attainment against offered rate, one line per router
-//! (the benchmark), and any series over time (the soak's memory).
+//! Dependency-free SVG charts: SLO attainment against offered rate, one line per router
+//! (the benchmark), any series over time (the soak's memory), and grouped bars (the demo's
+//! attainment per SLO class, one bar per router).
 
 use std::fmt::Write;
 
@@ -167,9 +168,103 @@ pub fn line_svg(title: &str, axes: &Axes, series: &[Series]) -> String {
     s
 }
 
+/// Grouped bars: for each group (x) one bar per series, heights shares (0-1), the
+/// `threshold` as a dashed line. `series[i].points[g].1` is series i's value in group g.
+pub fn bars_svg(title: &str, groups: &[&str], series: &[Series], threshold: f64) -> String {
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let py = |y: f64| TOP + (1.0 - y.clamp(0.0, 1.0)) * ph;
+    let group_w = pw / groups.len().max(1) as f64;
+    let bar_w = group_w * 0.8 / series.len().max(1) as f64;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{:.1}" y="22" text-anchor="middle" font-size="15">{}</text>"##,
+        LEFT + pw / 2.0,
+        escape(title)
+    );
+    for tick in 0..=10 {
+        let y = f64::from(tick) / 10.0;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#eee"/><text x="{2:.1}" y="{3:.1}" text-anchor="end">{4}%</text>"##,
+            py(y),
+            LEFT + pw,
+            LEFT - 6.0,
+            py(y) + 4.0,
+            tick * 10
+        );
+    }
+    for (g, name) in groups.iter().enumerate() {
+        let gx = LEFT + group_w * g as f64;
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            gx + group_w / 2.0,
+            TOP + ph + 16.0,
+            escape(name)
+        );
+        for (i, line) in series.iter().enumerate() {
+            let Some(&(_, y)) = line.points.get(g) else { continue };
+            let x = gx + group_w * 0.1 + bar_w * i as f64;
+            let _ = writeln!(
+                s,
+                r##"<rect class="bar" x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{:.1}%</text>"##,
+                py(y),
+                bar_w * 0.92,
+                TOP + ph - py(y),
+                COLORS[i % COLORS.len()],
+                x + bar_w * 0.46,
+                py(y) - 3.0,
+                100.0 * y
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#000" stroke-dasharray="6 4"/><text x="{1:.1}" y="{2:.1}" text-anchor="end">{3:.0}% target</text>
+<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#000"/>
+<text transform="translate(16 {4:.1}) rotate(-90)" text-anchor="middle">SLO attainment</text>"##,
+        py(threshold),
+        LEFT + pw,
+        py(threshold) - 4.0,
+        100.0 * threshold,
+        TOP + ph / 2.0
+    );
+    for (i, line) in series.iter().enumerate() {
+        let ly = TOP + 10.0 + 20.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r##"<rect x="{:.1}" y="{:.1}" width="14" height="10" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"##,
+            LEFT + pw + 12.0,
+            ly - 5.0,
+            COLORS[i % COLORS.len()],
+            LEFT + pw + 32.0,
+            ly + 4.0,
+            escape(line.name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_bar_per_series_and_group() {
+        let series = [
+            Series { name: "least request", points: vec![(0.0, 0.8), (1.0, 0.95)] },
+            Series { name: "headroom", points: vec![(0.0, 0.97), (1.0, 0.99)] },
+        ];
+        let svg = bars_svg("t", &["interactive", "batch"], &series, 0.9);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches(r#"class="bar""#).count(), 4);
+        assert!(svg.contains("97.0%") && svg.contains("interactive") && svg.contains("90% target"));
+        assert!(!svg.contains("NaN"));
+    }
 
     #[test]
     fn one_polyline_per_series_with_every_point() {
