@@ -112,8 +112,19 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         "azure" => vec![60.0, 100.0, 140.0, 180.0, 220.0, 260.0],
         // Cached system prompts make these cheap: every router meets its SLOs up to 200 req/s.
         "shared-prefix" => vec![100.0, 150.0, 200.0, 250.0, 300.0, 350.0],
+        // On 4 H100 + 4 A100 (`default_fleet`).
+        "hetero" => vec![40.0, 65.0, 90.0, 115.0, 140.0, 165.0],
         _ => vec![50.0, 80.0, 110.0, 140.0, 170.0, 200.0],
     }
+}
+
+/// The fleet a workload runs on unless `--servers` says otherwise: 6 H100 + 2 A100, and for
+/// `hetero` half A100 (where the GPU classes differ most, prediction should matter most).
+pub fn default_fleet(workload: &str) -> Vec<String> {
+    let a100 = if workload == "hetero" { 4 } else { 2 };
+    let mut fleet = vec!["h100".to_string(); 8 - a100];
+    fleet.extend(std::iter::repeat_n("a100".to_string(), a100));
+    fleet
 }
 
 /// What to run.
@@ -126,12 +137,15 @@ pub struct BenchOptions {
     pub step_s: f64,
     /// Seconds of warm-up traffic (another seed, lowest rate) before headroom is measured.
     pub warmup_s: f64,
-    /// Hardware profile per simulated server.
-    pub profiles: Vec<String>,
+    /// Hardware profile per simulated server, for every workload (`None`: [`default_fleet`]).
+    pub profiles: Option<Vec<String>>,
     /// Simulator speed (1: real time); see the module docs.
     pub time_scale: f64,
     /// Routers to run (names from [`CONTENDERS`]; empty: all).
     pub routers: Vec<String>,
+    /// Measurements of each rate near the cliff ([`cliff_rates`]), each with its own
+    /// seed (1: the ladder's only).
+    pub seeds: u32,
     pub run_dir: PathBuf,
     pub out: PathBuf,
 }
@@ -143,6 +157,10 @@ pub struct RouterRun {
     pub baseline: bool,
     /// `(requested rate, summary)`.
     pub points: Vec<(f64, Summary)>,
+    /// Further measurements of some of those rates, each with another seed's traffic
+    /// (`cliff_rates`): how much a point moves with the traffic and the host's noise.
+    #[serde(default)]
+    pub repeats: Vec<(f64, Summary)>,
 }
 
 /// One workload's sweep.
@@ -151,6 +169,13 @@ pub struct WorkloadRun {
     pub workload: String,
     pub step_s: f64,
     pub servers: usize,
+    /// Hardware profile per server (empty in results written before it was recorded:
+    /// the run's `profiles`).
+    #[serde(default)]
+    pub profiles: Vec<String>,
+    /// `azure`: how many of the trace's requests every rate replays ([`trace_window`]).
+    #[serde(default)]
+    pub trace_window: Option<usize>,
     pub runs: Vec<RouterRun>,
     /// The best headroom router against the best baseline, by capacity and critical
     /// capacity (`report::ratios`); filled when results are written.
@@ -162,15 +187,43 @@ pub struct WorkloadRun {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchResults {
     pub command: String,
+    /// The fleet of every workload that does not name its own.
     pub profiles: Vec<String>,
     pub time_scale: f64,
     pub workloads: Vec<WorkloadRun>,
 }
 
-/// The requests of `workload` at `rate` (the trace: sped up to that mean rate), in engine time.
-fn requests(name: &str, seed: u64, rate: f64, duration: f64) -> anyhow::Result<Vec<workload::RequestSpec>> {
-    let speedup = rate / workload::azure_native_rate();
-    workload::by_name(name, seed, rate, duration, speedup).map_err(anyhow::Error::msg)
+/// How many of the trace's requests the `azure` workload replays at every rate: as many as
+/// the ladder's lowest rate sends in one step, so that rate plays the window once and
+/// each higher rate plays it compressed, looping (`workload::trace_window`).
+pub fn trace_window(rates: &[f64], step_s: f64) -> usize {
+    let lowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    (lowest * step_s).round().max(1.0) as usize
+}
+
+/// The requests of `workload` at `rate`, in engine time. Synthetic workloads keep their
+/// seed at every rate; the trace plays its first `window` requests at every rate.
+fn requests(
+    name: &str,
+    seed: u64,
+    rate: f64,
+    duration: f64,
+    window: usize,
+) -> anyhow::Result<Vec<workload::RequestSpec>> {
+    let generated = match name {
+        "azure" => workload::azure_window(seed, window, rate, duration),
+        _ => workload::by_name(name, seed, rate, duration, 1.0),
+    };
+    generated.map_err(anyhow::Error::msg)
+}
+
+/// The requests marked as sending `run` of their workload (their prompts differ from
+/// every other run's: nothing sent at one rate is a prefix-cache hit at the next).
+fn as_run(mut specs: Vec<workload::RequestSpec>, run: u32) -> Vec<workload::RequestSpec> {
+    for s in &mut specs {
+        s.run = run;
+    }
+    specs
 }
 
 /// Engine-time requests as sent on a simulator running `scale` times real time.
@@ -216,58 +269,156 @@ fn contenders(opts: &BenchOptions) -> anyhow::Result<Vec<Contender>> {
         .collect()
 }
 
-/// Runs one router's rate ladder on one workload.
-fn sweep(opts: &BenchOptions, c: &Contender, name: &str, rates: &[f64]) -> anyhow::Result<RouterRun> {
-    let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
-    let mut plugin = Map::new();
-    if c.router == Router::Headroom {
-        plugin.insert("strategy".into(), c.strategy.into());
-        // Without SLO routing the filter places by this profile.
-        plugin.insert("default_profile".into(), c.default_profile.into());
+/// The seed of the ladder's traffic; repeats use [`repeat_seed`].
+const LADDER_SEED: u64 = 11;
+/// The seed of the warm-up traffic.
+const WARMUP_SEED: u64 = 12;
+
+/// The seed of the `k`-th repeat (1..) of a point.
+fn repeat_seed(k: u32) -> u64 {
+    LADDER_SEED + 100 * u64::from(k)
+}
+
+/// One router's stack on one workload, warmed up, and its clients.
+struct Bench<'a> {
+    opts: &'a BenchOptions,
+    contender: &'a Contender,
+    workload: &'a str,
+    window: usize,
+    target: runner::Target,
+    runtime: tokio::runtime::Runtime,
+    stack: Stack,
+}
+
+impl<'a> Bench<'a> {
+    /// Starts `contender`'s stack on `fleet` (a fresh predictor: no model from another
+    /// router's run), warmed up with traffic at `warmup_rate` when it is headroom.
+    fn start(
+        opts: &'a BenchOptions,
+        contender: &'a Contender,
+        workload: &'a str,
+        fleet: &[String],
+        window: usize,
+        warmup_rate: f64,
+    ) -> anyhow::Result<Bench<'a>> {
+        let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
+        let mut plugin = Map::new();
+        if contender.router == Router::Headroom {
+            plugin.insert("strategy".into(), contender.strategy.into());
+            // Without SLO routing the filter places by this profile.
+            plugin.insert("default_profile".into(), contender.default_profile.into());
+        }
+        let stack = Stack::start(StackOptions {
+            run_dir: opts.run_dir.clone(),
+            profiles: fleet.to_vec(),
+            time_scale: opts.time_scale,
+            router: contender.router,
+            plugin,
+            ..Default::default()
+        })?;
+        let target = runner::Target {
+            url: format!("http://{}", stack.state.gateway),
+            model: "sim-llama-8b".into(),
+            slo_headers: true,
+            prediction_based: contender.prediction_based,
+            timeout: std::time::Duration::from_secs_f64(120.0 / opts.time_scale),
+        };
+        let bench =
+            Bench { opts, contender, workload, window, target, runtime: tokio::runtime::Runtime::new()?, stack };
+        if contender.router == Router::Headroom && opts.warmup_s > 0.0 {
+            let warm = requests(workload, WARMUP_SEED, warmup_rate, opts.warmup_s, window)?;
+            bench.runtime.block_on(runner::run(&bench.target, &to_wall(as_run(warm, 0), opts.time_scale)))?;
+        }
+        Ok(bench)
     }
-    let stack = Stack::start(StackOptions {
-        run_dir: opts.run_dir.clone(),
-        profiles: opts.profiles.clone(),
-        time_scale: opts.time_scale,
-        router: c.router,
-        plugin,
-        ..Default::default()
-    })?;
-    let target = runner::Target {
-        url: format!("http://{}", stack.state.gateway),
-        model: "sim-llama-8b".into(),
-        slo_headers: true,
-        prediction_based: c.prediction_based,
-        timeout: std::time::Duration::from_secs_f64(120.0 / opts.time_scale),
-    };
-    let runtime = tokio::runtime::Runtime::new()?;
-    if c.router == Router::Headroom && opts.warmup_s > 0.0 {
-        let warm = to_wall(requests(name, 12, rates[0], opts.warmup_s)?, opts.time_scale);
-        runtime.block_on(runner::run(&target, &warm))?;
-    }
-    let mut run = RouterRun { router: c.name.to_string(), baseline: c.baseline, points: Vec::new() };
-    for &rate in rates {
-        let work = to_wall(requests(name, 11, rate, opts.step_s)?, opts.time_scale);
-        let outcomes = to_engine(runtime.block_on(runner::run(&target, &work))?, opts.time_scale);
+
+    /// One measured step: `rate` with traffic from `seed`, prompts of `run`; prints a line
+    /// and keeps every request's outcome under `requests/`.
+    fn measure(&self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
+        let (opts, name) = (self.opts, self.contender.name);
+        let work =
+            to_wall(as_run(requests(self.workload, seed, rate, opts.step_s, self.window)?, run), opts.time_scale);
+        let outcomes = to_engine(self.runtime.block_on(runner::run(&self.target, &work))?, opts.time_scale);
         let s = Summary::of(&outcomes, opts.step_s);
+        let seed_note = if seed == LADDER_SEED { String::new() } else { format!(" (seed {seed})") };
         println!(
-            "  {:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%",
-            c.name,
+            "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{seed_note}",
             100.0 * s.attainment,
             s.goodput_rps,
             100.0 * s.shed
         );
-        let file = opts.out.join("requests").join(format!("{name}-{}-{rate}.jsonl", c.name.replace([' ', ','], "-")));
+        let seed_part = if seed == LADDER_SEED { String::new() } else { format!("-seed{seed}") };
+        let file = format!("{}-{}-{rate}{seed_part}.jsonl", self.workload, name.replace([' ', ','], "-"));
         let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
-        std::fs::write(file, lines.join("\n") + "\n")?;
+        std::fs::write(opts.out.join("requests").join(file), lines.join("\n") + "\n")?;
+        Ok(s)
+    }
+}
+
+/// Runs one router's rate ladder on one workload, until it falls under [`STOP_BELOW`].
+fn sweep(opts: &BenchOptions, c: &Contender, name: &str, rates: &[f64], fleet: &[String]) -> anyhow::Result<RouterRun> {
+    let bench = Bench::start(opts, c, name, fleet, trace_window(rates, opts.step_s), rates[0])?;
+    let mut run =
+        RouterRun { router: c.name.to_string(), baseline: c.baseline, points: Vec::new(), repeats: Vec::new() };
+    // Every router gets the same requests at a rate, and new prompts at each rate.
+    for (step, &rate) in (1..).zip(rates) {
+        let s = bench.measure(rate, LADDER_SEED, step)?;
         let stop = s.attainment < STOP_BELOW;
         run.points.push((rate, s));
         if stop {
             break;
         }
     }
-    drop(stack);
+    drop(bench.stack);
     Ok(run)
+}
+
+/// The rates near the cliff, where routers are compared and noise decides: for each
+/// router the last rate it kept [`TARGET`] at and the next one it ran (the first rate when
+/// it never kept it, the last when it never lost it).
+pub fn cliff_rates(w: &WorkloadRun) -> Vec<f64> {
+    let mut out: Vec<f64> = Vec::new();
+    for r in &w.runs {
+        let kept = r.points.iter().rposition(|(_, s)| s.attainment >= TARGET);
+        let picked = match kept {
+            Some(i) => r.points[i..].iter().take(2).map(|p| p.0).collect(),
+            None => r.points.first().map(|p| p.0).into_iter().collect::<Vec<_>>(),
+        };
+        out.extend(picked);
+    }
+    out.sort_by(f64::total_cmp);
+    out.dedup();
+    out
+}
+
+/// Runs the rates of `cliff` that the router's ladder reached again, once per further
+/// seed (`opts.seeds - 1` times), on a fresh stack; the same traffic for every router.
+fn repeat(
+    opts: &BenchOptions,
+    c: &Contender,
+    name: &str,
+    rates: &[f64],
+    ran: &RouterRun,
+    cliff: &[f64],
+    fleet: &[String],
+) -> anyhow::Result<Vec<(f64, Summary)>> {
+    let todo: Vec<(u32, f64)> = (1..)
+        .zip(rates)
+        .filter(|(_, rate)| cliff.contains(rate) && ran.points.iter().any(|p| p.0 == **rate))
+        .map(|(step, rate)| (step, *rate))
+        .collect();
+    if todo.is_empty() || opts.seeds < 2 {
+        return Ok(Vec::new());
+    }
+    let bench = Bench::start(opts, c, name, fleet, trace_window(rates, opts.step_s), rates[0])?;
+    let mut repeats = Vec::new();
+    for k in 1..opts.seeds {
+        for &(step, rate) in &todo {
+            repeats.push((rate, bench.measure(rate, repeat_seed(k), 100 * k + step)?));
+        }
+    }
+    drop(bench.stack);
+    Ok(repeats)
 }
 
 /// Runs the whole benchmark and writes `report.md`, `results.json`, one SVG per workload
@@ -279,24 +430,34 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     let contenders = contenders(opts)?;
     let mut results = BenchResults {
         command: command.to_string(),
-        profiles: opts.profiles.clone(),
+        profiles: opts.profiles.clone().unwrap_or_else(|| default_fleet("")),
         time_scale: opts.time_scale,
         workloads: vec![],
     };
     for name in &opts.workloads {
         let rates = opts.rates.clone().unwrap_or_else(|| default_rates(name));
         anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
-        requests(name, 11, rates[0], 1.0)?; // an unknown workload fails before any stack starts
+        requests(name, 11, rates[0], 1.0, 1)?; // an unknown workload fails before any stack starts
         println!("workload {name}: rates {rates:?} req/s, {} s per rate", opts.step_s);
+        let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet(name));
         let mut w = WorkloadRun {
             workload: name.clone(),
             step_s: opts.step_s,
-            servers: opts.profiles.len(),
+            servers: fleet.len(),
+            profiles: fleet.clone(),
+            trace_window: (name == "azure").then(|| trace_window(&rates, opts.step_s)),
             runs: Vec::new(),
             ratios: None,
         };
         for c in &contenders {
-            w.runs.push(sweep(opts, c, name, &rates)?);
+            w.runs.push(sweep(opts, c, name, &rates, &fleet)?);
+        }
+        let cliff = cliff_rates(&w);
+        if opts.seeds > 1 {
+            println!("  repeating {cliff:?} req/s with {} more seeds", opts.seeds - 1);
+            for (c, run) in contenders.iter().zip(w.runs.iter_mut()) {
+                run.repeats = repeat(opts, c, name, &rates, run, &cliff, &fleet)?;
+            }
         }
         results.workloads.push(w);
         write_outputs(&opts.out, &results)?; // a long run keeps what it has so far

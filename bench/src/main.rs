@@ -21,10 +21,11 @@ enum Cmd {
     /// Compare routers on identical request sequences over a rate ladder: plain Envoy round
     /// robin and least request, headroom with prediction off (composite) and on.
     Run {
-        /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, azure).
-        #[arg(long, default_value = "mixed,azure,shared-prefix,short-long,long-short")]
+        /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, hetero, azure).
+        #[arg(long, default_value = "mixed,azure,hetero,shared-prefix,short-long,long-short")]
         workloads: String,
-        /// Comma-separated rate ladder in requests/s (default: one per workload; azure is sped up to the rate).
+        /// Comma-separated rate ladder in requests/s (default: one per workload; azure replays the same
+        /// stretch of its trace compressed to each rate).
         #[arg(long)]
         rates: Option<String>,
         /// Seconds of measured traffic per router and rate.
@@ -33,15 +34,19 @@ enum Cmd {
         /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.
         #[arg(long, default_value_t = 20.0)]
         warmup: f64,
-        /// Comma-separated hardware profile per simulated server.
-        #[arg(long, default_value = "h100,h100,h100,h100,h100,h100,a100,a100")]
-        servers: String,
+        /// Comma-separated hardware profile per simulated server, for every workload (default:
+        /// 6 H100 + 2 A100, and 4 + 4 for hetero).
+        #[arg(long)]
+        servers: Option<String>,
         /// Simulator speed: below 1 keeps the host's CPU out of the measurement (rates stay in simulated time).
         #[arg(long, default_value_t = 1.0)]
         time_scale: f64,
         /// Comma-separated routers to run (default: all).
         #[arg(long, default_value = "")]
         routers: String,
+        /// Measurements of each rate near the cliff, each with its own seed's traffic (1: no repeats).
+        #[arg(long, default_value_t = 3)]
+        seeds: u32,
         /// Where the report and per-request results go.
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
@@ -155,7 +160,7 @@ fn main() -> anyhow::Result<()> {
             headroom_bench::gateway::run(&opts, command.trim())?;
             println!("report: {}", out.join("gateway.md").display());
         }
-        Cmd::Run { workloads, rates, step, warmup, servers, time_scale, routers, out } => {
+        Cmd::Run { workloads, rates, step, warmup, servers, time_scale, routers, seeds, out } => {
             let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
             let rates = rates
                 .map(|r| {
@@ -169,9 +174,10 @@ fn main() -> anyhow::Result<()> {
                 rates,
                 step_s: step,
                 warmup_s: warmup,
-                profiles: list(&servers),
+                profiles: servers.as_deref().map(list),
                 time_scale,
                 routers: list(&routers),
+                seeds,
                 run_dir,
                 out: out.clone(),
             };

@@ -18,22 +18,95 @@ fn ms(v: &[Option<f64>; 3], digits: usize) -> String {
     format!("{} / {} / {}", f(&v[0]), f(&v[1]), f(&v[2]))
 }
 
-/// `(offered rps, attainment)` of a router's sweep.
-fn curve(run: &RouterRun) -> Vec<(f64, f64)> {
-    run.points.iter().map(|(_, s)| (s.offered_rps, s.attainment)).collect()
+/// What a curve plots of each measurement: overall attainment, or the critical classes'.
+type Pick = fn(&Summary) -> Option<f64>;
+
+fn overall(s: &Summary) -> Option<f64> {
+    Some(s.attainment)
 }
 
-/// A router's capacity at [`TARGET`] (`Below(0)` for a router with no points).
+fn critical(s: &Summary) -> Option<f64> {
+    s.critical_attainment
+}
+
+/// Every measurement of each rate the ladder ran: the ladder's first, then the repeats'.
+fn measurements(run: &RouterRun) -> Vec<(f64, Vec<&Summary>)> {
+    run.points
+        .iter()
+        .map(|(rate, s)| {
+            let repeats = run.repeats.iter().filter(|(r, _)| r == rate).map(|(_, s)| s);
+            (*rate, std::iter::once(s).chain(repeats).collect())
+        })
+        .collect()
+}
+
+/// `(offered rps, value)` per rate, each the mean of that rate's measurements.
+/// `None` when a measurement lacks the value (older results).
+fn mean_curve(run: &RouterRun, pick: Pick) -> Option<Vec<(f64, f64)>> {
+    measurements(run)
+        .iter()
+        .map(|(_, ms)| {
+            let n = ms.len() as f64;
+            let value: f64 = ms.iter().map(|s| pick(s)).sum::<Option<f64>>()? / n;
+            Some((ms.iter().map(|s| s.offered_rps).sum::<f64>() / n, value))
+        })
+        .collect()
+}
+
+/// One curve per seed: the ladder's, then for each repeat k the ladder's with the k-th
+/// repeat in place of the ladder's point where there is one.
+fn seed_curves(run: &RouterRun, pick: Pick) -> Option<Vec<Vec<(f64, f64)>>> {
+    let per_rate = measurements(run);
+    let seeds = per_rate.iter().map(|(_, ms)| ms.len()).max().unwrap_or(1);
+    (0..seeds)
+        .map(|k| {
+            per_rate
+                .iter()
+                .map(|(_, ms)| ms.get(k).or(ms.first()).and_then(|s| Some((s.offered_rps, pick(s)?))))
+                .collect()
+        })
+        .collect()
+}
+
+/// The lowest and highest capacity over the seeds' curves: the noise band. `None`
+/// without repeats.
+pub fn capacity_band(run: &RouterRun, pick: Pick) -> Option<(f64, f64)> {
+    let curves = seed_curves(run, pick)?;
+    if curves.len() < 2 {
+        return None;
+    }
+    let caps: Vec<f64> = curves.iter().filter_map(|c| capacity(c, TARGET)).map(Capacity::rps).collect();
+    let lo = caps.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = caps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    lo.is_finite().then_some((lo, hi))
+}
+
+/// Two routers' capacities are a tie when their noise bands overlap. `None` unless both
+/// have one.
+fn within_noise(a: &RouterRun, b: &RouterRun, pick: Pick) -> Option<bool> {
+    let ((alo, ahi), (blo, bhi)) = (capacity_band(a, pick)?, capacity_band(b, pick)?);
+    Some(alo <= bhi && blo <= ahi)
+}
+
+/// A capacity with its noise band when there is one: `"141.2 (138.5-144.0)"`.
+fn capacity_label(run: &RouterRun, pick: Pick) -> Option<String> {
+    let c = capacity(&mean_curve(run, pick)?, TARGET)?;
+    Some(match capacity_band(run, pick) {
+        Some((lo, hi)) => format!("{} ({lo:.1}-{hi:.1})", c.label()),
+        None => c.label(),
+    })
+}
+
+/// A router's capacity at [`TARGET`], on the mean of each rate's measurements
+/// (`Below(0)` for a router with no points).
 pub fn router_capacity(run: &RouterRun) -> Capacity {
-    capacity(&curve(run), TARGET).unwrap_or(Capacity::Below(0.0))
+    mean_curve(run, overall).and_then(|c| capacity(&c, TARGET)).unwrap_or(Capacity::Below(0.0))
 }
 
 /// A router's critical capacity: the highest rate at which the non-sheddable classes
 /// together keep [`TARGET`] attainment. `None` when a point lacks the figure (older results).
 pub fn router_critical_capacity(run: &RouterRun) -> Option<Capacity> {
-    let points: Option<Vec<(f64, f64)>> =
-        run.points.iter().map(|(_, s)| s.critical_attainment.map(|a| (s.offered_rps, a))).collect();
-    capacity(&points?, TARGET)
+    capacity(&mean_curve(run, critical)?, TARGET)
 }
 
 /// The headline comparison of a workload, also written into `results.json`: the best
@@ -47,6 +120,11 @@ pub struct Ratios {
     pub best_headroom_critical: Option<String>,
     pub best_baseline_critical: Option<String>,
     pub critical_capacity_ratio: Option<f64>,
+    /// Whether the two capacities' noise bands overlap (a tie); `None` without repeats.
+    #[serde(default)]
+    pub capacity_within_noise: Option<bool>,
+    #[serde(default)]
+    pub critical_within_noise: Option<bool>,
 }
 
 /// [`Ratios`] of a workload; `None` without both a headroom and a baseline run.
@@ -60,14 +138,16 @@ pub fn ratios(w: &WorkloadRun) -> Option<Ratios> {
             .filter_map(|r| Some((r, router_critical_capacity(r)?)))
             .max_by(|a, b| a.1.rps().total_cmp(&b.1.rps()))
     };
-    let critical = best_critical(false).zip(best_critical(true));
+    let best = best_critical(false).zip(best_critical(true));
     Some(Ratios {
         best_headroom: p.router.clone(),
         best_baseline: b.router.clone(),
         capacity_ratio: ratio(router_capacity(p).rps(), router_capacity(b).rps()),
-        best_headroom_critical: critical.map(|((p, _), _)| p.router.clone()),
-        best_baseline_critical: critical.map(|(_, (b, _))| b.router.clone()),
-        critical_capacity_ratio: critical.map(|((_, cp), (_, cb))| ratio(cp.rps(), cb.rps())),
+        best_headroom_critical: best.map(|((p, _), _)| p.router.clone()),
+        best_baseline_critical: best.map(|(_, (b, _))| b.router.clone()),
+        critical_capacity_ratio: best.map(|((_, cp), (_, cb))| ratio(cp.rps(), cb.rps())),
+        capacity_within_noise: within_noise(p, b, overall),
+        critical_within_noise: best.and_then(|((p, _), (b, _))| within_noise(p, b, critical)),
     })
 }
 
@@ -92,6 +172,15 @@ pub fn equal_load_rate(w: &WorkloadRun) -> Option<f64> {
 
 fn at_rate(run: &RouterRun, rate: f64) -> Option<&Summary> {
     run.points.iter().find(|(r, _)| (*r - rate).abs() < 1e-9).map(|(_, s)| s)
+}
+
+/// What the noise bands say of a comparison of two capacities.
+fn noise_note(within: Option<bool>) -> &'static str {
+    match within {
+        Some(true) => "; **a tie**: the capacities of the seeds overlap, the difference is within the noise",
+        Some(false) => "; the seeds' capacities do not overlap",
+        None => "",
+    }
 }
 
 /// Who won a workload, and by how much, in words.
@@ -140,13 +229,14 @@ pub fn verdict(w: &WorkloadRun) -> String {
         let open = matches!(cp, Capacity::AtLeast(_)) || matches!(cb, Capacity::AtLeast(_) | Capacity::Below(_));
         let _ = writeln!(
             out,
-            "\n{}% -attainment capacity: best predicted {} {} req/s vs best baseline {} {} req/s: **{ratio:.2}x** (target {CAPACITY_TARGET_RATIO}x: {}){}.",
+            "\n{}% -attainment capacity: best predicted {} {} req/s vs best baseline {} {} req/s: **{ratio:.2}x** (target {CAPACITY_TARGET_RATIO}x: {}){}{}.",
             100.0 * TARGET,
             p.router,
-            cp.label(),
+            capacity_label(p, overall).unwrap_or_else(|| cp.label()),
             b.router,
-            cb.label(),
+            capacity_label(b, overall).unwrap_or_else(|| cb.label()),
             if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
+            noise_note(within_noise(p, b, overall)),
             if open { "; an open-ended capacity (≥ or <) means the ladder did not reach the crossing" } else { "" }
         );
     }
@@ -154,15 +244,16 @@ pub fn verdict(w: &WorkloadRun) -> String {
         if let (Some(p), Some(b), Some(ratio)) =
             (&r.best_headroom_critical, &r.best_baseline_critical, r.critical_capacity_ratio)
         {
-            let capacity_of = |name: &str| {
-                w.runs.iter().find(|run| run.router == name).and_then(router_critical_capacity).map(Capacity::label)
-            };
+            let capacity_of =
+                |name: &str| w.runs.iter().find(|run| run.router == name).and_then(|r| capacity_label(r, critical));
             let _ = writeln!(
                 out,
-                "\nCritical capacity (the non-sheddable classes together at {}): best predicted {p} {} req/s vs best baseline {b} {} req/s: **{ratio:.2}x**.",
+                "\nCritical capacity (the non-sheddable classes together at {}): best predicted {p} {} req/s vs best baseline {b} {} req/s: **{ratio:.2}x** (target {CAPACITY_TARGET_RATIO}x: {}){}.",
                 pct(TARGET),
                 capacity_of(p).unwrap_or_default(),
                 capacity_of(b).unwrap_or_default(),
+                if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
+                noise_note(r.critical_within_noise),
             );
         }
     }
@@ -192,14 +283,24 @@ pub fn verdict(w: &WorkloadRun) -> String {
 
 /// The workload's section of the report.
 pub fn section(w: &WorkloadRun) -> String {
-    let mut s = format!("\n## {}\n\n{}\n", w.workload, verdict(w));
+    let mut s = format!("\n## {}\n\n", w.workload);
+    if !w.profiles.is_empty() {
+        let _ = writeln!(s, "Fleet: {} simulated servers ({}).", w.profiles.len(), fleet(&w.profiles));
+    }
+    if let Some(n) = w.trace_window {
+        let _ = writeln!(
+            s,
+            "Traffic: the trace's first {n} requests at every rate, their arrivals compressed to the rate and replayed back to back, so each rate measures the same requests."
+        );
+    }
+    let _ = writeln!(s, "\n{}", verdict(w));
     let _ = writeln!(s, "![SLO attainment against load: {}]({}.svg)\n", w.workload, w.workload);
     let mut rates: Vec<f64> = w.runs.iter().flat_map(|r| r.points.iter().map(|p| p.0)).collect();
     rates.sort_by(f64::total_cmp);
     rates.dedup();
     let _ = writeln!(
         s,
-        "SLO attainment by requested rate (req/s); `-`: not run, the router was already under {}:\n",
+        "SLO attainment by requested rate (req/s); `-`: not run, the router was already under {}. Rates near the cliff were measured once per seed: the mean, then the range; a capacity's range is over the seeds' curves (its noise band):\n",
         pct(crate::STOP_BELOW)
     );
     let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
@@ -211,10 +312,24 @@ pub fn section(w: &WorkloadRun) -> String {
     );
     let _ = writeln!(s, "| --- |{} --- | --- |", " ---: |".repeat(rates.len()));
     for r in &w.runs {
-        let cells: Vec<String> =
-            rates.iter().map(|rate| at_rate(r, *rate).map_or("-".into(), |x| pct(x.attainment))).collect();
-        let critical = router_critical_capacity(r).map_or("-".into(), Capacity::label);
-        let _ = writeln!(s, "| {} | {} | {} | {critical} |", r.router, cells.join(" | "), router_capacity(r).label());
+        let per_rate = measurements(r);
+        let cells: Vec<String> = rates
+            .iter()
+            .map(|rate| match per_rate.iter().find(|(x, _)| (x - rate).abs() < 1e-9) {
+                None => "-".into(),
+                Some((_, ms)) if ms.len() == 1 => pct(ms[0].attainment),
+                Some((_, ms)) => {
+                    let values: Vec<f64> = ms.iter().map(|s| s.attainment).collect();
+                    let mean = values.iter().sum::<f64>() / values.len() as f64;
+                    let (lo, hi) =
+                        values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
+                    format!("{} ({:.1}-{:.1})", pct(mean), 100.0 * lo, 100.0 * hi)
+                }
+            })
+            .collect();
+        let critical_capacity = capacity_label(r, critical).unwrap_or_else(|| "-".into());
+        let capacity = capacity_label(r, overall).unwrap_or_else(|| router_capacity(r).label());
+        let _ = writeln!(s, "| {} | {} | {capacity} | {critical_capacity} |", r.router, cells.join(" | "));
     }
     if let Some(rate) = equal_load_rate(w) {
         let _ = writeln!(
@@ -268,19 +383,23 @@ pub fn section(w: &WorkloadRun) -> String {
 }
 
 /// The whole report.
-pub fn markdown(results: &BenchResults) -> String {
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for p in &results.profiles {
-        match counts.iter_mut().find(|(name, _)| name == p) {
+/// "6 H100, 2 A100": each profile's count, in first-seen order.
+fn fleet(profiles: &[String]) -> String {
+    let mut counts: Vec<(&String, usize)> = Vec::new();
+    for p in profiles {
+        match counts.iter_mut().find(|(name, _)| *name == p) {
             Some((_, n)) => *n += 1,
-            None => counts.push((p.clone(), 1)),
+            None => counts.push((p, 1)),
         }
     }
-    let fleet: Vec<String> = counts.iter().map(|(p, n)| format!("{n} {}", p.to_uppercase())).collect();
+    counts.iter().map(|(p, n)| format!("{n} {}", p.to_uppercase())).collect::<Vec<_>>().join(", ")
+}
+
+pub fn markdown(results: &BenchResults) -> String {
     let mut s = format!(
-        "# Benchmark: SLO attainment by router\n\n{} simulated servers ({}) behind the real Envoy; at each rate every router gets the identical request sequence. Simulator speed: {}x real time (rates and latencies are in simulated time).\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, with the default `most` (spreading) strategy for the positive tier, or `least` (bin-packing, llm-d's default).\n\nEach verdict below says whether predicted routing reached the target (at least {CAPACITY_TARGET_RATIO}x the best baseline's capacity); `docs/benchmark.md` explains the reference run's results, including why the target is missed where it is.\n",
+        "# Benchmark: SLO attainment by router\n\n{} simulated servers ({}, unless a workload names its own fleet) behind the real Envoy; at each rate every router gets the identical request sequence. Simulator speed: {}x real time (rates and latencies are in simulated time).\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, with the default `most` (spreading) strategy for the positive tier, or `least` (bin-packing, llm-d's default).\n\nEach verdict below says whether predicted routing reached the target (at least {CAPACITY_TARGET_RATIO}x the best baseline's capacity); `docs/benchmark.md` explains the reference run's results, including why the target is missed where it is.\n",
         results.profiles.len(),
-        fleet.join(", "),
+        fleet(&results.profiles),
         results.time_scale,
         results.command,
         pct(TARGET)
@@ -293,7 +412,8 @@ pub fn markdown(results: &BenchResults) -> String {
 
 /// The workload's chart: attainment against offered load, one line per router.
 pub fn chart(w: &WorkloadRun) -> String {
-    let series: Vec<Series> = w.runs.iter().map(|r| Series { name: &r.router, points: curve(r) }).collect();
+    let series: Vec<Series> =
+        w.runs.iter().map(|r| Series { name: &r.router, points: mean_curve(r, overall).unwrap_or_default() }).collect();
     attainment_svg(&format!("{}: SLO attainment vs load", w.workload), &series, TARGET)
 }
 
@@ -326,7 +446,35 @@ mod tests {
     }
 
     fn run(name: &str, baseline: bool, pts: &[(f64, f64)]) -> RouterRun {
-        RouterRun { router: name.into(), baseline, points: pts.iter().map(|(r, a)| point(*r, *a)).collect() }
+        RouterRun {
+            router: name.into(),
+            baseline,
+            points: pts.iter().map(|(r, a)| point(*r, *a)).collect(),
+            repeats: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn repeats_average_into_the_capacity_and_their_spread_decides_a_tie() {
+        let mut w = workload();
+        assert_eq!(crate::cliff_rates(&w), vec![10.0, 20.0, 30.0, 40.0]);
+        // lr at 30 req/s measured twice more: 0.95 and 0.92 (the ladder said 0.7).
+        w.runs[1].repeats = vec![point(30.0, 0.95), point(30.0, 0.92)];
+        // Mean at 30: (0.7 + 0.95 + 0.92) / 3 = 0.8567: the crossing moves to 20 + 0.05/0.0933 * 10.
+        let Capacity::At(mean) = router_capacity(&w.runs[1]) else { panic!("no crossing") };
+        assert!((mean - 25.357).abs() < 1e-2, "{mean}");
+        // Seeds' curves cross at 22 (the ladder's), >= 30 at 0.95 (open), and at 30 + ... (0.92):
+        let (lo, hi) = capacity_band(&w.runs[1], overall).unwrap();
+        assert!((lo - 22.0).abs() < 1e-9 && hi >= 30.0, "{lo}-{hi}");
+        assert!(capacity_band(&w.runs[2], overall).is_none(), "no repeats, no band");
+        // pred's band must exist to call a tie; give it one that reaches into lr's.
+        w.runs[2].repeats = vec![point(30.0, 0.85)];
+        let r = ratios(&w).unwrap();
+        assert_eq!(r.capacity_within_noise, Some(true), "{r:?}");
+        let text = verdict(&w);
+        assert!(text.contains("**a tie**"), "{text}");
+        let table = section(&w);
+        assert!(table.contains("85.7% (70.0-95.0)"), "the mean and range of lr at 30: {table}");
     }
 
     fn workload() -> WorkloadRun {
@@ -334,6 +482,8 @@ mod tests {
             workload: "mixed".into(),
             step_s: 10.0,
             servers: 2,
+            profiles: vec!["h100".into(), "a100".into()],
+            trace_window: None,
             runs: vec![
                 run("rr", true, &[(10.0, 0.99), (20.0, 0.7)]),
                 run("lr", true, &[(10.0, 0.99), (20.0, 0.95), (30.0, 0.7)]),
@@ -399,7 +549,8 @@ mod tests {
             workloads: vec![workload()],
         };
         let md = markdown(&r);
-        assert!(md.contains("3 simulated servers (2 H100, 1 A100)"));
+        assert!(md.contains("3 simulated servers (2 H100, 1 A100, unless"));
+        assert!(md.contains("Fleet: 2 simulated servers (1 H100, 1 A100)."), "{md}");
         assert!(md.contains("| rr | 99.0% | 70.0% | - | - | 13.1 |"), "{md}");
         assert!(md.contains("![SLO attainment against load: mixed](mixed.svg)"));
         assert!(md.contains("| pred | 200 | 20.0 | 99.0% |"), "{md}");

@@ -47,13 +47,18 @@ pub struct RequestSpec {
     /// `(id, tokens)`: the prompt starts with shared system prompt `id` of this many tokens.
     #[serde(default)]
     pub shared_prefix: Option<(u32, u32)>,
+    /// Which sending of a workload this request belongs to, part of its prompt's unique
+    /// text: the same workload sent again (the next rate of a ladder, after a warm-up with
+    /// the same indices) then finds none of its prompts in the servers' prefix caches.
+    #[serde(default)]
+    pub run: u32,
 }
 
 const FILLER: &str = "lorem ipsum dolor sit amet ";
 
 impl RequestSpec {
     /// A prompt of exactly `prompt_tokens` tokens (by the shared approximation):
-    /// the shared system prompt if any, then text unique to request `index`.
+    /// the shared system prompt if any, then text unique to request `index` of `run`.
     pub fn prompt(&self, index: usize) -> String {
         let target = self.prompt_tokens as usize * BYTES_PER_TOKEN;
         let mut text = String::with_capacity(target + FILLER.len());
@@ -65,7 +70,7 @@ impl RequestSpec {
             }
             text.truncate(prefix_bytes);
         }
-        text.push_str(&format!("request {index:08} "));
+        text.push_str(&format!("request {:04}-{index:08} ", self.run));
         while text.len() < target {
             text.push_str(FILLER);
         }
@@ -103,7 +108,7 @@ fn mixed_class(rng: &mut StdRng) -> SloClass {
 }
 
 fn spec(at_s: f64, prompt_tokens: u32, max_tokens: u32, stream: bool, class: SloClass) -> RequestSpec {
-    RequestSpec { at_s, prompt_tokens, max_tokens, stream, class, shared_prefix: None }
+    RequestSpec { at_s, prompt_tokens, max_tokens, stream, class, shared_prefix: None, run: 0 }
 }
 
 /// The demo's mix: short-prompt/long-answer, long-prompt/short-answer and medium
@@ -147,6 +152,19 @@ pub fn shared_prefix(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> 
     })
 }
 
+/// Sizes over two orders of magnitude, for a fleet of mixed GPU classes: prompts
+/// log-uniform over 50-5,000 tokens, answers over 10-500, the mixed SLO classes, 85%
+/// streaming. Where a long prompt lands (a fast or a slow GPU) decides its TTFT, which
+/// per-request prediction sees and request counting does not.
+pub fn heterogeneous(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    let log_uniform = |rng: &mut StdRng, lo: f64, hi: f64| rng.gen_range(lo.ln()..hi.ln()).exp().round() as u32;
+    poisson(seed, rate, duration_s, |rng, t| {
+        let class = mixed_class(rng);
+        let (prompt, output) = (log_uniform(rng, 50.0, 5000.0), log_uniform(rng, 10.0, 500.0));
+        spec(t, prompt, output, rng.gen_bool(0.85), class)
+    })
+}
+
 /// All-interactive prefill-heavy traffic, the shift of the predictor's accuracy run.
 pub fn long_prompts(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     let class = SloClass { name: "long-prompt".into(), ttft_ms: Some(1500.0), tpot_ms: Some(60.0), priority: 0 };
@@ -155,13 +173,13 @@ pub fn long_prompts(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     })
 }
 
-/// A replay of a trace in the `arrived_at,num_prefill_tokens,num_decode_tokens`
-/// format (`loadgen/workloads/azure-conv-2023.csv`): arrivals divided by
-/// `speedup`, the first `duration_s` seconds (after speed-up), sizes clamped to
-/// the simulator's 32k context, SLO classes drawn as in [`mixed`].
-pub fn trace_replay(csv: &str, seed: u64, speedup: f64, duration_s: f64) -> Result<Vec<RequestSpec>, String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut out = Vec::new();
+/// One request of a trace: arrival (s), prompt and output tokens.
+type TraceRow = (f64, u32, u32);
+
+/// The rows of a trace in the `arrived_at,num_prefill_tokens,num_decode_tokens` format,
+/// sizes clamped to the simulator's 32k context.
+fn parse_trace(csv: &str) -> Result<Vec<TraceRow>, String> {
+    let mut rows = Vec::new();
     for (n, line) in csv.lines().enumerate().skip(1) {
         if line.trim().is_empty() {
             continue;
@@ -175,12 +193,65 @@ pub fn trace_replay(csv: &str, seed: u64, speedup: f64, duration_s: f64) -> Resu
         let at: f64 = cols[0].trim().parse().map_err(|_| bad())?;
         let prompt: u32 = cols[1].trim().parse().map_err(|_| bad())?;
         let output: u32 = cols[2].trim().parse().map_err(|_| bad())?;
+        rows.push((at, prompt.clamp(1, 24_000), output.clamp(1, 8_000)));
+    }
+    Ok(rows)
+}
+
+/// A replay of a trace in the `arrived_at,num_prefill_tokens,num_decode_tokens`
+/// format (`loadgen/workloads/azure-conv-2023.csv`): arrivals divided by
+/// `speedup`, the first `duration_s` seconds (after speed-up), sizes clamped to
+/// the simulator's 32k context, SLO classes drawn as in [`mixed`].
+pub fn trace_replay(csv: &str, seed: u64, speedup: f64, duration_s: f64) -> Result<Vec<RequestSpec>, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for (at, prompt, output) in parse_trace(csv)? {
         let at_s = at / speedup;
         if at_s >= duration_s {
             break;
         }
         let class = mixed_class(&mut rng);
-        out.push(spec(at_s, prompt.clamp(1, 24_000), output.clamp(1, 8_000), true, class));
+        out.push(spec(at_s, prompt, output, true, class));
+    }
+    Ok(out)
+}
+
+/// The same stretch of a trace at any rate: its first `window` requests, their arrival
+/// times compressed so they come at `rate` on average, replayed back to back for
+/// `duration_s`. Every rate gets the same requests (sizes, SLO classes, the shape of
+/// their bursts), only faster or slower, so neighbouring rates of a ladder measure the
+/// same traffic. (Speeding the whole trace up instead plays a longer, different stretch
+/// at each higher rate.)
+pub fn trace_window(
+    csv: &str,
+    seed: u64,
+    window: usize,
+    rate: f64,
+    duration_s: f64,
+) -> Result<Vec<RequestSpec>, String> {
+    if rate.is_nan() || rate <= 0.0 || window == 0 {
+        return Err(format!("trace window: rate {rate} and window {window} must be > 0"));
+    }
+    let rows = parse_trace(csv)?;
+    let rows = &rows[..window.min(rows.len())];
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Err("empty trace".into()) };
+    // The window's native mean rate, counting one mean gap after its last request, so a
+    // replay's cycles join without a pause or a pile-up.
+    let n = rows.len() as f64;
+    let span = (last.0 - first.0).max(f64::EPSILON) * n / (n - 1.0).max(1.0);
+    let scale = n / span / rate; // native seconds -> seconds at `rate`
+    let cycle = n / rate;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let classes: Vec<SloClass> = rows.iter().map(|_| mixed_class(&mut rng)).collect();
+    let mut out = Vec::new();
+    for k in 0.. {
+        for ((at, prompt, output), class) in rows.iter().zip(&classes) {
+            let at_s = f64::from(k) * cycle + (at - first.0) * scale;
+            if at_s >= duration_s {
+                return Ok(out);
+            }
+            out.push(spec(at_s, *prompt, *output, true, class.clone()));
+        }
     }
     Ok(out)
 }
@@ -188,17 +259,12 @@ pub fn trace_replay(csv: &str, seed: u64, speedup: f64, duration_s: f64) -> Resu
 /// The bundled Azure conversation trace (see `loadgen/workloads/README.md`).
 pub const AZURE_CONV_2023: &str = include_str!("../workloads/azure-conv-2023.csv");
 
-/// Mean arrival rate (requests/s) of the bundled Azure trace at speed-up 1.
-pub fn azure_native_rate() -> f64 {
-    let times: Vec<f64> =
-        AZURE_CONV_2023.lines().skip(1).filter_map(|l| l.split(',').next()?.trim().parse().ok()).collect();
-    match (times.first(), times.last()) {
-        (Some(a), Some(b)) if b > a => (times.len() - 1) as f64 / (b - a),
-        _ => 1.0,
-    }
+/// [`trace_window`] over the bundled Azure trace.
+pub fn azure_window(seed: u64, window: usize, rate: f64, duration_s: f64) -> Result<Vec<RequestSpec>, String> {
+    trace_window(AZURE_CONV_2023, seed, window, rate, duration_s)
 }
 
-/// A workload by name: `mixed`, `short-long`, `long-short`, `shared-prefix`, or
+/// A workload by name: `mixed`, `short-long`, `long-short`, `shared-prefix`, `hetero`, or
 /// `azure` (the bundled trace, `speedup` times faster; `rate` is then unused).
 pub fn by_name(name: &str, seed: u64, rate: f64, duration_s: f64, speedup: f64) -> Result<Vec<RequestSpec>, String> {
     match name {
@@ -206,8 +272,11 @@ pub fn by_name(name: &str, seed: u64, rate: f64, duration_s: f64, speedup: f64) 
         "short-long" => Ok(short_prompt_long_answer(seed, rate, duration_s)),
         "long-short" => Ok(long_prompt_short_answer(seed, rate, duration_s)),
         "shared-prefix" => Ok(shared_prefix(seed, rate, duration_s)),
+        "hetero" => Ok(heterogeneous(seed, rate, duration_s)),
         "azure" => trace_replay(AZURE_CONV_2023, seed, speedup, duration_s),
-        other => Err(format!("unknown workload {other:?}: mixed, short-long, long-short, shared-prefix, azure")),
+        other => {
+            Err(format!("unknown workload {other:?}: mixed, short-long, long-short, shared-prefix, hetero, azure"))
+        }
     }
 }
 
@@ -232,6 +301,9 @@ mod tests {
         let r = spec(0.0, 321, 1, true, SloClass::batch());
         assert_eq!(estimate_tokens(&r.prompt(3)), 321);
         assert_ne!(r.prompt(3)[..64], r.prompt(4)[..64]);
+        let again = RequestSpec { run: 1, ..r.clone() };
+        assert_eq!(estimate_tokens(&again.prompt(3)), 321);
+        assert_ne!(again.prompt(3)[..64], r.prompt(3)[..64], "another run's request shares no first block");
     }
 
     #[test]
@@ -257,6 +329,38 @@ mod tests {
         assert_eq!(w[2].prompt_tokens, 24_000, "clamped to the context");
         let err = trace_replay("h\n1,2\n", 1, 1.0, 10.0).unwrap_err();
         assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn heterogeneous_sizes_span_two_orders_of_magnitude() {
+        let w = heterogeneous(3, 50.0, 60.0);
+        let prompts: Vec<u32> = w.iter().map(|r| r.prompt_tokens).collect();
+        let (lo, hi) = (prompts.iter().min().copied().unwrap_or(0), prompts.iter().max().copied().unwrap_or(0));
+        assert!(lo < 60 && hi > 4500, "{lo}..{hi}");
+        // Log-uniform: as many prompts under 500 tokens as over.
+        let short = prompts.iter().filter(|&&p| p < 500).count() as f64 / prompts.len() as f64;
+        assert!((short - 0.5).abs() < 0.05, "{short}");
+    }
+
+    #[test]
+    fn a_trace_window_is_the_same_requests_at_every_rate() {
+        let (slow, fast) = (azure_window(5, 300, 50.0, 6.0).unwrap(), azure_window(5, 300, 100.0, 3.0).unwrap());
+        // Twice the rate over half the time: the same 300 requests, in half the time.
+        assert_eq!(slow.len(), 300);
+        assert_eq!(fast.len(), 300);
+        for (a, b) in slow.iter().zip(&fast) {
+            assert_eq!((a.prompt_tokens, a.max_tokens, &a.class.name), (b.prompt_tokens, b.max_tokens, &b.class.name));
+            assert!((a.at_s - 2.0 * b.at_s).abs() < 1e-9, "{} vs {}", a.at_s, b.at_s);
+        }
+        // Longer than the window lasts at this rate: it is replayed, not extended.
+        let looped = azure_window(5, 300, 100.0, 9.0).unwrap();
+        assert_eq!(looped.len(), 900);
+        assert_eq!(looped[300].prompt_tokens, looped[0].prompt_tokens);
+        assert!((looped[300].at_s - 3.0).abs() < 1e-9, "{}", looped[300].at_s);
+        let mean_rate = looped.len() as f64 / 9.0;
+        assert!((mean_rate - 100.0).abs() < 1.0, "{mean_rate}");
+        assert!(looped.windows(2).all(|w| w[0].at_s <= w[1].at_s));
+        assert!(azure_window(5, 0, 10.0, 1.0).is_err() && azure_window(5, 10, 0.0, 1.0).is_err());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A reduced `make bench`: every router, one workload, two short rates on three servers.
+//! A reduced `make bench`: every router, one workload, two short rates on three servers, the
+//! rates near the cliff once more with a second seed.
 //! Checks the pipeline end to end (stacks, identical traffic, report, chart, raw results);
 //! the full comparison runs in `make bench` (docs/benchmark.md).
 
@@ -14,7 +15,8 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     let (run_dir, out) = (base.join("run"), base.join("results"));
     let run = Command::new(&bin)
         .args(["--run-dir", run_dir.to_str().unwrap(), "run", "--workloads", "mixed", "--rates", "6,12"])
-        .args(["--step", "4", "--warmup", "3", "--servers", "h100,h100,a100", "--out", out.to_str().unwrap()])
+        .args(["--step", "4", "--warmup", "3", "--servers", "h100,h100,a100", "--seeds", "2"])
+        .args(["--out", out.to_str().unwrap()])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout).to_string();
@@ -35,7 +37,12 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
         assert!(first.critical_attainment.is_some(), "{}: no critical attainment", run.router);
         assert!(first.per_class.contains_key("interactive"), "{}: per class {:?}", run.router, first.per_class);
     }
+    // The rates near the cliff were measured again with another seed, by every router alike.
+    let repeated: Vec<Vec<f64>> = mixed.runs.iter().map(|r| r.repeats.iter().map(|p| p.0).collect()).collect();
+    assert!(repeated.iter().all(|r| !r.is_empty()), "every router repeats the cliff's rates: {repeated:?}");
+    assert_eq!(mixed.profiles, vec!["h100", "h100", "a100"]);
     let ratios = mixed.ratios.clone().expect("results.json carries the headline ratios");
+    assert!(ratios.capacity_within_noise.is_some(), "a tie or not, from the seeds: {ratios:?}");
     assert!(ratios.capacity_ratio > 0.0 && ratios.critical_capacity_ratio.is_some_and(|r| r > 0.0), "{ratios:?}");
     // Identical traffic: every router got the same number of requests at the first rate.
     let sent: Vec<usize> = mixed.runs.iter().map(|r| r.points[0].1.requests).collect();
@@ -45,6 +52,7 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     assert!(report.contains("## mixed") && report.contains("At equal load"), "{report}");
     assert!(report.contains("capacity") && report.contains("critical capacity"), "{report}");
     assert!(report.contains("By SLO class"), "{report}");
+    assert!(report.contains("Fleet: 3 simulated servers (2 H100, 1 A100)"), "{report}");
     for c in CONTENDERS {
         assert!(report.contains(&format!("| {} |", c.name)), "{} missing from the report:\n{report}", c.name);
     }

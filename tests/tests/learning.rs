@@ -40,6 +40,7 @@ fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
             stream: true,
             class: class.clone(),
             shared_prefix: None,
+            run: 0,
         })
         .collect();
     let target = Target {
