@@ -217,15 +217,6 @@ fn requests(
     generated.map_err(anyhow::Error::msg)
 }
 
-/// The requests marked as sending `run` of their workload (their prompts differ from
-/// every other run's: nothing sent at one rate is a prefix-cache hit at the next).
-fn as_run(mut specs: Vec<workload::RequestSpec>, run: u32) -> Vec<workload::RequestSpec> {
-    for s in &mut specs {
-        s.run = run;
-    }
-    specs
-}
-
 /// Engine-time requests as sent on a simulator running `scale` times real time.
 pub fn to_wall(mut specs: Vec<workload::RequestSpec>, scale: f64) -> Vec<workload::RequestSpec> {
     if scale == 1.0 {
@@ -327,7 +318,7 @@ impl<'a> Bench<'a> {
             Bench { opts, contender, workload, window, target, runtime: tokio::runtime::Runtime::new()?, stack };
         if contender.router == Router::Headroom && opts.warmup_s > 0.0 {
             let warm = requests(workload, WARMUP_SEED, warmup_rate, opts.warmup_s, window)?;
-            bench.runtime.block_on(runner::run(&bench.target, &to_wall(as_run(warm, 0), opts.time_scale)))?;
+            bench.runtime.block_on(runner::run(&bench.target, &to_wall(workload::as_run(warm, 0), opts.time_scale)))?;
         }
         Ok(bench)
     }
@@ -336,8 +327,10 @@ impl<'a> Bench<'a> {
     /// and keeps every request's outcome under `requests/`.
     fn measure(&self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
         let (opts, name) = (self.opts, self.contender.name);
-        let work =
-            to_wall(as_run(requests(self.workload, seed, rate, opts.step_s, self.window)?, run), opts.time_scale);
+        let work = to_wall(
+            workload::as_run(requests(self.workload, seed, rate, opts.step_s, self.window)?, run),
+            opts.time_scale,
+        );
         let outcomes = to_engine(self.runtime.block_on(runner::run(&self.target, &work))?, opts.time_scale);
         let s = Summary::of(&outcomes, opts.step_s);
         let seed_note = if seed == LADDER_SEED { String::new() } else { format!(" (seed {seed})") };

@@ -56,6 +56,16 @@ pub struct RequestSpec {
 
 const FILLER: &str = "lorem ipsum dolor sit amet ";
 
+/// The requests marked as sending `run` of their workload: their prompts differ from every
+/// other run's, so nothing sent in one run (a rate of a ladder, a warm-up, a phase) is a
+/// prefix-cache hit in the next.
+pub fn as_run(mut specs: Vec<RequestSpec>, run: u32) -> Vec<RequestSpec> {
+    for s in &mut specs {
+        s.run = run;
+    }
+    specs
+}
+
 impl RequestSpec {
     /// A prompt of exactly `prompt_tokens` tokens (by the shared approximation):
     /// the shared system prompt if any, then text unique to request `index` of `run`.

@@ -122,7 +122,8 @@ fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
     let mut shifted: Vec<(f64, [Option<f64>; 2])> = Vec::new();
     let phases = [
         ("mixed", workload::mixed(7, opts.rate, opts.warmup_s)),
-        ("shifted", workload::long_prompts(8, opts.rate / 2.0, opts.shift_s)),
+        // New prompt text: the shift's first requests find nothing of the warm-up's cached.
+        ("shifted", workload::as_run(workload::long_prompts(8, opts.rate / 2.0, opts.shift_s), 1)),
     ];
     for (phase, work) in phases {
         let t = target.clone();
