@@ -38,8 +38,9 @@ down:
 demo: build
 	@$(STACK) demo
 
-# Every router on identical traffic over a rate ladder, five workloads, 8 simulated servers:
-# results/report.md, one SVG chart per workload, raw results (docs/benchmark.md). About an hour.
+# Every router on identical traffic over a rate ladder, six workloads, 8 simulated servers, the rates
+# near each cliff repeated with 3 seeds: results/report.md, one SVG chart per workload, raw results
+# (docs/benchmark.md). About two and a half hours; BENCH_ARGS="--seeds 1" skips the repeats.
 BENCH_ARGS ?=
 bench: build
 	@$(BENCH) run --out results $(BENCH_ARGS)

@@ -68,17 +68,31 @@ fn seed_curves(run: &RouterRun, pick: Pick) -> Option<Vec<Vec<(f64, f64)>>> {
         .collect()
 }
 
+/// The capacity of each seed's curve; `None` without repeats.
+fn seed_capacities(run: &RouterRun, pick: Pick) -> Option<Vec<Capacity>> {
+    let curves = seed_curves(run, pick)?;
+    (curves.len() >= 2).then(|| curves.iter().filter_map(|c| capacity(c, TARGET)).collect())
+}
+
 /// The lowest and highest capacity over the seeds' curves: the noise band. `None`
 /// without repeats.
 pub fn capacity_band(run: &RouterRun, pick: Pick) -> Option<(f64, f64)> {
-    let curves = seed_curves(run, pick)?;
-    if curves.len() < 2 {
-        return None;
-    }
-    let caps: Vec<f64> = curves.iter().filter_map(|c| capacity(c, TARGET)).map(Capacity::rps).collect();
-    let lo = caps.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = caps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let caps = seed_capacities(run, pick)?;
+    let lo = caps.iter().map(|c| c.rps()).fold(f64::INFINITY, f64::min);
+    let hi = caps.iter().map(|c| c.rps()).fold(f64::NEG_INFINITY, f64::max);
     lo.is_finite().then_some((lo, hi))
+}
+
+/// A router's capacity by `pick`: with repeats whose curves all cross, the mean of their
+/// crossings (inside the band by construction); otherwise the crossing of the mean curve
+/// (which also says when the ladder never crossed, or crossed before its first rate).
+fn capacity_by(run: &RouterRun, pick: Pick) -> Option<Capacity> {
+    if let Some(caps) = seed_capacities(run, pick) {
+        if !caps.is_empty() && caps.iter().all(|c| matches!(c, Capacity::At(_))) {
+            return Some(Capacity::At(caps.iter().map(|c| c.rps()).sum::<f64>() / caps.len() as f64));
+        }
+    }
+    capacity(&mean_curve(run, pick)?, TARGET)
 }
 
 /// Two routers' capacities are a tie when their noise bands overlap. `None` unless both
@@ -90,23 +104,22 @@ fn within_noise(a: &RouterRun, b: &RouterRun, pick: Pick) -> Option<bool> {
 
 /// A capacity with its noise band when there is one: `"141.2 (138.5-144.0)"`.
 fn capacity_label(run: &RouterRun, pick: Pick) -> Option<String> {
-    let c = capacity(&mean_curve(run, pick)?, TARGET)?;
+    let c = capacity_by(run, pick)?;
     Some(match capacity_band(run, pick) {
         Some((lo, hi)) => format!("{} ({lo:.1}-{hi:.1})", c.label()),
         None => c.label(),
     })
 }
 
-/// A router's capacity at [`TARGET`], on the mean of each rate's measurements
-/// (`Below(0)` for a router with no points).
+/// A router's capacity at [`TARGET`] ([`capacity_by`]; `Below(0)` for a router with no points).
 pub fn router_capacity(run: &RouterRun) -> Capacity {
-    mean_curve(run, overall).and_then(|c| capacity(&c, TARGET)).unwrap_or(Capacity::Below(0.0))
+    capacity_by(run, overall).unwrap_or(Capacity::Below(0.0))
 }
 
 /// A router's critical capacity: the highest rate at which the non-sheddable classes
 /// together keep [`TARGET`] attainment. `None` when a point lacks the figure (older results).
 pub fn router_critical_capacity(run: &RouterRun) -> Option<Capacity> {
-    capacity(&mean_curve(run, critical)?, TARGET)
+    capacity_by(run, critical)
 }
 
 /// The headline comparison of a workload, also written into `results.json`: the best
@@ -475,6 +488,13 @@ mod tests {
         assert!(text.contains("**a tie**"), "{text}");
         let table = section(&w);
         assert!(table.contains("85.7% (70.0-95.0)"), "the mean and range of lr at 30: {table}");
+
+        // Every seed's curve crosses: the capacity is the mean of the crossings, inside the band
+        // (the mean curve's crossing need not be: averaging moves the offered rates too).
+        w.runs[1].repeats = vec![point(30.0, 0.8), point(20.0, 0.91)];
+        let (lo, hi) = capacity_band(&w.runs[1], overall).unwrap();
+        let Capacity::At(c) = router_capacity(&w.runs[1]) else { panic!("no crossing") };
+        assert!(lo <= c && c <= hi, "{lo} <= {c} <= {hi}");
     }
 
     fn workload() -> WorkloadRun {
