@@ -78,6 +78,43 @@ pub struct Config {
     /// How to reach the Kubernetes API (pools with `[[pool.kubernetes]]` sources).
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
+    /// Bounds of the flow-control queue (used when the filter sets `flow_control`).
+    #[serde(default)]
+    pub flow: FlowConfig,
+}
+
+/// The `[flow]` section: the queue requests wait in when no endpoint has headroom for
+/// them (docs/flow-control.md). The filter asks to wait (`flow_control`); these bound it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlowConfig {
+    /// Requests waiting at once per pool, all priority bands together. Beyond it a request
+    /// is placed as without flow control (`queue_full`), never dropped.
+    pub max_queued: usize,
+    /// Requests waiting at once per pool and priority band.
+    pub max_queued_per_band: usize,
+    /// The longest any request waits, whatever the filter offers (ms).
+    pub max_wait_ms: u64,
+    /// How often waiting requests are judged again when no report, first token or scrape
+    /// woke them (ms); their deadlines are checked as often.
+    pub recheck_interval_ms: u64,
+    /// A request with headroom still waits while its best endpoint's predicted TTFT is
+    /// above this (ms), unless its own SLO is about to run out: model servers' FIFO queues
+    /// stay this short, so later, more urgent requests find room instead of a queue of
+    /// looser work ahead of them. Set it near the tightest TTFT SLO served.
+    pub dispatch_horizon_ms: u64,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        FlowConfig {
+            max_queued: 1000,
+            max_queued_per_band: 500,
+            max_wait_ms: 60_000,
+            recheck_interval_ms: 20,
+            dispatch_horizon_ms: 500,
+        }
+    }
 }
 
 /// The `[kubernetes]` section.
@@ -256,6 +293,7 @@ impl Config {
             pools,
             model: ModelConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            flow: FlowConfig::default(),
         }
     }
 
@@ -374,6 +412,23 @@ impl Config {
         );
         anyhow::ensure!((1..=1000).contains(&self.model.keep_versions), "model.keep_versions must be within 1..=1000");
         anyhow::ensure!(self.scrape_interval_ms >= 10, "scrape_interval_ms must be >= 10");
+        anyhow::ensure!((1..=100_000).contains(&self.flow.max_queued), "flow.max_queued must be within 1..=100000");
+        anyhow::ensure!(
+            (1..=self.flow.max_queued).contains(&self.flow.max_queued_per_band),
+            "flow.max_queued_per_band must be within 1..=flow.max_queued"
+        );
+        anyhow::ensure!(
+            (1..=3_600_000).contains(&self.flow.max_wait_ms),
+            "flow.max_wait_ms must be within 1..=3600000"
+        );
+        anyhow::ensure!(
+            (1..=1000).contains(&self.flow.recheck_interval_ms),
+            "flow.recheck_interval_ms must be within 1..=1000"
+        );
+        anyhow::ensure!(
+            (1..=3_600_000).contains(&self.flow.dispatch_horizon_ms),
+            "flow.dispatch_horizon_ms must be within 1..=3600000"
+        );
         anyhow::ensure!(self.scrape_timeout_ms >= 10, "scrape_timeout_ms must be >= 10");
         let mut names = std::collections::HashSet::new();
         for pool in &self.pools {
@@ -493,6 +548,12 @@ mod tests {
             "[[pool]]\nname = \"p\"\n[[pool.kubernetes]]\nnamespace = \"llm\"\nselector = \"\"\n",
             "[[pool]]\nname = \"p\"\n[[pool.kubernetes]]\nnamespace = \"llm\"\nselector = \"a=b\"\nport = 0\n",
             "[[pool]]\nname = \"p\"\n[[pool.kubernetes]]\nnamespace = \"llm\"\nselector = \"a=b\"\nbogus = 1\n",
+            "[flow]\nmax_queued = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "[flow]\nmax_queued = 10\nmax_queued_per_band = 11\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "[flow]\nmax_wait_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "[flow]\nrecheck_interval_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "[flow]\ndispatch_horizon_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "[flow]\nbogus = 1\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
         ] {
             assert!(Config::parse(text).is_err(), "{text}");
         }

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -16,8 +16,8 @@ use axum::Router;
 use headroom_protocol::{codec, limits, paths, DispatchBatch, ErrorBody, Format, Invalid, PredictRequest, ReportBatch};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::service;
 use crate::state::AppState;
+use crate::{flow, service};
 
 pub fn router(state: Arc<AppState>) -> Router {
     // Guarded: what teaches the model, reveals traffic or hands out models (`crate::auth`).
@@ -111,10 +111,26 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
     let (req, format): (PredictRequest, Format) = decode_body(&headers, &body)?;
     req.check().map_err(|e| invalid(&state, paths::PREDICT, e))?;
     let pool = req.pool.clone();
-    let answer = service::predict(&state, req, Instant::now()).ok_or_else(|| unknown_pool(&pool))?;
+    let answer = service::predict(&state, req.clone(), started).ok_or_else(|| unknown_pool(&pool))?;
     state.metrics.predicted(started.elapsed().as_secs_f64());
+    let answer = match flow::admit(&state, req.clone(), answer, started) {
+        flow::Admission::Now(answer) => answer,
+        // Held until released or expired (`flow::run`); if the caller leaves, the ticket
+        // drops with this future and takes the request out of the queue.
+        flow::Admission::Wait(rx, ticket) => {
+            let longest = Duration::from_millis(state.config.flow.max_wait_ms) + FLOW_ANSWER_GRACE;
+            match tokio::time::timeout(longest, rx).await {
+                Ok(Ok(answer)) => answer,
+                _ => ticket.expired(req, started).ok_or_else(|| unknown_pool(&pool))?,
+            }
+        }
+    };
     Ok(reply(&headers, format, &answer))
 }
+
+/// How long past the longest wait a queued call waits for `flow::run` before answering
+/// "expired" itself: the background task normally answers at the deadline.
+const FLOW_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
@@ -230,6 +246,18 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
                 state.metrics.in_flight.get_or_create(&label).set(p.in_flight_on(&e.address) as i64);
             }
         });
+    }
+    // Bands that emptied go with the clear; every pool shows a saturation (0: nothing waits).
+    let flows = state.flows.snapshot(Instant::now());
+    state.metrics.flow_queued.clear();
+    for pool in state.pools.names() {
+        let flow = flows.iter().find(|f| f.pool == pool);
+        for &(band, n) in flow.map_or(&[][..], |f| &f.bands) {
+            let label = crate::metrics::BandLabel { pool: pool.clone(), band: band.to_string() };
+            state.metrics.flow_queued.get_or_create(&label).set(n as i64);
+        }
+        let saturation = flow.map_or(0.0, |f| f.saturation);
+        state.metrics.saturation.get_or_create(&crate::metrics::PoolLabel { pool }).set(saturation);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }

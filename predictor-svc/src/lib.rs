@@ -5,7 +5,7 @@
 //! crate) at the bottom; `pool` (endpoint state and in-flight tracking),
 //! `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, the
 //! analytic prior, training, ONNX export and inference, the model store);
-//! `service` (what each route does), `auth` (the token guarding what teaches the
+//! `service` (what each route does), `flow` (the flow-control queue), `auth` (the token guarding what teaches the
 //! model), `api` (HTTP: decode, call `service`, encode), `metrics` (Prometheus),
 //! `state` (what handlers share).
 
@@ -14,6 +14,7 @@ pub mod auth;
 /// The configuration file, parsed in its own crate (`predictor-config/`).
 pub use headroom_predictor_config as config;
 pub mod discovery;
+pub mod flow;
 pub mod metrics;
 pub mod model;
 pub mod pool;
@@ -34,10 +35,12 @@ pub async fn serve(
     let scraper = tokio::spawn(scrape::run(state.clone()));
     let expiry = tokio::spawn(scrape::expire(state.clone()));
     let trainer = tokio::spawn(train_loop(state.clone()));
+    let flows = tokio::spawn(flow::run(state.clone()));
     let result = axum::serve(listener, api::router(state.clone())).with_graceful_shutdown(shutdown).await;
     scraper.abort();
     expiry.abort();
     trainer.abort();
+    flows.abort();
     watches.iter().for_each(|w| w.abort());
     state.models.persist_samples();
     result.map_err(Into::into)

@@ -113,6 +113,29 @@ pub struct Metrics {
     unauthorized: Counter,
     panics: Counter,
     invalid: Family<RouteLabel, Counter>,
+    pub flow_queued: Family<BandLabel, Gauge>,
+    pub saturation: Family<PoolLabel, FloatGauge>,
+    flow_wait: Histogram,
+    flow_outcomes: Family<OutcomeLabel, Counter>,
+    flow_expired: Family<PoolLabel, Counter>,
+    flow_left: Family<PoolLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BandLabel {
+    pub pool: String,
+    pub band: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub pool: String,
+    pub outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,6 +174,12 @@ impl Metrics {
             unauthorized: Counter::default(),
             panics: Counter::default(),
             invalid: Family::default(),
+            flow_queued: Family::default(),
+            saturation: Family::default(),
+            flow_wait: latency(),
+            flow_outcomes: Family::default(),
+            flow_expired: Family::default(),
+            flow_left: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -236,7 +265,60 @@ impl Metrics {
             "Finished requests that missed a stated SLO",
             m.slo_violations.clone(),
         );
+        r.register(
+            "headroom_flow_queued_requests",
+            "Requests waiting in the flow-control queue, by pool and priority band",
+            m.flow_queued.clone(),
+        );
+        r.register(
+            "headroom_flow_wait_seconds",
+            "Time requests waited in the flow-control queue (released or expired)",
+            m.flow_wait.clone(),
+        );
+        r.register(
+            "headroom_flow_outcomes",
+            "Requests that offered to wait, by what flow control did (immediate, released, expired, saturated, queue_full)",
+            m.flow_outcomes.clone(),
+        );
+        r.register(
+            "headroom_flow_expired",
+            "Queued requests whose deadline passed before an endpoint had headroom for them",
+            m.flow_expired.clone(),
+        );
+        r.register(
+            "headroom_flow_left",
+            "Queued requests whose caller left (client gone, gateway cancelled the call) before an answer",
+            m.flow_left.clone(),
+        );
+        r.register(
+            "headroom_saturation",
+            "Time to drain the queue at the current rate over the mean time its requests have left (0: nothing waits; above 1: they cannot all make their SLOs)",
+            m.saturation.clone(),
+        );
         Metrics { registry: r, ..m }
+    }
+
+    /// Flow control decided `outcome` for a request of `pool` after `waited_s` in the queue.
+    pub fn flow_outcome(&self, pool: &str, outcome: headroom_protocol::FlowOutcome, waited_s: f64) {
+        let label = OutcomeLabel { pool: pool.to_string(), outcome: outcome.name().to_string() };
+        self.flow_outcomes.get_or_create(&label).inc();
+        if matches!(outcome, headroom_protocol::FlowOutcome::Released | headroom_protocol::FlowOutcome::Expired) {
+            self.flow_wait.observe(waited_s);
+        }
+        if outcome == headroom_protocol::FlowOutcome::Expired {
+            self.flow_expired.get_or_create(&PoolLabel { pool: pool.to_string() }).inc();
+        }
+    }
+
+    /// A request of `pool` joined the queue.
+    pub fn flow_queued(&self, pool: &str) {
+        let label = OutcomeLabel { pool: pool.to_string(), outcome: "queued".to_string() };
+        self.flow_outcomes.get_or_create(&label).inc();
+    }
+
+    /// A queued request's caller left before its answer.
+    pub fn flow_left(&self, pool: &str) {
+        self.flow_left.get_or_create(&PoolLabel { pool: pool.to_string() }).inc();
     }
 
     /// One predict call (TTFT and TPOT of every candidate come from the same batched run).

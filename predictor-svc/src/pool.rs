@@ -31,7 +31,14 @@ struct InFlight {
     /// Its first token passed the gateway: past prefill, observed.
     past_prefill: bool,
     dispatched_at: Instant,
+    /// Reserved by flow control when it released the request (`Pool::reserve`), not yet
+    /// confirmed by the gateway's dispatch batch: forgotten after [`RESERVATION_TTL`].
+    reserved: bool,
 }
+
+/// How long a flow-control reservation counts without the dispatch that confirms it
+/// (the filter flushes dispatches every `flush_interval_ms`, 100 ms by default).
+const RESERVATION_TTL: Duration = Duration::from_secs(2);
 
 /// How long after its predicted TTFT a request's prompt still counts as prefill work
 /// when the gateway reports first tokens: long enough for a late first token, short
@@ -292,9 +299,43 @@ impl Pool {
                     .and_then(|d| now.checked_add(d)),
                 past_prefill: false,
                 dispatched_at: now,
+                reserved: false,
             },
         );
         Applied::Accepted
+    }
+
+    /// Counts a request flow control just released towards `endpoint` as in flight there,
+    /// until its dispatch arrives (up to a flush interval later) and replaces the
+    /// reservation, wherever the filter placed it. Without it, every queued request
+    /// released before that flush would see the same free endpoint.
+    pub fn reserve(&mut self, request_id: &str, endpoint: &str, r: &RequestFeatures, ttft_ms: f64, now: Instant) {
+        let Some(i) = self.index_of(endpoint) else { return };
+        if self.in_flight.contains_key(request_id) || self.in_flight.len() >= self.max_in_flight {
+            return;
+        }
+        let prefix = self.endpoints[i].prefix.match_fraction(&r.prefix_hashes);
+        self.in_flight.insert(
+            request_id.to_string(),
+            InFlight {
+                endpoint: i,
+                input_tokens: r.input_tokens,
+                uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
+                expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
+                tpot_slo_ms: r.slo.tpot_ms.filter(|_| r.streaming),
+                prefill_done_by: Duration::try_from_secs_f64(ttft_ms / 1000.0).ok().and_then(|d| now.checked_add(d)),
+                past_prefill: false,
+                dispatched_at: now,
+                reserved: true,
+            },
+        );
+    }
+
+    /// Drops the reservation of a request whose client left before it was dispatched.
+    pub fn cancel_reservation(&mut self, request_id: &str) {
+        if self.in_flight.get(request_id).is_some_and(|f| f.reserved) {
+            self.in_flight.remove(request_id);
+        }
     }
 
     /// A TPOT observed at `endpoint` (a report of a request dispatched there).
@@ -336,28 +377,32 @@ impl Pool {
     /// Ends tracking of a reported request (known or not). Returns the address it was
     /// dispatched to, or `None` when this pool never saw it dispatched.
     pub fn finish(&mut self, request_id: &str, now: Instant) -> Option<String> {
-        let tracked = self.in_flight.remove(request_id);
+        let tracked = self.in_flight.remove(request_id).filter(|f| !f.reserved);
         self.finished.insert(request_id, now);
         tracked.and_then(|f| self.endpoints.get(f.endpoint)).map(|e| e.address.clone())
     }
 
     /// Forgets requests never reported within `ttl` and old finished ids.
     pub fn expire(&mut self, now: Instant, ttl: Duration) -> usize {
+        // A reservation never confirmed (the client left, the filter fell back) is no
+        // dispatch: dropped without counting.
+        self.in_flight.retain(|_, f| !f.reserved || now.saturating_duration_since(f.dispatched_at) < RESERVATION_TTL);
         let before = self.in_flight.len();
         self.in_flight.retain(|_, f| now.saturating_duration_since(f.dispatched_at) < ttl);
         self.finished.expire(now, FINISHED_MEMORY);
         before - self.in_flight.len()
     }
 
-    /// (requests in flight, finished ids remembered): both bounded by `max_in_flight`.
+    /// (requests dispatched and tracked in flight, finished ids remembered): both bounded
+    /// by `max_in_flight`. Flow-control reservations are not dispatches and not counted.
     pub fn tracked(&self) -> (usize, usize) {
-        (self.in_flight.len(), self.finished.len())
+        (self.in_flight.values().filter(|f| !f.reserved).count(), self.finished.len())
     }
 
-    /// Requests in flight on the endpoint at `address`.
+    /// Requests dispatched to the endpoint at `address` and in flight (reservations aside).
     pub fn in_flight_on(&self, address: &str) -> usize {
         let Some(i) = self.index_of(address) else { return 0 };
-        self.in_flight.values().filter(|f| f.endpoint == i).count()
+        self.in_flight.values().filter(|f| f.endpoint == i && !f.reserved).count()
     }
 
     /// The feature state of every endpoint for `request`, in endpoint order.

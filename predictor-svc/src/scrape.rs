@@ -151,6 +151,10 @@ fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetr
         }
     });
     state.metrics.scrape(result.is_ok());
+    // Fresh engine state can show room the last one did not: judge queued requests again.
+    if result.is_ok() {
+        state.flows.wake();
+    }
 }
 
 /// Forgets requests never reported and old finished ids, every second, on its own

@@ -34,7 +34,7 @@ pub fn predict(state: &AppState, req: PredictRequest, now: Instant) -> Option<Pr
         endpoints[i].ttft_ms = limits::ms_or_none(Some(ttft));
         endpoints[i].tpot_ms = limits::ms_or_none(Some(tpot));
     }
-    Some(PredictResponse { pool: req.pool, model_version, endpoints })
+    Some(PredictResponse { pool: req.pool, model_version, endpoints, flow: None })
 }
 
 /// Starts tracking each dispatched request (the batch is already checked).
@@ -64,11 +64,23 @@ pub fn dispatch(state: &AppState, batch: &DispatchBatch, now: Instant) -> BatchA
 /// dispatched, to the endpoint that served them (the batch is already checked).
 pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
+    for a in &batch.abandoned {
+        let left = state.flows.abandon(&a.pool, &a.request_id);
+        if left {
+            state.metrics.flow_left(&a.pool);
+        }
+        state.pools.with(&a.pool, |p| p.cancel_reservation(&a.request_id));
+        state.metrics.report(if left { "abandoned" } else { "abandoned_unknown" }, 1);
+    }
     // First tokens first: one for a request whose observation is in the same batch
     // would find it no longer tracked.
     for f in &batch.first_tokens {
         let applied = state.pools.with(&f.pool, |p| p.first_token(&f.request_id, &f.endpoint, now));
         state.metrics.report(if applied == Some(true) { "first_token" } else { "first_token_unknown" }, 1);
+    }
+    // Past prefill frees room for new prompts: queued requests may fit now.
+    if !batch.first_tokens.is_empty() {
+        state.flows.wake();
     }
     for mut o in batch.observations {
         // Prefix hashes serve placement only; dropping them keeps the log small.
@@ -90,6 +102,8 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
         };
         ack.accepted += 1;
         state.metrics.report("accepted", 1);
+        // A finished request frees its endpoint: drains the pool's queue.
+        state.flows.finished(&o.pool, now);
         // Dispatched here and tracked until now: `dispatches{accepted}` = `reports{tracked}` +
         // in flight + expired, the accounting the soak checks.
         if tracked.is_some() {

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use headroom_protocol::Observation;
 
 use crate::config::Config;
+use crate::flow::Flows;
 use crate::metrics::Metrics;
 use crate::model::prior::AnalyticPrior;
 use crate::model::store::ModelStore;
@@ -18,6 +19,8 @@ pub struct AppState {
     pub models: ModelStore,
     pub observations: Mutex<ObservationLog>,
     pub metrics: Metrics,
+    /// Requests waiting for headroom (flow control), per pool.
+    pub flows: Flows,
     /// Set after the first scrape round; `/readyz` waits for it.
     pub scraped_once: AtomicBool,
     /// The token guarded routes require (`crate::auth`); `None`: they are open.
@@ -35,6 +38,7 @@ impl AppState {
             models,
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),
             scraped_once: AtomicBool::new(false),
+            flows: Flows::new(config.flow.clone()),
             token: config.auth_token()?,
             config,
         })

@@ -9,6 +9,9 @@ pub const SLO_TPOT: [&str; 2] = ["x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"];
 pub const PREDICTION_BASED: &str = "x-prediction-based-scheduling";
 /// The caller's priority (the filter's default `priority_header`); below zero: sheddable.
 pub const PRIORITY: &str = "x-request-priority";
+/// The tenant a request belongs to (the filter's default `fairness_header`, llm-d's
+/// name): within a priority band of the flow-control queue, tenants take turns.
+pub const FAIRNESS_ID: &str = "x-llm-d-inference-fairness-id";
 /// Where the gateway sends the request (the filter's default `destination_header`),
 /// read by Envoy's override_host load balancer. Never accepted from a client.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
@@ -20,6 +23,11 @@ pub const DEBUG_TIER: &str = "x-headroom-tier";
 pub const DEBUG_PREDICTED_TTFT: &str = "x-headroom-predicted-ttft-ms";
 /// Debug response header: the chosen endpoint's predicted TPOT.
 pub const DEBUG_PREDICTED_TPOT: &str = "x-headroom-predicted-tpot-ms";
+/// Debug response header: how long the request waited in the flow-control queue (ms),
+/// when it waited.
+pub const DEBUG_QUEUED: &str = "x-headroom-queued-ms";
+/// Debug response header: how it left that queue (`released` or `expired`), when it waited.
+pub const DEBUG_FLOW: &str = "x-headroom-flow";
 /// Response header of the simulated model server: its own address.
 pub const SERVED_BY: &str = "x-served-by";
 

@@ -10,8 +10,8 @@
 //! lists them with the reasons for each number.
 
 use crate::messages::{
-    Dispatch, DispatchBatch, EndpointPrediction, EndpointState, FirstToken, Observation, PredictRequest, ReportBatch,
-    RequestFeatures, Slo,
+    Abandoned, Dispatch, DispatchBatch, EndpointPrediction, EndpointState, FirstToken, FlowTerms, Observation,
+    PredictRequest, ReportBatch, RequestFeatures, Slo,
 };
 
 /// Largest latency, SLO or prediction accepted, in milliseconds (one hour): no
@@ -33,6 +33,10 @@ pub const MAX_BATCH_ITEMS: usize = 10_000;
 /// Largest request body the predictor reads. The filter splits its batches to
 /// stay under it (`max_batch_bytes`, a quarter of this by default).
 pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Bounds of the filter's `tpot_buffer` (a factor on TPOT SLOs), sent with flow terms.
+pub const MIN_TPOT_BUFFER: f64 = 0.1;
+pub const MAX_TPOT_BUFFER: f64 = 10.0;
 
 /// A value out of its bound: the field's path and what it must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,7 +175,27 @@ impl PredictRequest {
     pub fn check(&self) -> Result<(), Invalid> {
         text("", "pool", &self.pool, MAX_NAME_BYTES, true)?;
         text("", "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, false)?;
-        self.request.check("request")
+        self.request.check("request")?;
+        self.flow.as_ref().map_or(Ok(()), |f| f.check("flow"))
+    }
+}
+
+impl Abandoned {
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        text(at, "pool", &self.pool, MAX_NAME_BYTES, true)?;
+        text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, true)
+    }
+}
+
+impl FlowTerms {
+    pub fn check(&self, at: &str) -> Result<(), Invalid> {
+        ms(at, "max_wait_ms", self.max_wait_ms as f64)?;
+        let b = self.tpot_buffer;
+        if !(b.is_finite() && (MIN_TPOT_BUFFER..=MAX_TPOT_BUFFER).contains(&b)) {
+            let message = format!("must be within {MIN_TPOT_BUFFER}..={MAX_TPOT_BUFFER}, got {b}");
+            return Err(invalid(at, "tpot_buffer", message));
+        }
+        text(at, "fairness_id", &self.fairness_id, MAX_NAME_BYTES, false)
     }
 }
 
@@ -224,7 +248,9 @@ impl ReportBatch {
         items("observations", self.observations.len())?;
         items("first_tokens", self.first_tokens.len())?;
         self.observations.iter().enumerate().try_for_each(|(i, o)| o.check(&format!("observations[{i}]")))?;
-        self.first_tokens.iter().enumerate().try_for_each(|(i, f)| f.check(&format!("first_tokens[{i}]")))
+        self.first_tokens.iter().enumerate().try_for_each(|(i, f)| f.check(&format!("first_tokens[{i}]")))?;
+        items("abandoned", self.abandoned.len())?;
+        self.abandoned.iter().enumerate().try_for_each(|(i, a)| a.check(&format!("abandoned[{i}]")))
     }
 }
 
@@ -265,9 +291,13 @@ mod tests {
     #[test]
     fn in_range_values_pass() {
         assert_eq!(DispatchBatch { dispatches: vec![dispatch()] }.check(), Ok(()));
-        assert_eq!(ReportBatch { observations: vec![observation()], first_tokens: vec![] }.check(), Ok(()));
+        assert_eq!(
+            ReportBatch { observations: vec![observation()], first_tokens: vec![], abandoned: vec![] }.check(),
+            Ok(())
+        );
         let first = FirstToken { pool: "p".into(), request_id: "r".into(), endpoint: "e:1".into(), ttft_ms: -1.0 };
-        let err = ReportBatch { observations: vec![], first_tokens: vec![first] }.check().unwrap_err();
+        let err =
+            ReportBatch { observations: vec![], first_tokens: vec![first], abandoned: vec![] }.check().unwrap_err();
         assert_eq!(err.field, "first_tokens[0].ttft_ms");
     }
 

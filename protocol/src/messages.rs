@@ -49,6 +49,73 @@ pub struct PredictRequest {
     pub pool: String,
     pub request_id: String,
     pub request: RequestFeatures,
+    /// Set when the filter lets the predictor hold this request in its flow-control
+    /// queue (docs/flow-control.md): the answer then comes when an endpoint has
+    /// headroom for it, when its deadline passes, or at once with the reason it
+    /// could not wait. Absent: answered at once, as before flow control.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowTerms>,
+}
+
+/// How long and on what terms a request may wait in the predictor's queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FlowTerms {
+    /// The longest the filter will wait for the answer (its callout timeout is this
+    /// plus its usual predictor timeout).
+    pub max_wait_ms: u64,
+    /// The filter's `tpot_buffer`, so "has headroom" means the same on both sides.
+    pub tpot_buffer: f64,
+    /// The tenant (the fairness header's value; empty: none): within a priority band,
+    /// tenants take turns.
+    #[serde(default)]
+    pub fairness_id: String,
+}
+
+/// What flow control did with a request that offered to wait ([`FlowTerms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlowOutcome {
+    /// An endpoint had headroom on arrival: not queued.
+    Immediate,
+    /// Waited, then an endpoint had headroom for what is left of its TTFT SLO.
+    Released,
+    /// Its deadline passed while it waited (or no endpoint freed in `max_wait_ms`):
+    /// a sheddable request is shed, any other goes to the least bad endpoint.
+    Expired,
+    /// The fleet is saturated: the queue ahead would outlast its SLO. Sheddable
+    /// requests are shed at once rather than after waiting.
+    Saturated,
+    /// The queue (its band or in total) is full: not queued, placed as without flow control.
+    QueueFull,
+}
+
+impl FlowOutcome {
+    pub const ALL: [FlowOutcome; 5] = [
+        FlowOutcome::Immediate,
+        FlowOutcome::Released,
+        FlowOutcome::Expired,
+        FlowOutcome::Saturated,
+        FlowOutcome::QueueFull,
+    ];
+
+    /// Its name in stats and metrics (`headroom.flow.<name>`), as on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlowOutcome::Immediate => "immediate",
+            FlowOutcome::Released => "released",
+            FlowOutcome::Expired => "expired",
+            FlowOutcome::Saturated => "saturated",
+            FlowOutcome::QueueFull => "queue_full",
+        }
+    }
+}
+
+/// Flow control's part of a [`PredictResponse`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FlowAnswer {
+    pub outcome: FlowOutcome,
+    /// Time spent in the queue: the filter judges headroom against the TTFT SLO minus it.
+    pub waited_ms: f64,
 }
 
 /// What the predictor knows of one endpoint at predict time. These are the
@@ -109,6 +176,9 @@ pub struct PredictResponse {
     /// Which model produced the predictions (e.g. `analytic-prior`).
     pub model_version: String,
     pub endpoints: Vec<EndpointPrediction>,
+    /// Present when the request offered to wait ([`PredictRequest::flow`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowAnswer>,
 }
 
 /// One routing decision: `request_id` went to `endpoint`.
@@ -211,6 +281,16 @@ pub struct FirstToken {
     pub ttft_ms: f64,
 }
 
+/// A request that offered to wait in the flow-control queue ended (its client left)
+/// before the predictor answered. Envoy does not cancel a Wasm filter's call when its
+/// stream ends, so the filter says so: the predictor takes it out of the queue (or
+/// drops what it reserved for it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Abandoned {
+    pub pool: String,
+    pub request_id: String,
+}
+
 /// `POST /v1/report` body: first-token events and observations batched on the
 /// filter's tick. First tokens are applied before the observations of a batch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -218,6 +298,8 @@ pub struct ReportBatch {
     pub observations: Vec<Observation>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_tokens: Vec<FirstToken>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub abandoned: Vec<Abandoned>,
 }
 
 /// Answer to a dispatch or report batch.

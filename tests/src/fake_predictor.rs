@@ -110,7 +110,7 @@ fn ranked_answer(request: &[u8], ranking: &[String]) -> Vec<u8> {
             }
         })
         .collect();
-    let answer = PredictResponse { pool, model_version: "fake".into(), endpoints };
+    let answer = PredictResponse { pool, model_version: "fake".into(), endpoints, flow: None };
     encode(Format::MsgPack, &answer).unwrap_or_default()
 }
 

@@ -127,6 +127,15 @@ pub struct FilterConfig {
     pub shed_retry_after_s: u32,
     /// Responses larger than this are not parsed for usage (non-streaming).
     pub max_response_parse_bytes: usize,
+    /// Flow control (docs/flow-control.md): an SLO-routed request that no endpoint has
+    /// headroom for waits in the predictor's queue, ordered by priority and deadline,
+    /// instead of joining a server's FIFO queue. The predictor's `[flow]` bounds it.
+    pub flow_control: bool,
+    /// The longest a request waits in that queue (ms); the predictor call's timeout is
+    /// this plus `predictor_timeout_ms`.
+    pub flow_max_wait_ms: u64,
+    /// Header naming a request's tenant: within a priority band, tenants take turns.
+    pub fairness_header: String,
 }
 
 impl Default for FilterConfig {
@@ -168,6 +177,9 @@ impl Default for FilterConfig {
             cold_kv_usage: 0.02,
             shed_retry_after_s: 1,
             max_response_parse_bytes: 1 << 20,
+            flow_control: false,
+            flow_max_wait_ms: 10_000,
+            fairness_header: headers::FAIRNESS_ID.into(),
         }
     }
 }
@@ -216,15 +228,18 @@ impl FilterConfig {
             ("predictor_authority", &self.predictor_authority),
             ("destination_header", &self.destination_header),
             ("priority_header", &self.priority_header),
+            ("fairness_header", &self.fairness_header),
         ];
         for (field, value) in non_empty {
             if value.trim().is_empty() {
                 return Err(bad(field, "must not be empty"));
             }
         }
-        for (field, value) in
-            [("destination_header", &self.destination_header), ("priority_header", &self.priority_header)]
-        {
+        for (field, value) in [
+            ("destination_header", &self.destination_header),
+            ("priority_header", &self.priority_header),
+            ("fairness_header", &self.fairness_header),
+        ] {
             if value.chars().any(|c| c.is_ascii_uppercase() || c.is_whitespace()) {
                 return Err(bad(field, "header names must be lower case with no spaces"));
             }
@@ -264,8 +279,14 @@ impl FilterConfig {
         if self.inference_paths.iter().any(|p| !p.starts_with('/')) {
             return Err(bad("inference_paths", "every path must start with '/'"));
         }
-        if !(self.tpot_buffer.is_finite() && self.tpot_buffer > 0.0) {
-            return Err(bad("tpot_buffer", "must be a number > 0"));
+        if !(self.tpot_buffer.is_finite()
+            && (limits::MIN_TPOT_BUFFER..=limits::MAX_TPOT_BUFFER).contains(&self.tpot_buffer))
+        {
+            let (lo, hi) = (limits::MIN_TPOT_BUFFER, limits::MAX_TPOT_BUFFER);
+            return Err(bad("tpot_buffer", format!("must be within {lo}..={hi}")));
+        }
+        if !(1..=600_000).contains(&self.flow_max_wait_ms) {
+            return Err(bad("flow_max_wait_ms", "must be within 1..=600000"));
         }
         if !(0.0..=1.0).contains(&self.negative_tier_epsilon) {
             return Err(bad("negative_tier_epsilon", "must be within 0..=1"));
@@ -402,6 +423,9 @@ mod tests {
             (br#"{"destination_header":"X-Dest"}"#, "destination_header"),
             (br#"{"inference_paths":["v1/x"]}"#, "inference_paths"),
             (br#"{"tpot_buffer":-1}"#, "tpot_buffer"),
+            (br#"{"tpot_buffer":50}"#, "tpot_buffer"),
+            (br#"{"flow_max_wait_ms":0}"#, "flow_max_wait_ms"),
+            (br#"{"fairness_header":"X-Tenant"}"#, "fairness_header"),
             (br#"{"strategy":"random"}"#, "strategy"),
             (br#"{"predictor_timeout_ms":"fast"}"#, "predictor_timeout_ms"),
             (br#"{"prefix_loose_threshold":0.995}"#, "prefix_loose_threshold"),

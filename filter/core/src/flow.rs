@@ -2,8 +2,10 @@
 //!
 //! headers: strip client routing headers, read SLO hints (400 when invalid), pause
 //!          (with `read_body: false`: features from the headers, the callout starts here)
-//! body:    parse the OpenAI body (400 when invalid), one predictor callout
-//! callout: decide (route / shed 429 / fall back), set the destination header, resume
+//! body:    parse the OpenAI body (400 when invalid), one predictor callout (with
+//!          `flow_control`, the predictor may hold it until an endpoint has headroom)
+//! callout: decide (route / shed 429 / fall back) against the TTFT SLO left after any
+//!          wait, set the destination header, resume
 //! response: measure TTFT/TPOT as the body streams past
 //! log:     queue the observation for the next flush
 //!
@@ -12,16 +14,23 @@
 
 use std::time::Duration;
 
-use headroom_protocol::headers::{DEBUG_ENDPOINT, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_TIER};
+use headroom_protocol::headers::{
+    DEBUG_ENDPOINT, DEBUG_FLOW, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_QUEUED, DEBUG_TIER,
+};
 use headroom_protocol::meter::{Measurement, ResponseMeter};
 use headroom_protocol::{
-    codec, limits, openai, paths, tokens, Dispatch, EndpointState, FirstToken, Format, Observation, PredictRequest,
-    PredictResponse, RequestFeatures, RouteSource,
+    codec, limits, openai, paths, tokens, Abandoned, Dispatch, EndpointState, FirstToken, FlowOutcome, FlowTerms,
+    Format, Observation, PredictRequest, PredictResponse, RequestFeatures, RouteSource,
 };
 
+use crate::config::FilterConfig;
 use crate::host::{Buffer, Event, FallbackCause, Host, Level, Map};
 use crate::vm::Vm;
 use crate::{error_json, fallback, headers as hints, policy};
+
+/// The least TTFT SLO a request is judged against after waiting in the flow queue:
+/// one that waited past its SLO is judged as "as soon as possible", never as negative.
+const MIN_REMAINING_TTFT_MS: f64 = 1.0;
 
 /// What the adapter does after a callback.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +84,12 @@ pub struct Flow {
     /// The first-token event is queued (once per request).
     first_token_queued: bool,
     status: u16,
+    /// The tenant (`fairness_header`), sent with flow terms.
+    fairness_id: String,
+    /// The predictor call offered to wait in its flow-control queue.
+    offered_wait: bool,
+    /// How it left the predictor's flow-control queue and after how long, when it waited there.
+    queued: Option<(FlowOutcome, f64)>,
 }
 
 impl Flow {
@@ -103,6 +118,14 @@ impl Flow {
         self.features.slo = parsed.slo;
         self.features.priority = parsed.priority;
         self.prediction_based = parsed.prediction_based.unwrap_or(false);
+        if config.flow_control {
+            let tenant = host.header(Map::RequestHeaders, &config.fairness_header).unwrap_or_default();
+            if tenant.len() > limits::MAX_NAME_BYTES {
+                let message = format!("must be at most {} bytes", limits::MAX_NAME_BYTES);
+                return self.reject(host, 400, &config.fairness_header, &message);
+            }
+            self.fairness_id = tenant;
+        }
         // Tracked by the filter's own id; the client's `x-request-id` stays a log field upstream.
         self.request_id = vm.new_request_id();
         if !config.read_body {
@@ -178,7 +201,19 @@ impl Flow {
         let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
         vm.states.update(states, host.now_ms());
         let config = vm.config.clone();
-        match policy::decide(&self.features, &answer.endpoints, self.prediction_based, &config, &mut vm.rng) {
+        // Judged against what is left of the TTFT SLO after waiting in the flow queue:
+        // the client's clock ran while it waited.
+        let mut judged = self.features.clone();
+        if let Some(flow) = answer.flow.filter(|f| f.waited_ms.is_finite() && f.waited_ms >= 0.0) {
+            host.record(Event::Flow { outcome: flow.outcome, waited_ms: flow.waited_ms as u64 });
+            self.queued = (flow.outcome != FlowOutcome::Immediate).then_some((flow.outcome, flow.waited_ms));
+            let gone = matches!(flow.outcome, FlowOutcome::Expired | FlowOutcome::Saturated);
+            if gone && self.features.priority < 0 {
+                return self.shed(host, &config, "sheddable request: the fleet has no room for it within its SLO");
+            }
+            judged.slo.ttft_ms = judged.slo.ttft_ms.map(|slo| (slo - flow.waited_ms).max(MIN_REMAINING_TTFT_MS));
+        }
+        match policy::decide(&judged, &answer.endpoints, self.prediction_based, &config, &mut vm.rng) {
             policy::Decision::Route { ranked, source } => {
                 let mut chosen = ranked.iter().filter_map(|&i| answer.endpoints.get(i));
                 let Some(e) = chosen.next() else {
@@ -195,18 +230,21 @@ impl Flow {
                 self.route(host, vm, Some(choice), true)
             }
             policy::Decision::NoPrediction => self.fall_back(host, vm, FallbackCause::NoPredictions, true),
-            policy::Decision::Shed => {
-                host.record(Event::Shed);
-                self.routed = false;
-                Step::Reply {
-                    status: 429,
-                    headers: vec![
-                        ("content-type", "application/json".to_string()),
-                        ("retry-after", config.shed_retry_after_s.to_string()),
-                    ],
-                    body: error_json(&config.priority_header, "sheddable request: no endpoint can meet its SLO now"),
-                }
-            }
+            policy::Decision::Shed => self.shed(host, &config, "sheddable request: no endpoint can meet its SLO now"),
+        }
+    }
+
+    /// Answers a sheddable request `429` with `retry-after`.
+    fn shed(&mut self, host: &mut dyn Host, config: &FilterConfig, why: &str) -> Step {
+        host.record(Event::Shed);
+        self.routed = false;
+        Step::Reply {
+            status: 429,
+            headers: vec![
+                ("content-type", "application/json".to_string()),
+                ("retry-after", config.shed_retry_after_s.to_string()),
+            ],
+            body: error_json(&config.priority_header, why),
         }
     }
 
@@ -229,6 +267,10 @@ impl Flow {
             }
             if let Some(t) = c.predicted_tpot_ms {
                 let _ = host.set_header(Map::ResponseHeaders, DEBUG_PREDICTED_TPOT, &format!("{t:.2}"));
+            }
+            if let Some((outcome, ms)) = self.queued {
+                let _ = host.set_header(Map::ResponseHeaders, DEBUG_QUEUED, &format!("{ms:.0}"));
+                let _ = host.set_header(Map::ResponseHeaders, DEBUG_FLOW, outcome.name());
             }
         }
         Step::Continue
@@ -269,6 +311,13 @@ impl Flow {
 
     /// The stream is done: what was measured goes to the outbox as an observation.
     pub fn on_log(&mut self, host: &mut dyn Host, vm: &mut Vm) {
+        // Ended while the predictor held it in its queue: Envoy does not cancel the call,
+        // so the predictor is told, or the request would keep its place until its deadline.
+        if self.offered_wait && self.callout.take().is_some() {
+            let request_id = std::mem::take(&mut self.request_id);
+            vm.outbox.abandoned(Abandoned { pool: vm.config.pool.clone(), request_id });
+            return;
+        }
         if !self.routed || self.forwarded_ns == 0 {
             return;
         }
@@ -344,15 +393,27 @@ impl Flow {
 
     /// Sends the one predictor call; the answer arrives in [`Flow::on_callout_answer`].
     fn start_callout(&mut self, host: &mut dyn Host, vm: &mut Vm) -> Step {
+        let config = &vm.config;
+        // Only a request routed by its SLOs can wait for headroom: others have none to judge.
+        let flow = (config.flow_control && self.prediction_based && self.features.slo.is_set()).then(|| FlowTerms {
+            max_wait_ms: config.flow_max_wait_ms,
+            tpot_buffer: config.tpot_buffer,
+            fairness_id: self.fairness_id.clone(),
+        });
+        let mut timeout = Duration::from_millis(config.predictor_timeout_ms);
+        if let Some(f) = &flow {
+            timeout += Duration::from_millis(f.max_wait_ms);
+        }
+        self.offered_wait = flow.is_some();
         let predict = PredictRequest {
-            pool: vm.config.pool.clone(),
+            pool: config.pool.clone(),
             request_id: self.request_id.clone(),
             request: self.features.clone(),
+            flow,
         };
         let Ok(bytes) = codec::encode(Format::MsgPack, &predict) else {
             return self.fall_back(host, vm, FallbackCause::CallFailed, false);
         };
-        let timeout = Duration::from_millis(vm.config.predictor_timeout_ms);
         let cluster = vm.predictor_cluster(host.now_ms());
         match host.http_call(&cluster, &vm.call_headers(paths::PREDICT), &bytes, timeout) {
             Ok(token) => {

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use headroom_protocol::RouteSource;
+use headroom_protocol::{FlowOutcome, RouteSource};
 
 use crate::outbox::Counts;
 
@@ -106,6 +106,12 @@ pub enum Event {
     SloViolation {
         ttft: bool,
         tpot: bool,
+    },
+    /// What the predictor's flow control did with a request that offered to wait,
+    /// and how long it waited there.
+    Flow {
+        outcome: FlowOutcome,
+        waited_ms: u64,
     },
     /// What the outbox counted since the last tick.
     Outbox(Counts),

@@ -17,7 +17,7 @@
 //!   would block the queue behind it, so it is dropped and counted; failed (no
 //!   answer, timeout, 5xx) goes back to the front for a later tick.
 
-use headroom_protocol::{codec, Dispatch, DispatchBatch, FirstToken, Format, Observation, ReportBatch};
+use headroom_protocol::{codec, Abandoned, Dispatch, DispatchBatch, FirstToken, Format, Observation, ReportBatch};
 use serde::Serialize;
 
 use crate::queue::BoundedQueue;
@@ -52,6 +52,8 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum Report {
     FirstToken(FirstToken),
+    /// A request that left while waiting in the predictor's queue (never dispatched).
+    Abandoned(Abandoned),
     /// Boxed: an observation is several times a first token's size.
     Observation(Box<Observation>),
 }
@@ -127,6 +129,12 @@ impl Outbox {
         self.observations.push((dispatch_seq, Report::FirstToken(f)));
     }
 
+    /// Queues word of a request that left while the predictor held it (no dispatch: sent
+    /// with the next report batch).
+    pub fn abandoned(&mut self, a: Abandoned) {
+        self.observations.push((0, Report::Abandoned(a)));
+    }
+
     /// The next dispatch batch and its encoded body, if any is queued.
     pub fn next_dispatches(&mut self) -> Option<(Batch, Vec<u8>)> {
         let (items, oversized) = take_fitting(&mut self.dispatches, self.max_batch, self.max_batch_bytes, |_| true);
@@ -151,6 +159,7 @@ impl Outbox {
         for (_, item) in &items {
             match item {
                 Report::FirstToken(f) => body.first_tokens.push(f.clone()),
+                Report::Abandoned(a) => body.abandoned.push(a.clone()),
                 Report::Observation(o) => body.observations.push((**o).clone()),
             }
         }
@@ -274,6 +283,7 @@ mod tests {
                 .map(|(_, r)| match r {
                     Report::FirstToken(f) => format!("first:{}", f.request_id),
                     Report::Observation(o) => o.request_id.clone(),
+                    Report::Abandoned(a) => format!("abandoned:{}", a.request_id),
                 })
                 .collect(),
         }

@@ -20,6 +20,7 @@
 //!    endpoints first, then the smallest deficit (only TPOT short, only TTFT
 //!    short, both short).
 
+pub use headroom_protocol::headroom::{headroom, Headroom};
 use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
 
 use crate::config::{DefaultProfile, FilterConfig, Strategy};
@@ -39,41 +40,6 @@ pub enum Decision {
     Shed,
     /// No endpoint has a prediction: the caller falls back.
     NoPrediction,
-}
-
-/// Per-endpoint headroom of one request (`None`: that SLO is not judged).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Headroom {
-    pub ttft: Option<f64>,
-    pub tpot: Option<f64>,
-}
-
-impl Headroom {
-    fn is_positive(&self) -> bool {
-        self.ttft.is_none_or(|h| h >= 0.0) && self.tpot.is_none_or(|h| h >= 0.0)
-    }
-}
-
-/// Headroom of `request` on one endpoint; `None` when a judged SLO has no prediction.
-pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_buffer: f64) -> Option<Headroom> {
-    let ttft = match request.slo.ttft_ms {
-        Some(slo) => Some(slo - endpoint.ttft_ms?),
-        None => None,
-    };
-    // A non-streaming caller never sees tokens one by one: TPOT is not judged.
-    let tpot = match request.slo.tpot_ms {
-        Some(slo) if request.streaming => {
-            // Only a real (positive) running SLO tightens the target; a missing
-            // one never weakens it (the reference let "no SLO" enter as 0).
-            let target = match endpoint.state.tightest_tpot_slo_ms {
-                Some(running) if running > 0.0 => slo.min(running),
-                _ => slo,
-            };
-            Some(target * tpot_buffer - endpoint.tpot_ms?)
-        }
-        _ => None,
-    };
-    Some(Headroom { ttft, tpot })
 }
 
 /// Decides where `request` goes among `endpoints`.

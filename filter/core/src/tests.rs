@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use headroom_protocol::{
-    codec, paths, DispatchBatch, EndpointPrediction, EndpointState, Format, PredictRequest, PredictResponse,
-    ReportBatch, RouteSource,
+    codec, paths, DispatchBatch, EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, Format, PredictRequest,
+    PredictResponse, ReportBatch, RouteSource,
 };
 
 use crate::flow::{Flow, Step};
@@ -162,7 +162,13 @@ fn busy() -> EndpointState {
 }
 
 fn predictions(endpoints: &[(&str, Option<f64>)]) -> Vec<u8> {
+    predictions_after(endpoints, None)
+}
+
+/// An answer with flow control's part (`flow`).
+fn predictions_after(endpoints: &[(&str, Option<f64>)], flow: Option<FlowAnswer>) -> Vec<u8> {
     let answer = PredictResponse {
+        flow,
         pool: "default".into(),
         model_version: "test".into(),
         endpoints: endpoints
@@ -376,6 +382,89 @@ fn a_sheddable_request_no_endpoint_can_serve_gets_429() {
     flow.on_log(&mut host, &mut vm);
     deliver_all(&mut host, &mut vm, 200);
     assert_eq!(host.calls.len(), 1);
+}
+
+#[test]
+fn with_flow_control_an_slo_request_offers_to_wait_and_the_call_waits_as_long() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true,"flow_max_wait_ms":3000,"tpot_buffer":1.5}"#);
+    let headers = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", "team-a")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &headers, BODY), Step::Pause);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
+    let terms = asked.flow.expect("flow terms sent");
+    assert_eq!((terms.max_wait_ms, terms.tpot_buffer, terms.fairness_id.as_str()), (3000, 1.5, "team-a"));
+    assert_eq!(host.calls[0].timeout, Duration::from_millis(3050));
+
+    // Without SLO routing there is no headroom to wait for: answered at once, as before.
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &[SLO[0]], BODY), Step::Pause);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[1].body).unwrap();
+    assert_eq!((asked.flow, host.calls[1].timeout), (None, Duration::from_millis(50)));
+}
+
+#[test]
+fn a_released_request_is_judged_against_the_slo_left_after_its_wait() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true,"negative_tier_epsilon":0}"#);
+    // 200 ms predicted against a 500 ms SLO: positive, unless 400 ms went by in the queue.
+    let endpoints = [("10.0.0.1:8000", Some(200.0))];
+    let fresh = predictions_after(&endpoints, Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: 100.0 }));
+    assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &fresh), Step::Resume);
+    assert!(host.has(Event::Routed(RouteSource::PredictedPositive)));
+    assert!(host.has(Event::Flow { outcome: FlowOutcome::Released, waited_ms: 100 }));
+    host.events.clear();
+    let late = predictions_after(&endpoints, Some(FlowAnswer { outcome: FlowOutcome::Expired, waited_ms: 400.0 }));
+    assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &late), Step::Resume);
+    assert!(host.has(Event::Routed(RouteSource::PredictedNegative)), "{:?}", host.events);
+}
+
+#[test]
+fn a_sheddable_request_expired_or_refused_by_a_saturated_fleet_gets_429_even_with_an_idle_endpoint() {
+    for outcome in [FlowOutcome::Expired, FlowOutcome::Saturated] {
+        let mut host = FakeHost::new();
+        let mut vm = vm(r#"{"flow_control":true}"#);
+        let mut flow = Flow::new();
+        let headers = [SLO[0], SLO[1], ("x-request-priority", "-1")];
+        assert_eq!(send_request(&mut flow, &mut host, &mut vm, &headers, BODY), Step::Pause);
+        let answer =
+            predictions_after(&[("10.0.0.1:8000", Some(100.0))], Some(FlowAnswer { outcome, waited_ms: 480.0 }));
+        let token = host.answer(200, &answer);
+        let step = flow.on_callout_answer(&mut host, &mut vm, token, answer.len());
+        assert!(matches!(step, Step::Reply { status: 429, .. }), "{outcome:?}: {step:?}");
+        assert!(host.has(Event::Shed));
+    }
+}
+
+#[test]
+fn a_request_whose_client_leaves_while_the_predictor_holds_it_is_reported_abandoned() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true}"#);
+    let mut flow = Flow::new();
+    assert_eq!(send_request(&mut flow, &mut host, &mut vm, &SLO, BODY), Step::Pause);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
+    // The client goes away: Envoy logs the stream with the call still under way.
+    flow.on_log(&mut host, &mut vm);
+    deliver_all(&mut host, &mut vm, 200);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    assert_eq!(reported.len(), 1);
+    assert_eq!(reported[0].abandoned.len(), 1);
+    assert_eq!(reported[0].abandoned[0].request_id, asked.request_id);
+    assert!(reported[0].observations.is_empty(), "never dispatched: nothing observed");
+    // An answer arriving afterwards is for nobody.
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    let token = host.answer(200, &answer);
+    assert_eq!(flow.on_callout_answer(&mut host, &mut vm, token, answer.len()), Step::Continue);
+}
+
+#[test]
+fn a_tenant_name_longer_than_the_contract_allows_is_a_400_naming_the_header() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true}"#);
+    let long = "t".repeat(300);
+    let headers = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", long.as_str())];
+    let step = send_request(&mut Flow::new(), &mut host, &mut vm, &headers, BODY);
+    let Step::Reply { status, body, .. } = step else { panic!("expected a 400, got {step:?}") };
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("x-llm-d-inference-fairness-id"));
 }
 
 #[test]

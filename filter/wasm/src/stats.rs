@@ -2,7 +2,7 @@
 
 use headroom_filter_core::host::{Event, FallbackCause};
 use headroom_filter_core::outbox::Counts;
-use headroom_protocol::RouteSource;
+use headroom_protocol::{FlowOutcome, RouteSource};
 
 use crate::host::{self, MetricKind};
 
@@ -28,6 +28,9 @@ pub struct Stats {
     cut_off: Option<u32>,
     slo_violation_ttft: Option<u32>,
     slo_violation_tpot: Option<u32>,
+    /// Per flow outcome, in [`FlowOutcome::ALL`] order.
+    flow: [Option<u32>; 5],
+    flow_wait_ms: Option<u32>,
     /// Linear memory of all of the plugin's VMs together (each adds its own changes).
     vm_memory: Option<u32>,
     /// This VM's share of `vm_memory` so far.
@@ -58,6 +61,8 @@ impl Stats {
             cut_off: counter("response_cut_off"),
             slo_violation_ttft: counter("slo_violation.ttft"),
             slo_violation_tpot: counter("slo_violation.tpot"),
+            flow: FlowOutcome::ALL.map(|o| counter(&format!("flow.{}", o.name()))),
+            flow_wait_ms: host::define_metric(MetricKind::Histogram, "headroom.flow.wait_ms"),
             vm_memory: host::define_metric(MetricKind::Gauge, "headroom.vm_memory_bytes"),
             vm_memory_seen: std::cell::Cell::new(0),
         }
@@ -91,6 +96,13 @@ impl Stats {
             Event::SloViolation { ttft, tpot } => {
                 Self::inc(self.slo_violation_ttft, u64::from(ttft));
                 Self::inc(self.slo_violation_tpot, u64::from(tpot));
+            }
+            Event::Flow { outcome, waited_ms } => {
+                let i = FlowOutcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+                Self::inc(self.flow[i], 1);
+                if let Some(id) = self.flow_wait_ms.filter(|_| outcome != FlowOutcome::Immediate) {
+                    host::record_metric(id, waited_ms);
+                }
             }
             Event::Outbox(counts) => self.outbox(counts),
         }

@@ -1,0 +1,682 @@
+//! Flow control: a request no endpoint has headroom for waits here instead of
+//! joining a model server's FIFO queue (docs/flow-control.md).
+//!
+//! The filter offers to wait ([`FlowTerms`] in its predict call); `/v1/predict` then
+//! answers when an endpoint has headroom for what is left of the request's TTFT SLO,
+//! when its deadline passes, or at once with the reason it could not wait. The queue
+//! lives here, not in the gateway, because this is the one place that sees every
+//! gateway, every worker and every capacity signal (reports, first tokens, scrapes).
+//!
+//! A request goes when an endpoint has headroom for what is left of its SLOs and
+//! that endpoint's predicted TTFT is within `dispatch_horizon_ms` (its server's queue
+//! is short), or earlier than the horizon allows when its own SLO is about to run out.
+//! It expires at its deadline (arrival + TTFT SLO - its service time on an idle
+//! endpoint): a sheddable request is then shed, any other placed as best it can be.
+//!
+//! Order: priority band (higher first; a band waiting blocks the bands below it, and a
+//! new request never passes waiting ones of its band or above), then, within a band,
+//! tenants take turns (fair queuing by releases) and each tenant's requests go by
+//! deadline.
+//!
+//! [`Queue`] is the plain data structure (tested on its own); [`Flows`] holds one per
+//! pool with the wake-up signal; [`admit`] and [`run`] are what `/v1/predict` and the
+//! background task do with them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use headroom_protocol::headroom::headroom;
+use headroom_protocol::{
+    EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, FlowTerms, PredictRequest, PredictResponse,
+};
+use tokio::sync::{oneshot, Notify};
+
+use crate::config::FlowConfig;
+use crate::service;
+use crate::state::AppState;
+
+/// Waiting requests judged per pool and wake-up, at most: each costs one prediction
+/// of every endpoint. The rest wait for the next one (`recheck_interval_ms`).
+const MAX_JUDGED_PER_ROUND: usize = 64;
+/// Window over which a pool's finished requests give its drain rate.
+const DRAIN_WINDOW: Duration = Duration::from_secs(5);
+
+/// One request waiting.
+#[derive(Debug)]
+pub struct Waiter {
+    pub id: u64,
+    pub request: PredictRequest,
+    pub band: i32,
+    pub tenant: String,
+    pub arrived: Instant,
+    pub deadline: Instant,
+    pub reply: Option<oneshot::Sender<PredictResponse>>,
+}
+
+/// Why a request could not join the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Full,
+}
+
+/// One pool's waiting requests and what fair queuing remembers of its tenants.
+#[derive(Debug)]
+pub struct Queue {
+    waiters: Vec<Waiter>,
+    /// Releases per (band, tenant): the tenant with the fewest goes next in its band.
+    served: HashMap<(i32, String), u64>,
+    /// When requests of this pool finished recently (reports): the rate the fleet drains at.
+    finished: VecDeque<Instant>,
+    max_queued: usize,
+    max_per_band: usize,
+}
+
+impl Queue {
+    pub fn new(config: &FlowConfig) -> Queue {
+        Queue {
+            waiters: Vec::new(),
+            served: HashMap::new(),
+            finished: VecDeque::new(),
+            max_queued: config.max_queued,
+            max_per_band: config.max_queued_per_band,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiters.is_empty()
+    }
+
+    /// Waiting requests per band, highest band first.
+    pub fn depth_by_band(&self) -> Vec<(i32, usize)> {
+        let mut bands: Vec<(i32, usize)> = Vec::new();
+        for w in &self.waiters {
+            match bands.iter_mut().find(|(b, _)| *b == w.band) {
+                Some((_, n)) => *n += 1,
+                None => bands.push((w.band, 1)),
+            }
+        }
+        bands.sort_by_key(|b| std::cmp::Reverse(b.0));
+        bands
+    }
+
+    /// Adds a waiter, unless its band or the queue is full.
+    pub fn push(&mut self, waiter: Waiter) -> Result<(), Refused> {
+        let in_band = self.waiters.iter().filter(|w| w.band == waiter.band).count();
+        if self.waiters.len() >= self.max_queued || in_band >= self.max_per_band {
+            return Err(Refused::Full);
+        }
+        // A tenant joining its band starts level with the least served tenant waiting
+        // there: an idle tenant banks no turns, a new one is not behind.
+        let key = (waiter.band, waiter.tenant.clone());
+        let waiting_here = self.waiters.iter().any(|w| w.band == waiter.band && w.tenant == waiter.tenant);
+        if !waiting_here {
+            let floor = self
+                .waiters
+                .iter()
+                .filter(|w| w.band == waiter.band)
+                .map(|w| self.served.get(&(w.band, w.tenant.clone())).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(0);
+            let own = self.served.entry(key).or_insert(0);
+            *own = (*own).max(floor);
+        }
+        self.waiters.push(waiter);
+        Ok(())
+    }
+
+    /// Removes the waiter `id` (released, expired, or its caller gone).
+    pub fn remove(&mut self, id: u64) -> Option<Waiter> {
+        let i = self.waiters.iter().position(|w| w.id == id)?;
+        let w = self.waiters.swap_remove(i);
+        if !self.waiters.iter().any(|o| o.band == w.band && o.tenant == w.tenant) {
+            // Nobody of this tenant waits in the band: its count only matters again when
+            // it rejoins, and then it is levelled. Forgetting it bounds the map.
+            self.served.remove(&(w.band, w.tenant.clone()));
+        }
+        Some(w)
+    }
+
+    /// Removes `id` as released: its tenant's turn is used.
+    pub fn release(&mut self, id: u64) -> Option<Waiter> {
+        let w = self.waiters.iter().find(|w| w.id == id)?;
+        *self.served.entry((w.band, w.tenant.clone())).or_insert(0) += 1;
+        self.remove(id)
+    }
+
+    /// Removes and returns the waiters whose deadline is past.
+    pub fn take_expired(&mut self, now: Instant) -> Vec<Waiter> {
+        let ids: Vec<u64> = self.waiters.iter().filter(|w| w.deadline <= now).map(|w| w.id).collect();
+        ids.into_iter().filter_map(|id| self.remove(id)).collect()
+    }
+
+    /// Waiter ids in the order they are served: bands high to low; within a band,
+    /// tenants by fewest releases (each pick counting as one), ties and each tenant's
+    /// own requests by deadline.
+    pub fn order(&self) -> Vec<u64> {
+        let mut bands: Vec<i32> = self.waiters.iter().map(|w| w.band).collect();
+        bands.sort_unstable_by(|a, b| b.cmp(a));
+        bands.dedup();
+        let mut out = Vec::with_capacity(self.waiters.len());
+        for band in bands {
+            let mut tenants: HashMap<&str, (u64, Vec<&Waiter>)> = HashMap::new();
+            for w in self.waiters.iter().filter(|w| w.band == band) {
+                let served = self.served.get(&(band, w.tenant.clone())).copied().unwrap_or(0);
+                tenants.entry(w.tenant.as_str()).or_insert((served, Vec::new())).1.push(w);
+            }
+            for (_, list) in tenants.values_mut() {
+                // Latest deadline first, so the next one pops off the end.
+                list.sort_by(|a, b| b.deadline.cmp(&a.deadline).then(b.id.cmp(&a.id)));
+            }
+            loop {
+                let next = tenants
+                    .iter()
+                    .filter_map(|(t, (served, list))| list.last().map(|w| (*served, w.deadline, w.id, *t)))
+                    .min();
+                let Some((_, _, id, tenant)) = next else { break };
+                if let Some((served, list)) = tenants.get_mut(tenant) {
+                    *served += 1;
+                    list.pop();
+                }
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// A request of this pool finished: the fleet drained one.
+    pub fn finished(&mut self, now: Instant) {
+        self.finished.push_back(now);
+        self.trim(now);
+    }
+
+    fn trim(&mut self, now: Instant) {
+        while self.finished.front().is_some_and(|t| now.saturating_duration_since(*t) > DRAIN_WINDOW) {
+            self.finished.pop_front();
+        }
+    }
+
+    /// Requests finished per second, over the last [`DRAIN_WINDOW`].
+    pub fn drain_rate(&mut self, now: Instant) -> f64 {
+        self.trim(now);
+        self.finished.len() as f64 / DRAIN_WINDOW.as_secs_f64()
+    }
+
+    /// Seconds until `ahead` waiting requests have drained at the current rate
+    /// (infinite when nothing drains).
+    pub fn predicted_wait_s(&mut self, ahead: usize, now: Instant) -> f64 {
+        if ahead == 0 {
+            return 0.0;
+        }
+        let rate = self.drain_rate(now);
+        if rate > 0.0 {
+            ahead as f64 / rate
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Waiting requests in `band` or above: those served before a new one of `band`.
+    pub fn ahead_of(&self, band: i32) -> usize {
+        self.waiters.iter().filter(|w| w.band >= band).count()
+    }
+
+    /// The queue's saturation: the time to drain everything waiting, over the mean time
+    /// its requests have left before their deadlines. 0 when nothing waits; above 1 the
+    /// queued work cannot all be served within its SLOs at the current drain rate.
+    /// Capped at [`MAX_SATURATION`].
+    pub fn saturation(&mut self, now: Instant) -> f64 {
+        if self.waiters.is_empty() {
+            return 0.0;
+        }
+        let left: f64 = self.waiters.iter().map(|w| w.deadline.saturating_duration_since(now).as_secs_f64()).sum();
+        let mean_left = (left / self.waiters.len() as f64).max(1e-3);
+        (self.predicted_wait_s(self.waiters.len(), now) / mean_left).min(MAX_SATURATION)
+    }
+}
+
+/// Saturation reported when nothing drains at all.
+pub const MAX_SATURATION: f64 = 100.0;
+
+/// One pool's queue as `/metrics` shows it.
+pub struct PoolFlow {
+    pub pool: String,
+    /// (band, requests waiting), highest band first.
+    pub bands: Vec<(i32, usize)>,
+    pub saturation: f64,
+}
+
+/// Every pool's queue, and the signal that capacity may have freed.
+pub struct Flows {
+    queues: Mutex<HashMap<String, Queue>>,
+    wake: Notify,
+    next_id: std::sync::atomic::AtomicU64,
+    config: FlowConfig,
+}
+
+impl Flows {
+    pub fn new(config: FlowConfig) -> Flows {
+        Flows {
+            queues: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            next_id: std::sync::atomic::AtomicU64::new(1),
+            config,
+        }
+    }
+
+    /// Runs `f` on `pool`'s queue (created on first use).
+    pub fn with<R>(&self, pool: &str, f: impl FnOnce(&mut Queue) -> R) -> R {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = queues.entry(pool.to_string()).or_insert_with(|| Queue::new(&self.config));
+        f(queue)
+    }
+
+    /// Capacity may have freed (a report, a first token, a scrape): judge the waiters now.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// A request of `pool` finished: counts towards its drain rate, and wakes the waiters.
+    pub fn finished(&self, pool: &str, now: Instant) {
+        if let Some(q) = self.queues.lock().unwrap_or_else(|p| p.into_inner()).get_mut(pool) {
+            q.finished(now);
+        }
+        self.wake();
+    }
+
+    /// Each pool's waiting requests by band and its saturation, for `/metrics`.
+    pub fn snapshot(&self, now: Instant) -> Vec<PoolFlow> {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues
+            .iter_mut()
+            .map(|(pool, q)| PoolFlow { pool: pool.clone(), bands: q.depth_by_band(), saturation: q.saturation(now) })
+            .collect()
+    }
+
+    /// The gateway says the client of `request_id` left while it waited: out of the queue.
+    /// Returns whether it was still there.
+    pub fn abandon(&self, pool: &str, request_id: &str) -> bool {
+        let removed = self.with(pool, |q| {
+            let id = q.waiters.iter().find(|w| w.request.request_id == request_id).map(|w| w.id)?;
+            q.remove(id)
+        });
+        removed.is_some()
+    }
+
+    /// Pools with requests waiting.
+    fn busy_pools(&self) -> Vec<String> {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.iter().filter(|(_, q)| !q.is_empty()).map(|(p, _)| p.clone()).collect()
+    }
+}
+
+/// What `/v1/predict` does with a request that offered to wait.
+pub enum Admission {
+    /// Answer now (with flow control's outcome in it).
+    Now(PredictResponse),
+    /// Wait for the answer; dropping the [`Ticket`] (the caller left) leaves the queue.
+    Wait(oneshot::Receiver<PredictResponse>, Ticket),
+}
+
+/// A place in a pool's queue, given up when dropped.
+pub struct Ticket {
+    state: Arc<AppState>,
+    pool: String,
+    id: u64,
+}
+
+impl Ticket {
+    /// Its deadline passed without an answer (the background task missed it): leave
+    /// and answer as expired from a fresh prediction.
+    pub fn expired(&self, req: PredictRequest, arrived: Instant) -> Option<PredictResponse> {
+        self.state.flows.with(&self.pool, |q| q.remove(self.id));
+        let now = Instant::now();
+        answer(&self.state, &req, now, FlowOutcome::Expired, arrived)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // Released or expired waiters are gone already; a caller that left is removed here.
+        if self.state.flows.with(&self.pool, |q| q.remove(self.id)).is_some() {
+            self.state.metrics.flow_left(&self.pool);
+        }
+    }
+}
+
+/// Does any endpoint have headroom for `req` with `waited_ms` of its TTFT SLO gone?
+fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction], waited_ms: f64) -> Option<usize> {
+    let mut features = req.request.clone();
+    features.slo.ttft_ms = features.slo.ttft_ms.map(|slo| slo - waited_ms);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, e) in endpoints.iter().enumerate() {
+        let Some(h) = headroom(&features, e, terms.tpot_buffer).filter(|h| h.is_positive()) else { continue };
+        let slack = h.ttft.unwrap_or(0.0) + h.tpot.unwrap_or(0.0);
+        if best.is_none_or(|(_, b)| slack > b) {
+            best = Some((i, slack));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+/// The endpoint `req` should go to now, if any: one has headroom for what is left of
+/// its SLOs, and either its predicted TTFT is within the dispatch horizon (its server's
+/// queue is short) or the request cannot wait longer (what is left of its TTFT SLO
+/// past that prediction is under [`pressure_ms`]).
+fn ready(
+    req: &PredictRequest,
+    terms: &FlowTerms,
+    endpoints: &[EndpointPrediction],
+    waited_ms: f64,
+    config: &FlowConfig,
+) -> Option<usize> {
+    let best = fits(req, terms, endpoints, waited_ms)?;
+    let predicted = endpoints[best].ttft_ms?;
+    let within_horizon = predicted <= config.dispatch_horizon_ms as f64;
+    let must_go = req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config));
+    (within_horizon || must_go).then_some(best)
+}
+
+/// How close to running out of TTFT SLO a waiting request is sent even beyond the
+/// dispatch horizon: a tenth of its SLO, and never less than two rechecks.
+fn pressure_ms(slo_ms: f64, config: &FlowConfig) -> f64 {
+    (slo_ms * 0.1).max(2.0 * config.recheck_interval_ms as f64)
+}
+
+/// The request's TTFT on the best of `endpoints` were it idle (nothing running, queued
+/// or in flight; its prefix cache and hardware as they are): its service time, what
+/// waiting can never take away.
+fn idle_ttft_ms(state: &AppState, req: &PredictRequest, endpoints: &[EndpointPrediction]) -> Option<f64> {
+    let rows: Vec<_> = endpoints
+        .iter()
+        .filter(|e| e.ttft_ms.is_some())
+        .map(|e| {
+            let idle = EndpointState {
+                prefix_match: e.state.prefix_match,
+                hardware_class: e.state.hardware_class,
+                metrics_age_ms: e.state.metrics_age_ms,
+                ..EndpointState::default()
+            };
+            state.models.row(&req.request, &idle)
+        })
+        .collect();
+    let (predicted, _) = state.models.predict(&rows);
+    predicted.into_iter().map(|(ttft, _)| ttft).filter(|t| t.is_finite()).reduce(f64::min)
+}
+
+/// Counts `req` as in flight at `endpoint` until the filter's dispatch replaces it.
+fn reserve(state: &AppState, req: &PredictRequest, endpoint: &EndpointPrediction, now: Instant) {
+    let ttft = endpoint.ttft_ms.unwrap_or(0.0);
+    state.pools.with(&req.pool, |p| p.reserve(&req.request_id, &endpoint.address, &req.request, ttft, now));
+}
+
+fn waited_ms(arrived: Instant, now: Instant) -> f64 {
+    now.saturating_duration_since(arrived).as_secs_f64() * 1000.0
+}
+
+/// A fresh prediction for `req`, with flow control's outcome.
+fn answer(
+    state: &AppState,
+    req: &PredictRequest,
+    now: Instant,
+    outcome: FlowOutcome,
+    arrived: Instant,
+) -> Option<PredictResponse> {
+    let mut a = service::predict(state, req.clone(), now)?;
+    a.flow = Some(FlowAnswer { outcome, waited_ms: waited_ms(arrived, now) });
+    Some(a)
+}
+
+/// Decides at arrival: answer now, or wait. `answer` is the prediction already made
+/// for it; `None` when the pool is unknown.
+pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: PredictResponse, now: Instant) -> Admission {
+    let Some(terms) = req.flow.clone() else { return Admission::Now(now_answer) };
+    let reply = |answer: &mut PredictResponse, outcome: FlowOutcome| {
+        state.metrics.flow_outcome(&req.pool, outcome, 0.0);
+        answer.flow = Some(FlowAnswer { outcome, waited_ms: 0.0 });
+    };
+    let predicted = now_answer.endpoints.iter().any(|e| e.ttft_ms.is_some());
+    // Has no SLO to wait for, or nothing is predicted (the filter falls back).
+    if !req.request.slo.is_set() || !predicted {
+        reply(&mut now_answer, FlowOutcome::Immediate);
+        return Admission::Now(now_answer);
+    }
+    // Ready now, and nothing of its band or above waits (it would pass them): goes at
+    // once, counted where it most likely goes until its dispatch arrives, so a burst
+    // inside one flush interval does not all see the same room.
+    let band = req.request.priority;
+    let behind = state.flows.with(&req.pool, |q| q.ahead_of(band)) > 0;
+    if let Some(best) = ready(&req, &terms, &now_answer.endpoints, 0.0, &state.config.flow).filter(|_| !behind) {
+        reserve(state, &req, &now_answer.endpoints[best], now);
+        reply(&mut now_answer, FlowOutcome::Immediate);
+        return Admission::Now(now_answer);
+    }
+    // Deadline: the latest moment it can still be sent and make its TTFT SLO (arrival +
+    // SLO - its service time: the TTFT predicted on the best endpoint once idle), and
+    // never beyond either side's longest wait.
+    let longest = Duration::from_millis(terms.max_wait_ms.min(state.config.flow.max_wait_ms));
+    let slack = match (req.request.slo.ttft_ms, idle_ttft_ms(state, &req, &now_answer.endpoints)) {
+        (Some(slo), Some(service)) => {
+            Duration::try_from_secs_f64(((slo - service) / 1000.0).max(0.0)).unwrap_or(longest)
+        }
+        _ => longest,
+    };
+    let wait = slack.min(longest);
+    if wait.is_zero() {
+        // No endpoint could make its SLO even idle of queued work: waiting cannot help.
+        reply(&mut now_answer, FlowOutcome::Expired);
+        return Admission::Now(now_answer);
+    }
+    let id = state.flows.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    let waiter = Waiter {
+        id,
+        band,
+        tenant: terms.fairness_id.clone(),
+        arrived: now,
+        deadline: now + wait,
+        request: req.clone(),
+        reply: Some(tx),
+    };
+    let pool = req.pool.clone();
+    let admitted = state.flows.with(&pool, |q| {
+        // Saturated: what waits ahead of it would outlast its deadline. A sheddable request
+        // is refused now rather than after waiting; others wait (the queue never drops them).
+        if band < 0 && q.predicted_wait_s(q.ahead_of(band), now) > wait.as_secs_f64() {
+            return Err(FlowOutcome::Saturated);
+        }
+        q.push(waiter).map_err(|Refused::Full| FlowOutcome::QueueFull)
+    });
+    match admitted {
+        Ok(()) => {
+            state.metrics.flow_queued(&pool);
+            Admission::Wait(rx, Ticket { state: state.clone(), pool, id })
+        }
+        Err(outcome) => {
+            reply(&mut now_answer, outcome);
+            Admission::Now(now_answer)
+        }
+    }
+}
+
+/// Judges the waiting requests whenever capacity may have freed, and at least every
+/// `recheck_interval_ms`: releases those an endpoint now has headroom for, expires
+/// those whose deadline passed.
+pub async fn run(state: Arc<AppState>) {
+    let recheck = Duration::from_millis(state.config.flow.recheck_interval_ms);
+    loop {
+        tokio::select! {
+            _ = state.flows.wake.notified() => {}
+            _ = tokio::time::sleep(recheck) => {}
+        }
+        for pool in state.flows.busy_pools() {
+            serve_pool(&state, &pool, Instant::now());
+        }
+    }
+}
+
+/// One round over `pool`'s queue at `now`.
+fn serve_pool(state: &AppState, pool: &str, now: Instant) {
+    for mut w in state.flows.with(pool, |q| q.take_expired(now)) {
+        let outcome = FlowOutcome::Expired;
+        if let (Some(reply), Some(a)) = (w.reply.take(), answer(state, &w.request, now, outcome, w.arrived)) {
+            state.metrics.flow_outcome(pool, outcome, waited_ms(w.arrived, now) / 1000.0);
+            let _ = reply.send(a);
+        }
+    }
+    let order = state.flows.with(pool, |q| q.order());
+    let mut blocked_below: Option<i32> = None;
+    for id in order.into_iter().take(MAX_JUDGED_PER_ROUND) {
+        let Some((req, band, arrived, gone)) = state.flows.with(pool, |q| {
+            q.waiters
+                .iter()
+                .find(|w| w.id == id)
+                .map(|w| (w.request.clone(), w.band, w.arrived, w.reply.as_ref().is_none_or(|r| r.is_closed())))
+        }) else {
+            continue;
+        };
+        if gone {
+            // Its caller left; whichever of this and its ticket's drop removes it counts it.
+            if state.flows.with(pool, |q| q.remove(id)).is_some() {
+                state.metrics.flow_left(pool);
+            }
+            continue;
+        }
+        // Strict priority: a band still waiting holds every band below it.
+        if blocked_below.is_some_and(|b| band < b) {
+            break;
+        }
+        let Some(terms) = req.flow.as_ref() else { continue };
+        let Some(mut a) = service::predict(state, req.clone(), now) else { continue };
+        let waited = waited_ms(arrived, now);
+        let Some(best) = ready(&req, terms, &a.endpoints, waited, &state.config.flow) else {
+            blocked_below = Some(band);
+            continue;
+        };
+        let Some(mut w) = state.flows.with(pool, |q| q.release(id)) else { continue };
+        // Counted at the endpoint it most likely goes to until its dispatch arrives, so the
+        // next waiter judged does not see the same room.
+        reserve(state, &req, &a.endpoints[best], now);
+        a.flow = Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: waited });
+        state.metrics.flow_outcome(pool, FlowOutcome::Released, waited / 1000.0);
+        if let Some(reply) = w.reply.take() {
+            let _ = reply.send(a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_protocol::{RequestFeatures, Slo};
+
+    fn waiter(id: u64, band: i32, tenant: &str, deadline_ms: u64, t0: Instant) -> Waiter {
+        Waiter {
+            id,
+            band,
+            tenant: tenant.into(),
+            arrived: t0,
+            deadline: t0 + Duration::from_millis(deadline_ms),
+            request: PredictRequest {
+                pool: "p".into(),
+                request_id: format!("r{id}"),
+                request: RequestFeatures { slo: Slo { ttft_ms: Some(500.0), tpot_ms: None }, ..Default::default() },
+                flow: None,
+            },
+            reply: None,
+        }
+    }
+
+    fn queue(max: usize, per_band: usize) -> Queue {
+        Queue::new(&FlowConfig { max_queued: max, max_queued_per_band: per_band, ..FlowConfig::default() })
+    }
+
+    #[test]
+    fn bands_go_high_to_low_and_each_band_by_deadline() {
+        let t0 = Instant::now();
+        let mut q = queue(10, 10);
+        for w in
+            [waiter(1, 0, "", 900, t0), waiter(2, 1, "", 950, t0), waiter(3, 0, "", 100, t0), waiter(4, -1, "", 1, t0)]
+        {
+            q.push(w).unwrap();
+        }
+        assert_eq!(q.order(), vec![2, 3, 1, 4]);
+    }
+
+    #[test]
+    fn within_a_band_a_tenants_burst_cannot_starve_another() {
+        let t0 = Instant::now();
+        let mut q = queue(100, 100);
+        // Tenant a bursts 10 requests with early deadlines; b sends 2 with later ones.
+        for i in 0..10 {
+            q.push(waiter(i, 0, "a", 10 + i, t0)).unwrap();
+        }
+        q.push(waiter(100, 0, "b", 500, t0)).unwrap();
+        q.push(waiter(101, 0, "b", 600, t0)).unwrap();
+        let order = q.order();
+        let pos = |id| order.iter().position(|&x| x == id).unwrap();
+        assert!(pos(100) <= 1 && pos(101) <= 3, "b takes turns with a: {order:?}");
+        // Releases are what count: after a is served 3 times, b goes first.
+        for id in [0, 1, 2] {
+            q.release(id);
+        }
+        assert_eq!(q.order()[0], 100);
+    }
+
+    #[test]
+    fn a_tenant_rejoining_banks_no_turns() {
+        let t0 = Instant::now();
+        let mut q = queue(100, 100);
+        q.push(waiter(1, 0, "a", 10, t0)).unwrap();
+        for id in 2..6 {
+            q.push(waiter(id, 0, "b", 20, t0)).unwrap();
+        }
+        for id in 2..5 {
+            q.release(id); // b served 3 times while a waits
+        }
+        q.release(1);
+        // a comes back: levelled with b (3), not at 1, so it does not get three turns in a row.
+        for id in 10..13 {
+            q.push(waiter(id, 0, "a", 1, t0)).unwrap();
+        }
+        let order = q.order();
+        assert_eq!(order.len(), 4);
+        assert!(order.iter().position(|&x| x == 5).unwrap() <= 1, "{order:?}");
+    }
+
+    #[test]
+    fn the_queue_is_bounded_per_band_and_in_total_and_expiry_removes() {
+        let t0 = Instant::now();
+        let mut q = queue(3, 2);
+        q.push(waiter(1, 0, "", 10, t0)).unwrap();
+        q.push(waiter(2, 0, "", 1000, t0)).unwrap();
+        assert_eq!(q.push(waiter(3, 0, "", 10, t0)), Err(Refused::Full), "band full");
+        q.push(waiter(4, 1, "", 10, t0)).unwrap();
+        assert_eq!(q.push(waiter(5, 2, "", 10, t0)), Err(Refused::Full), "queue full");
+        let expired: Vec<u64> = q.take_expired(t0 + Duration::from_millis(50)).iter().map(|w| w.id).collect();
+        assert_eq!(expired.len(), 2);
+        assert!(expired.contains(&1) && expired.contains(&4));
+        assert_eq!(q.depth_by_band(), vec![(0, 1)]);
+    }
+
+    #[test]
+    fn saturation_compares_the_drain_time_with_the_deadlines() {
+        let t0 = Instant::now();
+        let mut q = queue(100, 100);
+        assert_eq!(q.saturation(t0), 0.0);
+        for id in 0..4 {
+            q.push(waiter(id, 0, "", 2000, t0)).unwrap();
+        }
+        assert_eq!(q.saturation(t0), MAX_SATURATION, "nothing drains");
+        // 10 finished in the last 5 s: 2/s; 4 waiting drain in 2 s, with 2 s left: 1.0.
+        for _ in 0..10 {
+            q.finished(t0);
+        }
+        assert!((q.saturation(t0) - 1.0).abs() < 1e-6, "{}", q.saturation(t0));
+        assert!((q.predicted_wait_s(q.ahead_of(-1), t0) - 2.0).abs() < 1e-9);
+    }
+}

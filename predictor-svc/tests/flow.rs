@@ -1,0 +1,74 @@
+//! Flow control over real sockets: a request with no headroom waits in the queue, and a
+//! caller that leaves takes its place out at once (docs/flow-control.md).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use headroom_predictor::config::Config;
+use tokio::io::AsyncWriteExt;
+
+/// A model server whose metrics say it is swamped: every prediction is far over any SLO.
+async fn swamped_server() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics = "vllm:num_requests_running 256\nvllm:num_requests_waiting 400\nvllm:kv_cache_usage_perc 0.99\n";
+    let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { metrics }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+async fn metrics(predictor: std::net::SocketAddr) -> String {
+    reqwest::get(format!("http://{predictor}/metrics")).await.unwrap().text().await.unwrap()
+}
+
+fn value(text: &str, prefix: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+async fn until(what: &str, mut ok: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !ok().await {
+        assert!(start.elapsed() < Duration::from_secs(3), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_leaving_while_queued_leaves_the_queue_at_once() {
+    let server = swamped_server().await;
+    let config = Config::parse(&format!(
+        "scrape_interval_ms = 50\n[flow]\nmax_wait_ms = 60000\n[[pool]]\nname = \"default\"\nendpoints = [\"{server}\"]\n"
+    ))
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let predictor = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(headroom_predictor::serve(config, listener, async move { stopped.await.unwrap_or(()) }));
+    until("scraped", async || {
+        reqwest::get(format!("http://{predictor}/readyz")).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+
+    // A long SLO: it may wait up to a minute for headroom that will not come.
+    let body = serde_json::json!({"pool": "default", "request_id": "r1",
+        "request": {"model": "m", "input_tokens": 100, "streaming": true, "slo": {"ttft_ms": 60000.0}, "priority": 0},
+        "flow": {"max_wait_ms": 60000, "tpot_buffer": 1.0, "fairness_id": "a"}})
+    .to_string();
+    let mut caller = tokio::net::TcpStream::connect(predictor).await.unwrap();
+    let head = format!(
+        "POST /v1/predict HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    caller.write_all(head.as_bytes()).await.unwrap();
+    caller.write_all(body.as_bytes()).await.unwrap();
+    until("queued", async || value(&metrics(predictor).await, "headroom_flow_queued_requests{") == 1.0).await;
+
+    drop(caller);
+    until("gone from the queue", async || value(&metrics(predictor).await, "headroom_flow_queued_requests{") == 0.0)
+        .await;
+    assert_eq!(value(&metrics(predictor).await, "headroom_flow_left_total"), 1.0);
+    let _ = stop.send(());
+    let _ = service.await;
+}

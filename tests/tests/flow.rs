@@ -1,0 +1,230 @@
+//! Flow control through the real Envoy, filter and predictor (docs/flow-control.md):
+//! with one model server overloaded by a burst of long prompts, SLO-routed requests
+//! that no endpoint has headroom for wait in the predictor's queue, by band and deadline.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use headroom_e2e::{wait_until, Harness, StackOptions};
+use headroom_protocol::headers::{DEBUG_FLOW, DEBUG_QUEUED};
+use headroom_stack::http::metric_with;
+use serde_json::json;
+
+/// One H100, flow control on, the filter's choices in debug headers.
+fn options() -> StackOptions {
+    let plugin = json!({"flow_control": true, "flow_max_wait_ms": 30000, "debug_headers": true,
+                        "negative_tier_epsilon": 0});
+    StackOptions {
+        profiles: vec!["h100".into()],
+        plugin: plugin.as_object().cloned().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// What one request saw, timed from its send.
+#[derive(Debug, Clone)]
+struct Seen {
+    status: u16,
+    /// Time to the first body bytes: for a stream, the client-side TTFT (queue wait included).
+    first_byte: Duration,
+    retry_after: Option<String>,
+    /// `x-headroom-queued-ms`: it waited in the predictor's queue this long.
+    queued_ms: Option<f64>,
+    /// `x-headroom-flow`: how it left the queue (`released`, `expired`).
+    flow: Option<String>,
+    sent: Instant,
+}
+
+impl Seen {
+    /// When it left the queue, if it waited there.
+    fn left_queue(&self) -> Option<Instant> {
+        self.queued_ms.map(|ms| self.sent + Duration::from_secs_f64(ms / 1000.0))
+    }
+
+    fn released(&self) -> bool {
+        self.flow.as_deref() == Some("released")
+    }
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A completion through the gateway; `slo` = (TTFT SLO ms, priority) routes it by SLO.
+fn send(gateway: &str, prompt_tokens: usize, max_tokens: u32, slo: Option<(u32, i32)>, timeout: Duration) -> Seen {
+    let started = Instant::now();
+    let client = reqwest::blocking::Client::builder().timeout(timeout).build().expect("client");
+    // A different first block per request: no prompt finds another's prefix cached.
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let prompt = format!("request {n:>08} of this test. {}", "word ".repeat(prompt_tokens * 4 / 5));
+    let body = json!({"model": "sim-llama-8b", "prompt": prompt,
+                      "max_tokens": max_tokens, "stream": true});
+    let mut req = client.post(format!("{gateway}/v1/completions")).header("content-type", "application/json");
+    if let Some((ttft, priority)) = slo {
+        req = req
+            .header("x-slo-ttft-ms", ttft.to_string())
+            .header("x-request-priority", priority.to_string())
+            .header("x-prediction-based-scheduling", "true");
+    }
+    match req.body(body.to_string()).send() {
+        Ok(mut r) => {
+            let status = r.status().as_u16();
+            let header = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let retry_after = header("retry-after");
+            let queued_ms = header(DEBUG_QUEUED).and_then(|v| v.parse().ok());
+            let flow = header(DEBUG_FLOW);
+            let mut first = [0u8; 1];
+            let _ = r.read(&mut first);
+            let first_byte = started.elapsed();
+            let mut rest = Vec::new();
+            let _ = r.read_to_end(&mut rest);
+            Seen { status, first_byte, retry_after, queued_ms, flow, sent: started }
+        }
+        Err(_) => Seen {
+            status: 0,
+            first_byte: started.elapsed(),
+            retry_after: None,
+            queued_ms: None,
+            flow: None,
+            sent: started,
+        },
+    }
+}
+
+fn predictor_metrics(h: &Harness) -> String {
+    h.get(&format!("{}/metrics", h.predictor())).map(|r| r.body).unwrap_or_default()
+}
+
+/// `headroom_flow_queued_requests` summed over bands.
+fn queued(h: &Harness) -> f64 {
+    predictor_metrics(h)
+        .lines()
+        .filter(|l| l.starts_with("headroom_flow_queued_requests{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn outcome(h: &Harness, name: &str) -> f64 {
+    metric_with(&predictor_metrics(h), "headroom_flow_outcomes_total", &format!("outcome=\"{name}\""))
+}
+
+/// Fills the one server with `n` long prompts dispatched at once (no SLO routing: they
+/// never wait), returning their threads.
+fn burst(gateway: &str, n: usize) -> Vec<std::thread::JoinHandle<Seen>> {
+    (0..n)
+        .map(|_| {
+            let g = gateway.to_string();
+            std::thread::spawn(move || send(&g, 6000, 40, None, Duration::from_secs(120)))
+        })
+        .collect()
+}
+
+/// Sends `n` SLO-routed requests of one class at once.
+fn class(gateway: &str, n: usize, tokens: usize, slo_ms: u32, priority: i32) -> Vec<std::thread::JoinHandle<Seen>> {
+    (0..n)
+        .map(|_| {
+            let g = gateway.to_string();
+            std::thread::spawn(move || send(&g, tokens, 10, Some((slo_ms, priority)), Duration::from_secs(120)))
+        })
+        .collect()
+}
+
+fn join(threads: Vec<std::thread::JoinHandle<Seen>>) -> Vec<Seen> {
+    threads.into_iter().map(|t| t.join().expect("client thread")).collect()
+}
+
+#[test]
+fn an_overloaded_server_serves_interactive_first_batch_within_its_slo_and_sheds_the_sheddable() {
+    let h = Harness::start_opts(options()).unwrap();
+    let gateway = h.gateway();
+    // A burst of long batch prompts: once the server's predicted TTFT passes the dispatch
+    // horizon (500 ms), the rest wait in the queue, each until room frees or its SLO presses.
+    let batch = class(&gateway, 48, 6000, BATCH_SLO_MS, 0);
+    assert!(wait_until(Duration::from_secs(3), || queued(&h) >= 4.0), "batch requests wait in the queue");
+    let interactive = class(&gateway, 4, 100, INTERACTIVE_SLO_MS, 1);
+    let sheddable = class(&gateway, 4, 100, SHEDDABLE_SLO_MS, -1);
+    let (interactive, sheddable, batch) = (join(interactive), join(sheddable), join(batch));
+
+    assert!(interactive.iter().chain(&batch).all(|s| s.status == 200), "critical work is never dropped");
+    for s in &sheddable {
+        assert_eq!(s.status, 429, "sheddable requests are shed when the fleet has no room: {s:?}");
+        assert!(s.retry_after.is_some());
+    }
+    let released: Vec<&Seen> = batch.iter().filter(|s| s.released()).collect();
+    assert!(released.len() >= 4, "batch requests waited, then went when capacity freed: {}", released.len());
+    // Strict priority: no batch request left the queue by release while an interactive one waited.
+    let skew = Duration::from_millis(30);
+    for i in interactive.iter().filter(|s| s.queued_ms.is_some()) {
+        let (from, to) = (i.sent + skew, i.left_queue().unwrap_or(i.sent) - skew);
+        for b in &released {
+            let left = b.left_queue().unwrap_or(b.sent);
+            assert!(!(from < left && left < to), "batch released while interactive waited: {b:?} {i:?}");
+        }
+    }
+    // Served first: every interactive request had its first token, within its SLO, before
+    // the batch requests waiting when it arrived had theirs.
+    let arrived = interactive.iter().map(|s| s.sent).max().unwrap();
+    let waiting_then: Vec<Instant> = released
+        .iter()
+        .filter(|b| b.left_queue().is_some_and(|t| t > arrived))
+        .map(|b| b.sent + b.first_byte)
+        .collect();
+    assert!(waiting_then.len() >= 4, "batch requests still waited when interactive arrived");
+    for i in &interactive {
+        assert!(i.first_byte <= Duration::from_millis(u64::from(INTERACTIVE_SLO_MS)), "interactive SLO met: {i:?}");
+        assert!(waiting_then.iter().all(|&b| i.sent + i.first_byte < b), "interactive first: {i:?}");
+    }
+    let late: Vec<&&Seen> =
+        released.iter().filter(|s| s.first_byte > Duration::from_millis(u64::from(BATCH_SLO_MS))).collect();
+    assert!(late.is_empty(), "batch requests released from the queue met their TTFT SLO: {late:?}");
+    assert!(wait_until(Duration::from_secs(2), || queued(&h) == 0.0), "nothing left in the queue");
+}
+
+/// TTFT SLOs of the three classes.
+const INTERACTIVE_SLO_MS: u32 = 3000;
+const BATCH_SLO_MS: u32 = 15_000;
+const SHEDDABLE_SLO_MS: u32 = 1500;
+
+#[test]
+fn a_client_leaving_while_queued_leaves_no_trace_in_the_queue() {
+    let h = Harness::start_opts(options()).unwrap();
+    let gateway = h.gateway();
+    let fill = burst(&gateway, 24);
+    std::thread::sleep(Duration::from_millis(400));
+    // A long SLO far from its deadline; the client gives up after 500 ms.
+    let g = gateway.clone();
+    let leaving = std::thread::spawn(move || send(&g, 100, 10, Some((20_000, 0)), Duration::from_millis(500)));
+    assert!(wait_until(Duration::from_secs(2), || queued(&h) >= 1.0), "it waited in the queue");
+    let seen = leaving.join().unwrap();
+    assert_eq!(seen.status, 0, "the client left before its answer: {seen:?}");
+    assert!(
+        wait_until(Duration::from_millis(700), || queued(&h) == 0.0),
+        "gone from the queue within a flush or two of leaving, long before it could be released"
+    );
+    let m = predictor_metrics(&h);
+    assert_eq!(metric_with(&m, "headroom_flow_left_total", ""), 1.0, "counted as left");
+    assert_eq!(outcome(&h, "released"), 0.0, "never released");
+    join(fill);
+}
+
+#[test]
+fn killing_the_predictor_while_requests_wait_serves_them_all_by_the_fallback() {
+    let mut h = Harness::start_opts(options()).unwrap();
+    let gateway = h.gateway();
+    let fill = burst(&gateway, 24);
+    std::thread::sleep(Duration::from_millis(400));
+    let waiting = class(&gateway, 4, 100, 20_000, 0);
+    assert!(wait_until(Duration::from_secs(2), || queued(&h) >= 4.0), "they waited in the queue");
+    let killed = Instant::now();
+    h.stack.kill_named("predictor");
+    let waiting = join(waiting);
+    for s in &waiting {
+        assert_eq!(s.status, 200, "served by the fallback: {s:?}");
+    }
+    let fell_back: f64 = ["unavailable", "call_failed", "timeout"]
+        .iter()
+        .map(|cause| h.envoy_stat(&format!("headroom_fallback_{cause}")))
+        .sum();
+    assert!(fell_back >= 4.0, "by the fallback: {fell_back}");
+    assert!(killed.elapsed() < Duration::from_secs(15), "not held until their deadline");
+    join(fill);
+}
