@@ -45,10 +45,17 @@ pub struct Contender {
     pub default_profile: &'static str,
     /// A router users run today (what headroom has to beat).
     pub baseline: bool,
+    /// Filter `flow_control`: SLO-routed requests without headroom wait in the predictor's
+    /// queue (docs/flow-control.md), with a dispatch horizon of [`FLOW_HORIZON_MS`].
+    pub flow_control: bool,
 }
 
+/// The flow-control contender's dispatch horizon (engine time): the filter's default, about
+/// a third of the workloads' tightest TTFT SLO (interactive, 400 ms).
+pub const FLOW_HORIZON_MS: f64 = 150.0;
+
 /// Every router the benchmark knows, baselines first.
-pub const CONTENDERS: [Contender; 6] = [
+pub const CONTENDERS: [Contender; 7] = [
     Contender {
         name: "envoy round robin",
         router: Router::RoundRobin,
@@ -56,6 +63,7 @@ pub const CONTENDERS: [Contender; 6] = [
         strategy: "",
         default_profile: "",
         baseline: true,
+        flow_control: false,
     },
     Contender {
         name: "envoy least request",
@@ -64,6 +72,7 @@ pub const CONTENDERS: [Contender; 6] = [
         strategy: "",
         default_profile: "",
         baseline: true,
+        flow_control: false,
     },
     Contender {
         name: "headroom composite",
@@ -72,6 +81,7 @@ pub const CONTENDERS: [Contender; 6] = [
         strategy: "least",
         default_profile: "composite",
         baseline: true,
+        flow_control: false,
     },
     // llm-d's default scheduler (prefix-cache affinity filter + token-load scorer), run by
     // the filter as its `prefix_load` profile (filter/core/src/prefix_load.rs).
@@ -82,6 +92,7 @@ pub const CONTENDERS: [Contender; 6] = [
         strategy: "least",
         default_profile: "prefix_load",
         baseline: true,
+        flow_control: false,
     },
     Contender {
         name: "headroom predicted",
@@ -90,6 +101,7 @@ pub const CONTENDERS: [Contender; 6] = [
         strategy: "most",
         default_profile: "composite",
         baseline: false,
+        flow_control: false,
     },
     Contender {
         name: "headroom predicted, least",
@@ -98,6 +110,16 @@ pub const CONTENDERS: [Contender; 6] = [
         strategy: "least",
         default_profile: "composite",
         baseline: false,
+        flow_control: false,
+    },
+    Contender {
+        name: "headroom flow control",
+        router: Router::Headroom,
+        prediction_based: Some(true),
+        strategy: "most",
+        default_profile: "composite",
+        baseline: false,
+        flow_control: true,
     },
 ];
 
@@ -298,6 +320,10 @@ impl<'a> Bench<'a> {
             plugin.insert("strategy".into(), contender.strategy.into());
             // Without SLO routing the filter places by this profile.
             plugin.insert("default_profile".into(), contender.default_profile.into());
+            plugin.insert("flow_control".into(), contender.flow_control.into());
+            // Wall time, like the SLOs the clients send (divided by the time scale).
+            let horizon = (FLOW_HORIZON_MS / opts.time_scale).round();
+            plugin.insert("flow_dispatch_horizon_ms".into(), serde_json::json!(horizon as u64));
         }
         let stack = Stack::start(StackOptions {
             run_dir: opts.run_dir.clone(),
@@ -348,13 +374,34 @@ impl<'a> Bench<'a> {
     }
 }
 
+/// One workload's rate ladder as every router runs it: each rate with its step number
+/// (1.., which picks the traffic's prompt text, so no rate finds another's prompts cached),
+/// the trace window every rate replays, and the fleet.
+struct Ladder {
+    steps: Vec<(u32, f64)>,
+    window: usize,
+    fleet: Vec<String>,
+}
+
+impl Ladder {
+    fn new(rates: &[f64], step_s: f64, fleet: Vec<String>) -> Ladder {
+        Ladder { steps: (1..).zip(rates.iter().copied()).collect(), window: trace_window(rates, step_s), fleet }
+    }
+
+    /// A fresh stack for `c`, warmed up at the ladder's lowest rate.
+    fn start<'a>(&self, opts: &'a BenchOptions, c: &'a Contender, name: &'a str) -> anyhow::Result<Bench<'a>> {
+        let lowest = self.steps.first().map_or(1.0, |s| s.1);
+        Bench::start(opts, c, name, &self.fleet, self.window, lowest)
+    }
+}
+
 /// Runs one router's rate ladder on one workload, until it falls under [`STOP_BELOW`].
-fn sweep(opts: &BenchOptions, c: &Contender, name: &str, rates: &[f64], fleet: &[String]) -> anyhow::Result<RouterRun> {
-    let bench = Bench::start(opts, c, name, fleet, trace_window(rates, opts.step_s), rates[0])?;
+fn sweep(opts: &BenchOptions, c: &Contender, name: &str, ladder: &Ladder) -> anyhow::Result<RouterRun> {
+    let bench = ladder.start(opts, c, name)?;
     let mut run =
         RouterRun { router: c.name.to_string(), baseline: c.baseline, points: Vec::new(), repeats: Vec::new() };
     // Every router gets the same requests at a rate, and new prompts at each rate.
-    for (step, &rate) in (1..).zip(rates) {
+    for &(step, rate) in &ladder.steps {
         let s = bench.measure(rate, LADDER_SEED, step)?;
         let stop = s.attainment < STOP_BELOW;
         run.points.push((rate, s));
@@ -390,20 +437,20 @@ fn repeat(
     opts: &BenchOptions,
     c: &Contender,
     name: &str,
-    rates: &[f64],
+    ladder: &Ladder,
     ran: &RouterRun,
     cliff: &[f64],
-    fleet: &[String],
 ) -> anyhow::Result<Vec<(f64, Summary)>> {
-    let todo: Vec<(u32, f64)> = (1..)
-        .zip(rates)
-        .filter(|(_, rate)| cliff.contains(rate) && ran.points.iter().any(|p| p.0 == **rate))
-        .map(|(step, rate)| (step, *rate))
+    let todo: Vec<(u32, f64)> = ladder
+        .steps
+        .iter()
+        .filter(|(_, rate)| cliff.contains(rate) && ran.points.iter().any(|p| p.0 == *rate))
+        .copied()
         .collect();
     if todo.is_empty() || opts.seeds < 2 {
         return Ok(Vec::new());
     }
-    let bench = Bench::start(opts, c, name, fleet, trace_window(rates, opts.step_s), rates[0])?;
+    let bench = ladder.start(opts, c, name)?;
     let mut repeats = Vec::new();
     for k in 1..opts.seeds {
         for &(step, rate) in &todo {
@@ -433,23 +480,24 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         requests(name, 11, rates[0], 1.0, 1)?; // an unknown workload fails before any stack starts
         println!("workload {name}: rates {rates:?} req/s, {} s per rate", opts.step_s);
         let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet(name));
+        let ladder = Ladder::new(&rates, opts.step_s, fleet.clone());
         let mut w = WorkloadRun {
             workload: name.clone(),
             step_s: opts.step_s,
             servers: fleet.len(),
-            profiles: fleet.clone(),
-            trace_window: (name == "azure").then(|| trace_window(&rates, opts.step_s)),
+            profiles: fleet,
+            trace_window: (name == "azure").then_some(ladder.window),
             runs: Vec::new(),
             ratios: None,
         };
         for c in &contenders {
-            w.runs.push(sweep(opts, c, name, &rates, &fleet)?);
+            w.runs.push(sweep(opts, c, name, &ladder)?);
         }
         let cliff = cliff_rates(&w);
         if opts.seeds > 1 {
             println!("  repeating {cliff:?} req/s with {} more seeds", opts.seeds - 1);
             for (c, run) in contenders.iter().zip(w.runs.iter_mut()) {
-                run.repeats = repeat(opts, c, name, &rates, run, &cliff, &fleet)?;
+                run.repeats = repeat(opts, c, name, &ladder, run, &cliff)?;
             }
         }
         results.workloads.push(w);

@@ -98,22 +98,11 @@ pub struct FlowConfig {
     /// How often waiting requests are judged again when no report, first token or scrape
     /// woke them (ms); their deadlines are checked as often.
     pub recheck_interval_ms: u64,
-    /// A request with headroom still waits while its best endpoint's predicted TTFT is
-    /// above this (ms), unless its own SLO is about to run out: model servers' FIFO queues
-    /// stay this short, so later, more urgent requests find room instead of a queue of
-    /// looser work ahead of them. Set it near the tightest TTFT SLO served.
-    pub dispatch_horizon_ms: u64,
 }
 
 impl Default for FlowConfig {
     fn default() -> Self {
-        FlowConfig {
-            max_queued: 1000,
-            max_queued_per_band: 500,
-            max_wait_ms: 60_000,
-            recheck_interval_ms: 20,
-            dispatch_horizon_ms: 500,
-        }
+        FlowConfig { max_queued: 1000, max_queued_per_band: 500, max_wait_ms: 60_000, recheck_interval_ms: 20 }
     }
 }
 
@@ -425,10 +414,7 @@ impl Config {
             (1..=1000).contains(&self.flow.recheck_interval_ms),
             "flow.recheck_interval_ms must be within 1..=1000"
         );
-        anyhow::ensure!(
-            (1..=3_600_000).contains(&self.flow.dispatch_horizon_ms),
-            "flow.dispatch_horizon_ms must be within 1..=3600000"
-        );
+
         anyhow::ensure!(self.scrape_timeout_ms >= 10, "scrape_timeout_ms must be >= 10");
         let mut names = std::collections::HashSet::new();
         for pool in &self.pools {
@@ -552,7 +538,6 @@ mod tests {
             "[flow]\nmax_queued = 10\nmax_queued_per_band = 11\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
             "[flow]\nmax_wait_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
             "[flow]\nrecheck_interval_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
-            "[flow]\ndispatch_horizon_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
             "[flow]\nbogus = 1\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
         ] {
             assert!(Config::parse(text).is_err(), "{text}");

@@ -8,7 +8,7 @@
 //! gateway, every worker and every capacity signal (reports, first tokens, scrapes).
 //!
 //! A request goes when an endpoint has headroom for what is left of its SLOs and
-//! that endpoint's predicted TTFT is within `dispatch_horizon_ms` (its server's queue
+//! that endpoint's predicted TTFT is within its `dispatch_horizon_ms` (its server's queue
 //! is short), or earlier than the horizon allows when its own SLO is about to run out.
 //! It expires at its deadline (arrival + TTFT SLO - its service time on an idle
 //! endpoint): a sheddable request is then shed, any other placed as best it can be.
@@ -376,7 +376,7 @@ fn ready(
 ) -> Option<usize> {
     let best = fits(req, terms, endpoints, waited_ms)?;
     let predicted = endpoints[best].ttft_ms?;
-    let within_horizon = predicted <= config.dispatch_horizon_ms as f64;
+    let within_horizon = predicted <= terms.dispatch_horizon_ms as f64;
     let must_go = req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config));
     (within_horizon || must_go).then_some(best)
 }
@@ -453,6 +453,13 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     if let Some(best) = ready(&req, &terms, &now_answer.endpoints, 0.0, &state.config.flow).filter(|_| !behind) {
         reserve(state, &req, &now_answer.endpoints[best], now);
         reply(&mut now_answer, FlowOutcome::Immediate);
+        return Admission::Now(now_answer);
+    }
+    // No endpoint has headroom for it: waiting would only add to its TTFT (a server serves
+    // prompts in order, so one sent later is done no sooner). Placed now by the filter's
+    // policy: the least bad endpoint, or a sheddable one shed.
+    if fits(&req, &terms, &now_answer.endpoints, 0.0).is_none() {
+        reply(&mut now_answer, FlowOutcome::Unmeetable);
         return Admission::Now(now_answer);
     }
     // Deadline: the latest moment it can still be sent and make its TTFT SLO (arrival +
@@ -593,6 +600,38 @@ mod tests {
 
     fn queue(max: usize, per_band: usize) -> Queue {
         Queue::new(&FlowConfig { max_queued: max, max_queued_per_band: per_band, ..FlowConfig::default() })
+    }
+
+    fn endpoint(ttft_ms: f64) -> EndpointPrediction {
+        EndpointPrediction {
+            address: "10.0.0.1:8000".into(),
+            ttft_ms: Some(ttft_ms),
+            tpot_ms: Some(10.0),
+            state: EndpointState::default(),
+        }
+    }
+
+    #[test]
+    fn a_request_goes_within_the_horizon_or_when_its_own_slo_presses() {
+        let t0 = Instant::now();
+        let mut req = waiter(1, 0, "", 1, t0).request;
+        req.request.slo.ttft_ms = Some(1000.0);
+        let terms = |horizon| FlowTerms {
+            max_wait_ms: 10_000,
+            tpot_buffer: 1.0,
+            dispatch_horizon_ms: horizon,
+            fairness_id: String::new(),
+        };
+        let config = FlowConfig::default();
+        let busy = [endpoint(300.0)];
+        assert_eq!(ready(&req, &terms(400), &busy, 0.0, &config), Some(0), "within the horizon");
+        assert_eq!(ready(&req, &terms(150), &busy, 0.0, &config), None, "has room, but the queue is long");
+        // 1000 - 650 waited - 300 predicted = 50 ms left, under a tenth of the SLO: it must go.
+        assert_eq!(ready(&req, &terms(150), &busy, 650.0, &config), Some(0));
+        // Past its SLO there is no room at all: never "ready", it expires instead.
+        assert_eq!(ready(&req, &terms(150), &busy, 800.0, &config), None);
+        assert_eq!(pressure_ms(1000.0, &config), 100.0);
+        assert_eq!(pressure_ms(100.0, &config), 40.0, "never under two rechecks");
     }
 
     #[test]

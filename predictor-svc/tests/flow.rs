@@ -54,7 +54,7 @@ async fn a_caller_leaving_while_queued_leaves_the_queue_at_once() {
     // A long SLO: it may wait up to a minute for headroom that will not come.
     let body = serde_json::json!({"pool": "default", "request_id": "r1",
         "request": {"model": "m", "input_tokens": 100, "streaming": true, "slo": {"ttft_ms": 60000.0}, "priority": 0},
-        "flow": {"max_wait_ms": 60000, "tpot_buffer": 1.0, "fairness_id": "a"}})
+        "flow": {"max_wait_ms": 60000, "tpot_buffer": 1.0, "dispatch_horizon_ms": 150, "fairness_id": "a"}})
     .to_string();
     let mut caller = tokio::net::TcpStream::connect(predictor).await.unwrap();
     let head = format!(

@@ -190,6 +190,7 @@ impl Abandoned {
 impl FlowTerms {
     pub fn check(&self, at: &str) -> Result<(), Invalid> {
         ms(at, "max_wait_ms", self.max_wait_ms as f64)?;
+        ms(at, "dispatch_horizon_ms", self.dispatch_horizon_ms as f64)?;
         let b = self.tpot_buffer;
         if !(b.is_finite() && (MIN_TPOT_BUFFER..=MAX_TPOT_BUFFER).contains(&b)) {
             let message = format!("must be within {MIN_TPOT_BUFFER}..={MAX_TPOT_BUFFER}, got {b}");

@@ -65,6 +65,9 @@ pub struct FlowTerms {
     pub max_wait_ms: u64,
     /// The filter's `tpot_buffer`, so "has headroom" means the same on both sides.
     pub tpot_buffer: f64,
+    /// A request with headroom still waits while its best endpoint's predicted TTFT is
+    /// above this, unless its own SLO is about to run out (the filter's `flow_dispatch_horizon_ms`).
+    pub dispatch_horizon_ms: u64,
     /// The tenant (the fairness header's value; empty: none): within a priority band,
     /// tenants take turns.
     #[serde(default)]
@@ -87,15 +90,20 @@ pub enum FlowOutcome {
     Saturated,
     /// The queue (its band or in total) is full: not queued, placed as without flow control.
     QueueFull,
+    /// No endpoint can meet its SLO now, and waiting would not help (a model server serves
+    /// prompts in order: sent later, it finishes no sooner): not queued, placed as without
+    /// flow control (the least bad endpoint, or shed by the filter's policy).
+    Unmeetable,
 }
 
 impl FlowOutcome {
-    pub const ALL: [FlowOutcome; 5] = [
+    pub const ALL: [FlowOutcome; 6] = [
         FlowOutcome::Immediate,
         FlowOutcome::Released,
         FlowOutcome::Expired,
         FlowOutcome::Saturated,
         FlowOutcome::QueueFull,
+        FlowOutcome::Unmeetable,
     ];
 
     /// Its name in stats and metrics (`headroom.flow.<name>`), as on the wire.
@@ -106,6 +114,7 @@ impl FlowOutcome {
             FlowOutcome::Expired => "expired",
             FlowOutcome::Saturated => "saturated",
             FlowOutcome::QueueFull => "queue_full",
+            FlowOutcome::Unmeetable => "unmeetable",
         }
     }
 }

@@ -387,12 +387,13 @@ fn a_sheddable_request_no_endpoint_can_serve_gets_429() {
 #[test]
 fn with_flow_control_an_slo_request_offers_to_wait_and_the_call_waits_as_long() {
     let mut host = FakeHost::new();
-    let mut vm = vm(r#"{"flow_control":true,"flow_max_wait_ms":3000,"tpot_buffer":1.5}"#);
+    let mut vm = vm(r#"{"flow_control":true,"flow_max_wait_ms":3000,"tpot_buffer":1.5,"flow_dispatch_horizon_ms":90}"#);
     let headers = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", "team-a")];
     assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &headers, BODY), Step::Pause);
     let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
     let terms = asked.flow.expect("flow terms sent");
     assert_eq!((terms.max_wait_ms, terms.tpot_buffer, terms.fairness_id.as_str()), (3000, 1.5, "team-a"));
+    assert_eq!(terms.dispatch_horizon_ms, 90);
     assert_eq!(host.calls[0].timeout, Duration::from_millis(3050));
 
     // Without SLO routing there is no headroom to wait for: answered at once, as before.

@@ -29,7 +29,7 @@ pub struct Stats {
     slo_violation_ttft: Option<u32>,
     slo_violation_tpot: Option<u32>,
     /// Per flow outcome, in [`FlowOutcome::ALL`] order.
-    flow: [Option<u32>; 5],
+    flow: [Option<u32>; 6],
     flow_wait_ms: Option<u32>,
     /// Linear memory of all of the plugin's VMs together (each adds its own changes).
     vm_memory: Option<u32>,
