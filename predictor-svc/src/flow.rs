@@ -363,10 +363,24 @@ fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction
     best.map(|(i, _)| i)
 }
 
-/// The endpoint `req` should go to now, if any: one has headroom for what is left of
-/// its SLOs, and either its predicted TTFT is within the dispatch horizon (its server's
-/// queue is short) or the request cannot wait longer (what is left of its TTFT SLO
-/// past that prediction is under [`pressure_ms`]).
+/// Whether `req`, which has headroom at `best`, should go there now: its predicted TTFT
+/// is within the dispatch horizon (the server's queue is short), or the request cannot
+/// wait longer (what is left of its TTFT SLO past that prediction is under [`pressure_ms`]).
+fn goes_now(
+    req: &PredictRequest,
+    terms: &FlowTerms,
+    best: &EndpointPrediction,
+    waited_ms: f64,
+    config: &FlowConfig,
+) -> bool {
+    let Some(predicted) = best.ttft_ms else { return false };
+    let within_horizon = predicted <= terms.dispatch_horizon_ms as f64;
+    let must_go = req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config));
+    within_horizon || must_go
+}
+
+/// The endpoint a waiting `req` should go to now, if any: one has headroom for what is
+/// left of its SLOs ([`fits`]) and it [`goes_now`].
 fn ready(
     req: &PredictRequest,
     terms: &FlowTerms,
@@ -374,11 +388,7 @@ fn ready(
     waited_ms: f64,
     config: &FlowConfig,
 ) -> Option<usize> {
-    let best = fits(req, terms, endpoints, waited_ms)?;
-    let predicted = endpoints[best].ttft_ms?;
-    let within_horizon = predicted <= terms.dispatch_horizon_ms as f64;
-    let must_go = req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config));
-    (within_horizon || must_go).then_some(best)
+    fits(req, terms, endpoints, waited_ms).filter(|&best| goes_now(req, terms, &endpoints[best], waited_ms, config))
 }
 
 /// How close to running out of TTFT SLO a waiting request is sent even beyond the
@@ -431,8 +441,8 @@ fn answer(
     Some(a)
 }
 
-/// Decides at arrival: answer now, or wait. `answer` is the prediction already made
-/// for it; `None` when the pool is unknown.
+/// Decides at arrival: answer now, or wait. `now_answer` is the prediction already made
+/// for it at `now`.
 pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: PredictResponse, now: Instant) -> Admission {
     let Some(terms) = req.flow.clone() else { return Admission::Now(now_answer) };
     let reply = |answer: &mut PredictResponse, outcome: FlowOutcome| {
@@ -445,21 +455,21 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
         reply(&mut now_answer, FlowOutcome::Immediate);
         return Admission::Now(now_answer);
     }
+    // No endpoint has headroom for it: waiting would only add to its TTFT (a server serves
+    // prompts in order, so one sent later is done no sooner). Placed now by the filter's
+    // policy: the least bad endpoint, or a sheddable one shed.
+    let Some(best) = fits(&req, &terms, &now_answer.endpoints, 0.0) else {
+        reply(&mut now_answer, FlowOutcome::Unmeetable);
+        return Admission::Now(now_answer);
+    };
     // Ready now, and nothing of its band or above waits (it would pass them): goes at
     // once, counted where it most likely goes until its dispatch arrives, so a burst
     // inside one flush interval does not all see the same room.
     let band = req.request.priority;
     let behind = state.flows.with(&req.pool, |q| q.ahead_of(band)) > 0;
-    if let Some(best) = ready(&req, &terms, &now_answer.endpoints, 0.0, &state.config.flow).filter(|_| !behind) {
+    if !behind && goes_now(&req, &terms, &now_answer.endpoints[best], 0.0, &state.config.flow) {
         reserve(state, &req, &now_answer.endpoints[best], now);
         reply(&mut now_answer, FlowOutcome::Immediate);
-        return Admission::Now(now_answer);
-    }
-    // No endpoint has headroom for it: waiting would only add to its TTFT (a server serves
-    // prompts in order, so one sent later is done no sooner). Placed now by the filter's
-    // policy: the least bad endpoint, or a sheddable one shed.
-    if fits(&req, &terms, &now_answer.endpoints, 0.0).is_none() {
-        reply(&mut now_answer, FlowOutcome::Unmeetable);
         return Admission::Now(now_answer);
     }
     // Deadline: the latest moment it can still be sent and make its TTFT SLO (arrival +

@@ -36,6 +36,34 @@ struct InFlight {
     reserved: bool,
 }
 
+impl InFlight {
+    /// `r` sent to endpoint `endpoint` at `now`, `prefix` of its prompt cached there, with
+    /// its predicted TTFT; `reserved`: by flow control, not yet dispatched.
+    fn new(
+        endpoint: usize,
+        r: &RequestFeatures,
+        prefix: f64,
+        ttft_ms: Option<f64>,
+        now: Instant,
+        reserved: bool,
+    ) -> Self {
+        InFlight {
+            endpoint,
+            input_tokens: r.input_tokens,
+            uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
+            expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
+            tpot_slo_ms: r.slo.tpot_ms.filter(|_| r.streaming),
+            // Checked: a prediction too large for an Instant means "not known", never a panic.
+            prefill_done_by: ttft_ms
+                .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
+                .and_then(|d| now.checked_add(d)),
+            past_prefill: false,
+            dispatched_at: now,
+            reserved,
+        }
+    }
+}
+
 /// How long a flow-control reservation counts without the dispatch that confirms it
 /// (the filter flushes dispatches every `flush_interval_ms`, 100 ms by default).
 const RESERVATION_TTL: Duration = Duration::from_secs(2);
@@ -281,27 +309,9 @@ impl Pool {
         }
         let prefix = self.endpoints[i].prefix.match_fraction(&d.request.prefix_hashes);
         self.endpoints[i].prefix.insert(&d.request.prefix_hashes);
-        let r = &d.request;
-        let uncached_tokens = (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64;
-        self.endpoints[i].add_prefill(uncached_tokens, now);
-        self.in_flight.insert(
-            d.request_id.clone(),
-            InFlight {
-                endpoint: i,
-                input_tokens: r.input_tokens,
-                uncached_tokens,
-                expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
-                tpot_slo_ms: r.slo.tpot_ms.filter(|_| r.streaming),
-                // Checked: a prediction too large for an Instant means "not known", never a panic.
-                prefill_done_by: d
-                    .predicted_ttft_ms
-                    .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
-                    .and_then(|d| now.checked_add(d)),
-                past_prefill: false,
-                dispatched_at: now,
-                reserved: false,
-            },
-        );
+        let f = InFlight::new(i, &d.request, prefix, d.predicted_ttft_ms, now, false);
+        self.endpoints[i].add_prefill(f.uncached_tokens, now);
+        self.in_flight.insert(d.request_id.clone(), f);
         Applied::Accepted
     }
 
@@ -315,20 +325,7 @@ impl Pool {
             return;
         }
         let prefix = self.endpoints[i].prefix.match_fraction(&r.prefix_hashes);
-        self.in_flight.insert(
-            request_id.to_string(),
-            InFlight {
-                endpoint: i,
-                input_tokens: r.input_tokens,
-                uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
-                expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
-                tpot_slo_ms: r.slo.tpot_ms.filter(|_| r.streaming),
-                prefill_done_by: Duration::try_from_secs_f64(ttft_ms / 1000.0).ok().and_then(|d| now.checked_add(d)),
-                past_prefill: false,
-                dispatched_at: now,
-                reserved: true,
-            },
-        );
+        self.in_flight.insert(request_id.to_string(), InFlight::new(i, r, prefix, Some(ttft_ms), now, true));
     }
 
     /// Drops the reservation of a request whose client left before it was dispatched.
