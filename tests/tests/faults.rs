@@ -123,6 +123,12 @@ fn a_model_server_killed_mid_stream_fails_only_its_streams_teaches_nothing_and_r
     // Streams of 150 tokens (about 2 s each) so some are open on every server at the kill.
     let load = SteadyLoad::start(h.gateway(), 4, 150, true, Duration::from_millis(10));
     std::thread::sleep(Duration::from_secs(4));
+    // Kill it mid-stream: with 4 clients on 3 servers routing can leave it idle for a
+    // moment, and then the test would have nothing to cut. Its own count says when a
+    // stream is running there (the predictor's in-flight count lags by a report flush).
+    let server = h.stack.state.servers[1];
+    let busy = wait_until(Duration::from_secs(10), || h.server_metric(server, "vllm:num_requests_running") >= 1.0);
+    assert!(busy, "a stream runs on the server to be killed");
     let killed = Instant::now();
     h.stack.kill_server(1);
     std::thread::sleep(Duration::from_secs(4));
