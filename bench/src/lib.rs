@@ -198,6 +198,13 @@ pub struct WorkloadRun {
     /// `azure`: how many of the trace's requests every rate replays ([`trace_window`]).
     #[serde(default)]
     pub trace_window: Option<usize>,
+    /// The simulator speed and the command this workload was measured with (absent in
+    /// results written before it was recorded: the run's). A report merged from several
+    /// runs (`headroom-bench report --merge`) names each workload's own.
+    #[serde(default)]
+    pub time_scale: Option<f64>,
+    #[serde(default)]
+    pub command: Option<String>,
     pub runs: Vec<RouterRun>,
     /// The best headroom router against the best baseline, by capacity and critical
     /// capacity (`report::ratios`); filled when results are written.
@@ -213,6 +220,24 @@ pub struct BenchResults {
     pub profiles: Vec<String>,
     pub time_scale: f64,
     pub workloads: Vec<WorkloadRun>,
+}
+
+impl BenchResults {
+    /// Adds `other`'s workloads, replacing any of the same name; each keeps the command
+    /// and time scale it was measured with (a report made in parts says which part is which).
+    pub fn merge(&mut self, other: BenchResults) {
+        for mut w in other.workloads {
+            w.time_scale.get_or_insert(other.time_scale);
+            w.command.get_or_insert_with(|| other.command.clone());
+            if w.profiles.is_empty() {
+                w.profiles = other.profiles.clone();
+            }
+            match self.workloads.iter_mut().find(|mine| mine.workload == w.workload) {
+                Some(mine) => *mine = w,
+                None => self.workloads.push(w),
+            }
+        }
+    }
 }
 
 /// How many of the trace's requests the `azure` workload replays at every rate: as many as
@@ -487,6 +512,8 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
             servers: fleet.len(),
             profiles: fleet,
             trace_window: (name == "azure").then_some(ladder.window),
+            time_scale: Some(opts.time_scale),
+            command: Some(command.to_string()),
             runs: Vec::new(),
             ratios: None,
         };

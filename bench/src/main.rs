@@ -104,6 +104,11 @@ enum Cmd {
     Report {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
+        /// Another run's results.json (repeatable): its workloads are added to OUT's, replacing
+        /// those of the same name, and OUT's results.json is rewritten with them. For a reference
+        /// run made in parts; each merged workload keeps its own command and time scale.
+        #[arg(long)]
+        merge: Vec<std::path::PathBuf>,
     },
 }
 
@@ -111,11 +116,11 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let run_dir = args.run_dir.unwrap_or_else(|| locate::root().join(".run"));
     match args.command {
-        Cmd::Report { out } => {
-            let path = out.join("results.json");
-            let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let results: BenchResults =
-                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Cmd::Report { out, merge } => {
+            let mut results = read_results(&out.join("results.json"))?;
+            for path in &merge {
+                results.merge(read_results(path)?);
+            }
             headroom_bench::write_outputs(&out, &results)?;
             println!("report: {}", out.join("report.md").display());
         }
@@ -187,4 +192,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn read_results(path: &std::path::Path) -> anyhow::Result<BenchResults> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

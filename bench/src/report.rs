@@ -419,8 +419,20 @@ pub fn markdown(results: &BenchResults) -> String {
     );
     for w in &results.workloads {
         s.push_str(&section(w));
+        if let Some(provenance) = provenance(w, results) {
+            s.push_str(&provenance);
+        }
     }
     s
+}
+
+/// Where a workload of a merged report was measured, when not by the run the header names.
+fn provenance(w: &WorkloadRun, results: &BenchResults) -> Option<String> {
+    let scale = w.time_scale.unwrap_or(results.time_scale);
+    let command = w.command.as_deref().unwrap_or(&results.command);
+    (scale != results.time_scale || command != results.command).then(|| {
+        format!("\nThis workload was measured by another run than the header's: simulator speed {scale}x real time, command `{command}`.\n")
+    })
 }
 
 /// The workload's chart: attainment against offered load, one line per router.
@@ -504,6 +516,8 @@ mod tests {
             servers: 2,
             profiles: vec!["h100".into(), "a100".into()],
             trace_window: None,
+            time_scale: None,
+            command: None,
             runs: vec![
                 run("rr", true, &[(10.0, 0.99), (20.0, 0.7)]),
                 run("lr", true, &[(10.0, 0.99), (20.0, 0.95), (30.0, 0.7)]),
@@ -574,5 +588,45 @@ mod tests {
         assert!(md.contains("| rr | 99.0% | 70.0% | - | - | 13.1 |"), "{md}");
         assert!(md.contains("![SLO attainment against load: mixed](mixed.svg)"));
         assert!(md.contains("| pred | 200 | 20.0 | 99.0% |"), "{md}");
+        assert!(!md.contains("another run"), "one run: the header says it all: {md}");
+    }
+
+    #[test]
+    fn merging_replaces_a_workload_of_the_same_name_and_keeps_its_run() {
+        let results = |command: &str, scale: f64, names: &[&str]| BenchResults {
+            command: command.into(),
+            profiles: vec!["h100".into()],
+            time_scale: scale,
+            workloads: names.iter().map(|n| WorkloadRun { workload: (*n).into(), ..workload() }).collect(),
+        };
+        let mut first = results("part 1", 1.0, &["mixed", "azure"]);
+        first.merge(results("part 2", 0.5, &["azure", "shared-prefix"]));
+        let names: Vec<&str> = first.workloads.iter().map(|w| w.workload.as_str()).collect();
+        assert_eq!(names, ["mixed", "azure", "shared-prefix"]);
+        assert_eq!(first.workloads[0].command, None, "the header's own workloads are untouched");
+        assert_eq!(first.workloads[1].command.as_deref(), Some("part 2"));
+        assert_eq!(first.workloads[2].time_scale, Some(0.5));
+        let md = markdown(&first);
+        assert_eq!(md.matches("another run").count(), 2, "{md}");
+    }
+
+    #[test]
+    fn a_merged_workload_names_its_own_run() {
+        let mut other = workload();
+        other.workload = "azure".into();
+        other.time_scale = Some(0.5);
+        other.command = Some("headroom-bench run --workloads azure --time-scale 0.5".into());
+        let r = BenchResults {
+            command: "make bench".into(),
+            profiles: vec!["h100".into()],
+            time_scale: 1.0,
+            workloads: vec![workload(), other],
+        };
+        let md = markdown(&r);
+        assert_eq!(md.matches("another run").count(), 1, "{md}");
+        assert!(
+            md.contains("speed 0.5x real time, command `headroom-bench run --workloads azure --time-scale 0.5`"),
+            "{md}"
+        );
     }
 }
