@@ -107,23 +107,19 @@ fn outcome(h: &Harness, name: &str) -> f64 {
     metric_with(&predictor_metrics(h), "headroom_flow_outcomes_total", &format!("outcome=\"{name}\""))
 }
 
-/// Fills the one server with `n` long prompts dispatched at once (no SLO routing: they
-/// never wait), returning their threads.
-fn burst(gateway: &str, n: usize) -> Vec<std::thread::JoinHandle<Seen>> {
+/// Sends `n` requests of `tokens` prompt tokens at once, each on its own thread: SLO-routed
+/// with `(ttft_slo_ms, priority)`, or without SLO headers (`None`: placed at once, never queued).
+fn spawn(
+    gateway: &str,
+    n: usize,
+    tokens: usize,
+    max_tokens: u32,
+    slo: Option<(u32, i32)>,
+) -> Vec<std::thread::JoinHandle<Seen>> {
     (0..n)
         .map(|_| {
             let g = gateway.to_string();
-            std::thread::spawn(move || send(&g, 6000, 40, None, Duration::from_secs(120)))
-        })
-        .collect()
-}
-
-/// Sends `n` SLO-routed requests of one class at once.
-fn class(gateway: &str, n: usize, tokens: usize, slo_ms: u32, priority: i32) -> Vec<std::thread::JoinHandle<Seen>> {
-    (0..n)
-        .map(|_| {
-            let g = gateway.to_string();
-            std::thread::spawn(move || send(&g, tokens, 10, Some((slo_ms, priority)), Duration::from_secs(120)))
+            std::thread::spawn(move || send(&g, tokens, max_tokens, slo, Duration::from_secs(120)))
         })
         .collect()
 }
@@ -138,10 +134,10 @@ fn an_overloaded_server_serves_interactive_first_batch_within_its_slo_and_sheds_
     let gateway = h.gateway();
     // A burst of long batch prompts: once the server's predicted TTFT passes the dispatch
     // horizon (500 ms), the rest wait in the queue, each until room frees or its SLO presses.
-    let batch = class(&gateway, 48, 6000, BATCH_SLO_MS, 0);
+    let batch = spawn(&gateway, 48, 6000, 10, Some((BATCH_SLO_MS, 0)));
     assert!(wait_until(Duration::from_secs(3), || queued(&h) >= 4.0), "batch requests wait in the queue");
-    let interactive = class(&gateway, 4, 100, INTERACTIVE_SLO_MS, 1);
-    let sheddable = class(&gateway, 4, 100, SHEDDABLE_SLO_MS, -1);
+    let interactive = spawn(&gateway, 4, 100, 10, Some((INTERACTIVE_SLO_MS, 1)));
+    let sheddable = spawn(&gateway, 4, 100, 10, Some((SHEDDABLE_SLO_MS, -1)));
     let (interactive, sheddable, batch) = (join(interactive), join(sheddable), join(batch));
 
     assert!(interactive.iter().chain(&batch).all(|s| s.status == 200), "critical work is never dropped");
@@ -188,7 +184,7 @@ const SHEDDABLE_SLO_MS: u32 = 1500;
 fn a_client_leaving_while_queued_leaves_no_trace_in_the_queue() {
     let h = Harness::start_opts(options()).unwrap();
     let gateway = h.gateway();
-    let fill = burst(&gateway, 24);
+    let fill = spawn(&gateway, 24, 6000, 40, None);
     std::thread::sleep(Duration::from_millis(400));
     // A long SLO far from its deadline; the client gives up after 500 ms.
     let g = gateway.clone();
@@ -210,9 +206,9 @@ fn a_client_leaving_while_queued_leaves_no_trace_in_the_queue() {
 fn killing_the_predictor_while_requests_wait_serves_them_all_by_the_fallback() {
     let mut h = Harness::start_opts(options()).unwrap();
     let gateway = h.gateway();
-    let fill = burst(&gateway, 24);
+    let fill = spawn(&gateway, 24, 6000, 40, None);
     std::thread::sleep(Duration::from_millis(400));
-    let waiting = class(&gateway, 4, 100, 20_000, 0);
+    let waiting = spawn(&gateway, 4, 100, 10, Some((20_000, 0)));
     assert!(wait_until(Duration::from_secs(2), || queued(&h) >= 4.0), "they waited in the queue");
     let killed = Instant::now();
     h.stack.kill_named("predictor");
