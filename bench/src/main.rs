@@ -38,9 +38,11 @@ enum Cmd {
         /// 6 H100 + 2 A100, and 4 + 4 for hetero).
         #[arg(long)]
         servers: Option<String>,
-        /// Simulator speed: below 1 keeps the host's CPU out of the measurement (rates stay in simulated time).
-        #[arg(long, default_value_t = 1.0)]
-        time_scale: f64,
+        /// Simulator speed for every workload: below 1 keeps the host's CPU out of the measurement
+        /// (rates stay in simulated time). Default: real time, and half speed for shared-prefix,
+        /// whose ladder would saturate this host.
+        #[arg(long)]
+        time_scale: Option<f64>,
         /// Comma-separated routers to run (default: all).
         #[arg(long, default_value = "")]
         routers: String,

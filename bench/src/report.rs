@@ -295,11 +295,12 @@ pub fn verdict(w: &WorkloadRun) -> String {
 }
 
 /// The workload's section of the report.
-pub fn section(w: &WorkloadRun) -> String {
+pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
     let mut s = format!("\n## {}\n\n", w.workload);
     if !w.profiles.is_empty() {
         let _ = writeln!(s, "Fleet: {} simulated servers ({}).", w.profiles.len(), fleet(&w.profiles));
     }
+    s.push_str(&provenance(w, results));
     if let Some(n) = w.trace_window {
         let _ = writeln!(
             s,
@@ -410,7 +411,7 @@ fn fleet(profiles: &[String]) -> String {
 
 pub fn markdown(results: &BenchResults) -> String {
     let mut s = format!(
-        "# Benchmark: SLO attainment by router\n\n{} simulated servers ({}, unless a workload names its own fleet) behind the real Envoy; at each rate every router gets the identical request sequence. Simulator speed: {}x real time (rates and latencies are in simulated time).\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, with the default `most` (spreading) strategy for the positive tier, or `least` (bin-packing, llm-d's default), or with flow control (`flow_control`: requests wait at the gateway by priority and deadline).\n\nEach verdict below says whether predicted routing reached the target (at least {CAPACITY_TARGET_RATIO}x the best baseline's capacity); `docs/benchmark.md` explains the reference run's results, including why the target is missed where it is.\n",
+        "# Benchmark: SLO attainment by router\n\n{} simulated servers ({}, unless a workload names its own fleet) behind the real Envoy; at each rate every router gets the identical request sequence. Simulator speed: {}x real time unless a workload says otherwise (rates and latencies are in simulated time).\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, with the default `most` (spreading) strategy for the positive tier, or `least` (bin-packing, llm-d's default), or with flow control (`flow_control`: requests wait at the gateway by priority and deadline).\n\nEach verdict below says whether predicted routing reached the target (at least {CAPACITY_TARGET_RATIO}x the best baseline's capacity); `docs/benchmark.md` explains the reference run's results, including why the target is missed where it is.\n",
         results.profiles.len(),
         fleet(&results.profiles),
         results.time_scale,
@@ -418,21 +419,27 @@ pub fn markdown(results: &BenchResults) -> String {
         pct(TARGET)
     );
     for w in &results.workloads {
-        s.push_str(&section(w));
-        if let Some(provenance) = provenance(w, results) {
-            s.push_str(&provenance);
-        }
+        s.push_str(&section(w, results));
     }
     s
 }
 
-/// Where a workload of a merged report was measured, when not by the run the header names.
-fn provenance(w: &WorkloadRun, results: &BenchResults) -> Option<String> {
+/// The lines a workload needs where its speed or its command is not the header's: a
+/// workload run slower to keep the host out of the result, or one merged from another run.
+fn provenance(w: &WorkloadRun, results: &BenchResults) -> String {
+    let mut s = String::new();
     let scale = w.time_scale.unwrap_or(results.time_scale);
+    if scale != results.time_scale {
+        let _ = writeln!(
+            s,
+            "Simulator speed: {scale}x real time (so that this 2-core host stays out of the result; rates and latencies are in simulated time)."
+        );
+    }
     let command = w.command.as_deref().unwrap_or(&results.command);
-    (scale != results.time_scale || command != results.command).then(|| {
-        format!("\nThis workload was measured by another run than the header's: simulator speed {scale}x real time, command `{command}`.\n")
-    })
+    if command != results.command {
+        let _ = writeln!(s, "Measured by another run than the header's: `{command}`.");
+    }
+    s
 }
 
 /// The workload's chart: attainment against offered load, one line per router.
@@ -470,6 +477,11 @@ mod tests {
         (rate, s)
     }
 
+    /// Results of one `make bench` run at real time.
+    fn one_run(workloads: Vec<WorkloadRun>) -> BenchResults {
+        BenchResults { command: "make bench".into(), profiles: vec!["h100".into()], time_scale: 1.0, workloads }
+    }
+
     fn run(name: &str, baseline: bool, pts: &[(f64, f64)]) -> RouterRun {
         RouterRun {
             router: name.into(),
@@ -498,7 +510,7 @@ mod tests {
         assert_eq!(r.capacity_within_noise, Some(true), "{r:?}");
         let text = verdict(&w);
         assert!(text.contains("**a tie**"), "{text}");
-        let table = section(&w);
+        let table = section(&w, &one_run(vec![]));
         assert!(table.contains("85.7% (70.0-95.0)"), "the mean and range of lr at 30: {table}");
 
         // Every seed's curve crosses: the capacity is the mean of the crossings, inside the band
@@ -536,7 +548,7 @@ mod tests {
         // Critical: pred 0.98 at 30 -> 0.65 at 40: 30 + 0.08/0.33 * 10; lr 1.0 at 20 -> 0.75 at 30: 20 + 0.1/0.25 * 10.
         let expected = (30.0 + 0.08 / 0.33 * 10.0) / (20.0 + 0.1 / 0.25 * 10.0);
         assert!((r.critical_capacity_ratio.unwrap() - expected).abs() < 1e-3, "{r:?}");
-        let text = section(&workload());
+        let text = section(&workload(), &one_run(vec![]));
         assert!(text.contains("critical capacity") && text.contains("Critical capacity"), "{text}");
         assert!(text.contains("| sheddable (shed) |") && text.contains("(20.0%)"), "{text}");
     }
@@ -593,40 +605,35 @@ mod tests {
 
     #[test]
     fn merging_replaces_a_workload_of_the_same_name_and_keeps_its_run() {
-        let results = |command: &str, scale: f64, names: &[&str]| BenchResults {
-            command: command.into(),
-            profiles: vec!["h100".into()],
-            time_scale: scale,
-            workloads: names.iter().map(|n| WorkloadRun { workload: (*n).into(), ..workload() }).collect(),
+        let named = |names: &[&str]| -> Vec<WorkloadRun> {
+            names.iter().map(|n| WorkloadRun { workload: (*n).into(), ..workload() }).collect()
         };
-        let mut first = results("part 1", 1.0, &["mixed", "azure"]);
-        first.merge(results("part 2", 0.5, &["azure", "shared-prefix"]));
+        let mut first = one_run(named(&["mixed", "azure"]));
+        let mut second = one_run(named(&["azure", "shared-prefix"]));
+        (second.command, second.time_scale) = ("part 2".into(), 0.5);
+        first.merge(second);
         let names: Vec<&str> = first.workloads.iter().map(|w| w.workload.as_str()).collect();
         assert_eq!(names, ["mixed", "azure", "shared-prefix"]);
         assert_eq!(first.workloads[0].command, None, "the header's own workloads are untouched");
         assert_eq!(first.workloads[1].command.as_deref(), Some("part 2"));
         assert_eq!(first.workloads[2].time_scale, Some(0.5));
         let md = markdown(&first);
-        assert_eq!(md.matches("another run").count(), 2, "{md}");
+        assert_eq!(md.matches("Measured by another run than the header's: `part 2`.").count(), 2, "{md}");
+        assert_eq!(md.matches("Simulator speed: 0.5x real time").count(), 2, "{md}");
     }
 
     #[test]
-    fn a_merged_workload_names_its_own_run() {
-        let mut other = workload();
-        other.workload = "azure".into();
-        other.time_scale = Some(0.5);
-        other.command = Some("headroom-bench run --workloads azure --time-scale 0.5".into());
-        let r = BenchResults {
-            command: "make bench".into(),
-            profiles: vec!["h100".into()],
-            time_scale: 1.0,
-            workloads: vec![workload(), other],
+    fn a_workload_run_slower_says_so_and_one_at_the_header_speed_does_not() {
+        let slow = WorkloadRun {
+            workload: "shared-prefix".into(),
+            time_scale: Some(0.5),
+            command: Some("make bench".into()),
+            ..workload()
         };
-        let md = markdown(&r);
-        assert_eq!(md.matches("another run").count(), 1, "{md}");
-        assert!(
-            md.contains("speed 0.5x real time, command `headroom-bench run --workloads azure --time-scale 0.5`"),
-            "{md}"
-        );
+        let md = markdown(&one_run(vec![workload(), slow]));
+        assert_eq!(md.matches("Simulator speed: 0.5x").count(), 1, "{md}");
+        assert!(!md.contains("another run"), "one run: {md}");
+        let shared = md.split("## shared-prefix").nth(1).unwrap_or_default();
+        assert!(shared.contains("Simulator speed: 0.5x"), "said in its own section: {md}");
     }
 }

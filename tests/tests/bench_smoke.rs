@@ -41,6 +41,8 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     let repeated: Vec<Vec<f64>> = mixed.runs.iter().map(|r| r.repeats.iter().map(|p| p.0).collect()).collect();
     assert!(repeated.iter().all(|r| !r.is_empty()), "every router repeats the cliff's rates: {repeated:?}");
     assert_eq!(mixed.profiles, vec!["h100", "h100", "a100"]);
+    assert_eq!(mixed.time_scale, Some(1.0), "mixed runs at real time by default");
+    assert!(mixed.command.as_deref().is_some_and(|c| c.contains("--workloads mixed")), "{:?}", mixed.command);
     let ratios = mixed.ratios.clone().expect("results.json carries the headline ratios");
     assert!(ratios.capacity_within_noise.is_some(), "a tie or not, from the seeds: {ratios:?}");
     assert!(ratios.capacity_ratio > 0.0 && ratios.critical_capacity_ratio.is_some_and(|r| r > 0.0), "{ratios:?}");
