@@ -31,14 +31,22 @@ impl StateCache {
     }
 }
 
-/// Every endpoint's index, best composite score first, ties in random order.
-pub fn rank_composite(states: &[&EndpointState], rng: &mut Rng) -> Vec<usize> {
-    let max_waiting = states.iter().map(|s| s.waiting).max().unwrap_or(0) as f64;
+/// Every endpoint's index, best composite score first, ties in random order. The queue
+/// term counts each endpoint's waiting requests plus `placed[i]` (requests placed there
+/// since the states were taken; missing entries count 0).
+pub fn rank_composite(states: &[&EndpointState], placed: &[u32], rng: &mut Rng) -> Vec<usize> {
+    let queued: Vec<f64> = states
+        .iter()
+        .enumerate()
+        .map(|(i, s)| f64::from(s.waiting) + f64::from(placed.get(i).copied().unwrap_or(0)))
+        .collect();
+    let max_queued = queued.iter().copied().fold(0.0, f64::max);
     let scores: Vec<f64> = states
         .iter()
-        .map(|s| {
+        .zip(&queued)
+        .map(|(s, &q)| {
             let free_kv = 1.0 - s.kv_usage.clamp(0.0, 1.0);
-            let queue = if max_waiting > 0.0 { (max_waiting - s.waiting as f64) / max_waiting } else { 1.0 };
+            let queue = if max_queued > 0.0 { (max_queued - q) / max_queued } else { 1.0 };
             (free_kv + queue + s.prefix_match.clamp(0.0, 1.0)) / 3.0
         })
         .collect();
@@ -63,12 +71,12 @@ mod tests {
         let mut rng = Rng::new(1);
         let a = st(0.9, 5, 0.0);
         let b = st(0.2, 0, 0.0);
-        let best = |states: &[&EndpointState], rng: &mut Rng| rank_composite(states, rng).first().copied();
+        let best = |states: &[&EndpointState], rng: &mut Rng| rank_composite(states, &[], rng).first().copied();
         assert_eq!(best(&[&a, &b], &mut rng), Some(1));
         let c = st(0.2, 0, 1.0);
         assert_eq!(best(&[&a, &b, &c], &mut rng), Some(2));
         assert_eq!(best(&[], &mut rng), None);
-        assert_eq!(rank_composite(&[&a, &b, &c], &mut rng), vec![2, 1, 0]);
+        assert_eq!(rank_composite(&[&a, &b, &c], &[], &mut rng), vec![2, 1, 0]);
     }
 
     #[test]
@@ -76,10 +84,26 @@ mod tests {
         let mut rng = Rng::new(2);
         let s = st(0.1, 0, 0.0);
         let picks: Vec<usize> =
-            (0..300).filter_map(|_| rank_composite(&[&s, &s, &s], &mut rng).first().copied()).collect();
+            (0..300).filter_map(|_| rank_composite(&[&s, &s, &s], &[], &mut rng).first().copied()).collect();
         for i in 0..3 {
             assert!(picks.iter().filter(|p| **p == i).count() > 60);
         }
+    }
+
+    #[test]
+    fn requests_placed_since_the_states_were_taken_spread_the_next_ones() {
+        // Frozen states (the predictor is gone): the same endpoint would win every time.
+        let (a, b, c) = (st(0.10, 0, 0.0), st(0.20, 0, 0.0), st(0.30, 0, 0.0));
+        let states = [&a, &b, &c];
+        let mut rng = Rng::new(3);
+        let mut placed = [0u32; 3];
+        for _ in 0..30 {
+            let first = rank_composite(&states, &placed, &mut rng)[0];
+            placed[first] += 1;
+        }
+        assert!(placed.iter().all(|&n| (5..=15).contains(&n)), "spread over all three: {placed:?}");
+        // Without them, the least loaded endpoint takes everything.
+        assert!((0..30).all(|_| rank_composite(&states, &[], &mut rng)[0] == 0));
     }
 
     #[test]

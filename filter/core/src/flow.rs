@@ -311,6 +311,9 @@ impl Flow {
 
     /// The stream is done: what was measured goes to the outbox as an observation.
     pub fn on_log(&mut self, host: &mut dyn Host, vm: &mut Vm) {
+        if let Some(c) = &self.choice {
+            vm.placed.ended(&c.endpoint);
+        }
         // Ended while the predictor held it in its queue: Envoy does not cancel the call,
         // so the predictor is told, or the request would keep its place until its deadline.
         if self.offered_wait && self.callout.take().is_some() {
@@ -435,7 +438,10 @@ impl Flow {
         let max_age = vm.config.fallback_state_max_age_ms;
         let choice = vm.states.fresh(host.now_ms(), max_age).and_then(|states| {
             let refs: Vec<&EndpointState> = states.iter().map(|(_, s)| s).collect();
-            let ranked = fallback::rank_composite(&refs, &mut vm.rng);
+            // The states stop moving with the predictor gone; what this VM placed since
+            // keeps the ranking live, so its requests do not all go to one endpoint.
+            let placed: Vec<u32> = states.iter().map(|(e, _)| vm.placed.at(e)).collect();
+            let ranked = fallback::rank_composite(&refs, &placed, &mut vm.rng);
             let mut chosen = ranked.iter().filter_map(|&i| states.get(i));
             let (endpoint, state) = chosen.next()?;
             Some(Choice {
@@ -458,6 +464,7 @@ impl Flow {
             if host.set_header(Map::RequestHeaders, &vm.config.destination_header, &destination).is_err() {
                 host.log(Level::Warn, "headroom: could not set the destination header");
             }
+            vm.placed.started(&c.endpoint);
             self.dispatch_seq = vm.outbox.dispatch(Dispatch {
                 pool: vm.config.pool.clone(),
                 request_id: self.request_id.clone(),

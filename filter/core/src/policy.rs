@@ -184,7 +184,8 @@ fn default_profile(
     match config.default_profile {
         DefaultProfile::Composite => {
             let states: Vec<&EndpointState> = endpoints.iter().map(|e| &e.state).collect();
-            let ranked = fallback::rank_composite(&states, rng);
+            // The states are the predictor's, fresh for this request: nothing to add.
+            let ranked = fallback::rank_composite(&states, &[], rng);
             let ranked = ranked.into_iter().take(1 + config.fallback_endpoints).collect();
             Decision::Route { ranked, source: RouteSource::Composite }
         }

@@ -99,9 +99,13 @@ proptest! {
     }
 
     #[test]
-    fn the_fallback_ranks_any_states(states in proptest::collection::vec(any_state(), 0..12), seed in any::<u64>()) {
+    fn the_fallback_ranks_any_states(
+        states in proptest::collection::vec(any_state(), 0..12),
+        placed in proptest::collection::vec(any::<u32>(), 0..14),
+        seed in any::<u64>(),
+    ) {
         let refs: Vec<&EndpointState> = states.iter().collect();
-        let mut ranked = fallback::rank_composite(&refs, &mut Rng::new(seed));
+        let mut ranked = fallback::rank_composite(&refs, &placed, &mut Rng::new(seed));
         ranked.sort_unstable();
         prop_assert_eq!(ranked, (0..states.len()).collect::<Vec<_>>());
     }

@@ -303,6 +303,51 @@ fn a_predictor_timeout_falls_back_to_the_last_fresh_states() {
 }
 
 #[test]
+fn while_the_predictor_is_down_the_fallback_spreads_requests_over_its_frozen_states() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    // One answer, then the predictor is gone: its states are all the fallback has, and the
+    // first endpoint looks best in them every time.
+    let endpoints = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
+    let answer = PredictResponse {
+        flow: None,
+        pool: "default".into(),
+        model_version: "test".into(),
+        endpoints: endpoints
+            .iter()
+            .zip([0.1, 0.2, 0.3])
+            .map(|(address, kv_usage)| EndpointPrediction {
+                address: address.to_string(),
+                ttft_ms: Some(100.0),
+                tpot_ms: Some(10.0),
+                state: EndpointState { kv_usage, ..busy() },
+            })
+            .collect(),
+    };
+    let answer = codec::encode(Format::MsgPack, &answer).unwrap_or_default();
+    let mut first = Flow::new();
+    routed(&mut first, &mut host, &mut vm, 200, &answer);
+    stream_response(&mut first, &mut host, &mut vm, 50);
+
+    let mut open = Vec::new();
+    for _ in 0..30 {
+        let mut flow = Flow::new();
+        assert_eq!(routed(&mut flow, &mut host, &mut vm, 504, b""), Step::Resume);
+        let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+        open.push((flow, destination));
+    }
+    let per_endpoint: Vec<usize> = endpoints.iter().map(|e| open.iter().filter(|(_, d)| d == e).count()).collect();
+    assert!(per_endpoint.iter().all(|n| (5..=15).contains(n)), "spread over all three: {per_endpoint:?}");
+    assert_eq!(vm.placed.at(endpoints[0]), per_endpoint[0] as u32, "each one counted where it went");
+    // Ended, they count no more.
+    for (mut flow, destination) in open {
+        host.upstream = Some(destination);
+        stream_response(&mut flow, &mut host, &mut vm, 50);
+    }
+    assert!(endpoints.iter().all(|e| vm.placed.at(e) == 0));
+}
+
+#[test]
 fn without_fresh_states_a_fallback_leaves_the_choice_to_envoy() {
     let mut host = FakeHost::new();
     let mut vm = vm("{}");

@@ -18,12 +18,42 @@ use crate::FilterConfig;
 /// Timeout of a dispatch or report batch call.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Requests one VM placed per endpoint and that have not ended.
+#[derive(Debug, Default)]
+pub struct Placed(HashMap<String, u32>);
+
+impl Placed {
+    /// A request was sent to `endpoint`.
+    pub fn started(&mut self, endpoint: &str) {
+        *self.0.entry(endpoint.to_string()).or_insert(0) += 1;
+    }
+
+    /// A request placed on `endpoint` ended; an endpoint with none left is forgotten, so
+    /// the map holds only endpoints with requests open.
+    pub fn ended(&mut self, endpoint: &str) {
+        if let Some(n) = self.0.get_mut(endpoint) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.0.remove(endpoint);
+            }
+        }
+    }
+
+    /// Requests open on `endpoint`.
+    pub fn at(&self, endpoint: &str) -> u32 {
+        self.0.get(endpoint).copied().unwrap_or(0)
+    }
+}
+
 /// One VM's state.
 pub struct Vm {
     pub config: Rc<FilterConfig>,
     pub rng: Rng,
     /// Last endpoint states from the predictor, for the fallback.
     pub states: StateCache,
+    /// Requests this VM placed on each endpoint and not yet ended: the one load figure
+    /// that stays live when the predictor is gone and the fallback ranks frozen states.
+    pub placed: Placed,
     /// Dispatches and observations waiting for the tick.
     pub outbox: Outbox,
     /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
@@ -45,6 +75,7 @@ impl Vm {
         Vm {
             rng: Rng::new(seed),
             states: StateCache::default(),
+            placed: Placed::default(),
             outbox: Outbox::new(config.max_queued, config.max_batch, config.max_batch_bytes),
             vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
             next_request: 0,
