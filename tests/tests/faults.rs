@@ -66,6 +66,17 @@ fn predictor_killed_and_restarted_under_load_serves_every_request_and_keeps_the_
             .all(|s| s.tier.as_deref() != Some("positive")),
         "nothing is routed by prediction without a predictor"
     );
+    // The fallback's states froze with the predictor; what each worker placed since keeps
+    // its requests from all going to the one server those states ranked first.
+    let mut fallback_servers: Vec<&str> = sent
+        .iter()
+        .filter(|s| s.at >= killed + Duration::from_millis(500) && s.done < restarted)
+        .filter(|s| s.tier.as_deref() == Some("fallback"))
+        .filter_map(|s| s.served_by.as_deref())
+        .collect();
+    fallback_servers.sort_unstable();
+    fallback_servers.dedup();
+    assert!(fallback_servers.len() >= 2, "the fallback spread its requests: {fallback_servers:?}");
     let after = predicted_between(&sent, restarted + Duration::from_secs(1), Instant::now());
     assert!(after >= 10, "routing by prediction resumes after the restart ({after} requests)");
 
