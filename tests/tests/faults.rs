@@ -66,17 +66,23 @@ fn predictor_killed_and_restarted_under_load_serves_every_request_and_keeps_the_
             .all(|s| s.tier.as_deref() != Some("positive")),
         "nothing is routed by prediction without a predictor"
     );
-    // The fallback's states froze with the predictor; what each worker placed since keeps
-    // its requests from all going to the one server those states ranked first.
-    let mut fallback_servers: Vec<&str> = sent
+    // The fallback's states froze with the predictor: ranked on them alone, each worker sent
+    // every request of the outage to the one server they put first (measured: 2 of the 3
+    // servers took them all, one per worker, so one took half or more). What each worker
+    // placed since spreads them (measured: a third each).
+    let fallback: Vec<&str> = sent
         .iter()
         .filter(|s| s.at >= killed + Duration::from_millis(500) && s.done < restarted)
         .filter(|s| s.tier.as_deref() == Some("fallback"))
         .filter_map(|s| s.served_by.as_deref())
         .collect();
-    fallback_servers.sort_unstable();
-    fallback_servers.dedup();
-    assert!(fallback_servers.len() >= 2, "the fallback spread its requests: {fallback_servers:?}");
+    let busiest =
+        h.stack.state.servers.iter().map(|srv| fallback.iter().filter(|s| **s == srv.to_string()).count()).max();
+    assert!(
+        fallback.len() >= 10 && busiest.is_some_and(|n| n * 100 <= fallback.len() * 45),
+        "the fallback spread its requests over the servers: {} requests, at most {busiest:?} on one",
+        fallback.len()
+    );
     let after = predicted_between(&sent, restarted + Duration::from_secs(1), Instant::now());
     assert!(after >= 10, "routing by prediction resumes after the restart ({after} requests)");
 
