@@ -47,7 +47,7 @@ fn signal(pid: u32, sig: &str) {
 #[test]
 fn predictor_killed_and_restarted_under_load_serves_every_request_and_keeps_the_reports() {
     let mut h = Harness::start_opts(options()).unwrap();
-    let load = SteadyLoad::start(h.gateway(), 3, 6, true, Duration::from_millis(20));
+    let load = SteadyLoad::start(h.gateway(), 8, 6, true, Duration::from_millis(20));
     std::thread::sleep(Duration::from_secs(2));
     let killed = Instant::now();
     h.stack.kill_named("predictor");
@@ -67,21 +67,20 @@ fn predictor_killed_and_restarted_under_load_serves_every_request_and_keeps_the_
         "nothing is routed by prediction without a predictor"
     );
     // The fallback's states froze with the predictor: ranked on them alone, each worker sent
-    // every request of the outage to the one server they put first (measured: 2 of the 3
-    // servers took them all, one per worker, so one took half or more). What each worker
-    // placed since spreads them (measured: a third each).
+    // every request of the outage to the one server they put first (measured with these 8
+    // clients: all of them on one server). What each worker has open on each server spreads
+    // them (measured: 34-55% on the busiest, ties going to the freest KV cache).
     let fallback: Vec<&str> = sent
         .iter()
         .filter(|s| s.at >= killed + Duration::from_millis(500) && s.done < restarted)
         .filter(|s| s.tier.as_deref() == Some("fallback"))
         .filter_map(|s| s.served_by.as_deref())
         .collect();
-    let busiest =
-        h.stack.state.servers.iter().map(|srv| fallback.iter().filter(|s| **s == srv.to_string()).count()).max();
+    let per_server: Vec<usize> =
+        h.stack.state.servers.iter().map(|srv| fallback.iter().filter(|s| **s == srv.to_string()).count()).collect();
     assert!(
-        fallback.len() >= 10 && busiest.is_some_and(|n| n * 100 <= fallback.len() * 45),
-        "the fallback spread its requests over the servers: {} requests, at most {busiest:?} on one",
-        fallback.len()
+        fallback.len() >= 10 && per_server.iter().all(|&n| n > 0 && n * 3 <= fallback.len() * 2),
+        "the fallback spread its requests over every server, none taking two thirds: {per_server:?}"
     );
     let after = predicted_between(&sent, restarted + Duration::from_secs(1), Instant::now());
     assert!(after >= 10, "routing by prediction resumes after the restart ({after} requests)");

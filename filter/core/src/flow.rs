@@ -437,7 +437,11 @@ impl Flow {
         host.record(Event::Fallback(cause));
         let max_age = vm.config.fallback_state_max_age_ms;
         let choice = vm.states.fresh(host.now_ms(), max_age).and_then(|states| {
-            let refs: Vec<&EndpointState> = states.iter().map(|(_, s)| s).collect();
+            // A cached state's prefix match is that of the request it was predicted for, not
+            // this one's: left out.
+            let now: Vec<EndpointState> =
+                states.iter().map(|(_, s)| EndpointState { prefix_match: 0.0, ..s.clone() }).collect();
+            let refs: Vec<&EndpointState> = now.iter().collect();
             // The states stop moving with the predictor gone; what this VM placed since
             // keeps the ranking live, so its requests do not all go to one endpoint.
             let placed: Vec<u32> = states.iter().map(|(e, _)| vm.placed.at(e)).collect();
