@@ -408,12 +408,49 @@ impl<'a> Bench<'a> {
             s.goodput_rps,
             100.0 * s.shed
         );
-        let seed_part = if seed == LADDER_SEED { String::new() } else { format!("-seed{seed}") };
-        let file = format!("{}-{}-{rate}{seed_part}.jsonl", self.workload, name.replace([' ', ','], "-"));
+        let file = requests_file(self.workload, name, rate, seed);
         let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
         std::fs::write(opts.out.join("requests").join(file), lines.join("\n") + "\n")?;
         Ok(s)
     }
+}
+
+/// The per-request results of one measurement, under `requests/`.
+fn requests_file(workload: &str, router: &str, rate: f64, seed: u64) -> String {
+    let seed_part = if seed == LADDER_SEED { String::new() } else { format!("-seed{seed}") };
+    format!("{workload}-{}-{rate}{seed_part}.jsonl", router.replace([' ', ','], "-"))
+}
+
+/// Summarizes every measurement of `results` again from its per-request results under
+/// `out/requests`, so that a figure the report gained since the run was made is filled for
+/// it too; a measurement whose file is missing keeps its summary. Returns how many were.
+pub fn recompute(out: &Path, results: &mut BenchResults) -> anyhow::Result<usize> {
+    let mut done = 0;
+    for w in &mut results.workloads {
+        for r in &mut w.runs {
+            let mut seen: Vec<f64> = Vec::new();
+            let points = r.points.iter_mut().map(|(rate, s)| (*rate, LADDER_SEED, s));
+            // The k-th repeat of a rate (1..) ran with `repeat_seed(k)` (`repeat`).
+            let repeats = r.repeats.iter_mut().map(|(rate, s)| {
+                seen.push(*rate);
+                let k = seen.iter().filter(|x| **x == *rate).count() as u32;
+                (*rate, repeat_seed(k), s)
+            });
+            for (rate, seed, summary) in points.chain(repeats) {
+                let path = out.join("requests").join(requests_file(&w.workload, &r.router, rate, seed));
+                let Ok(text) = std::fs::read_to_string(&path) else { continue };
+                let outcomes: Vec<runner::Outcome> = text
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(serde_json::from_str)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                *summary = Summary::of(&outcomes, w.step_s);
+                done += 1;
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// One workload's rate ladder as every router runs it: each rate with its step number

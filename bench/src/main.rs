@@ -111,6 +111,10 @@ enum Cmd {
         /// run made in parts; each merged workload keeps its own command and time scale.
         #[arg(long)]
         merge: Vec<std::path::PathBuf>,
+        /// Summarize every measurement again from the per-request results under OUT/requests
+        /// (fills the figures the report gained since the run was made).
+        #[arg(long)]
+        recompute: bool,
     },
 }
 
@@ -118,10 +122,14 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let run_dir = args.run_dir.unwrap_or_else(|| locate::root().join(".run"));
     match args.command {
-        Cmd::Report { out, merge } => {
+        Cmd::Report { out, merge, recompute } => {
             let mut results = read_results(&out.join("results.json"))?;
             for path in &merge {
                 results.merge(read_results(path)?);
+            }
+            if recompute {
+                let n = headroom_bench::recompute(&out, &mut results)?;
+                println!("{n} measurements summarized again from {}", out.join("requests").display());
             }
             headroom_bench::write_outputs(&out, &results)?;
             println!("report: {}", out.join("report.md").display());

@@ -345,6 +345,7 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
         let capacity = capacity_label(r, overall).unwrap_or_else(|| router_capacity(r).label());
         let _ = writeln!(s, "| {} | {} | {capacity} | {critical_capacity} |", r.router, cells.join(" | "));
     }
+    s.push_str(&tier_precision(w, &rates));
     if let Some(rate) = equal_load_rate(w) {
         let _ = writeln!(
             s,
@@ -392,6 +393,49 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
                 let _ = writeln!(s, "| {} | {critical} | {} |", r.router, cells.join(" | "));
             }
         }
+    }
+    s
+}
+
+/// Per headroom router and rate: of the requests placed in the positive tier (predicted to
+/// meet their SLOs), the share that did, pooled over the seeds; empty when no router has one.
+fn tier_precision(w: &WorkloadRun, rates: &[f64]) -> String {
+    let rows: Vec<(&str, Vec<String>)> = w
+        .runs
+        .iter()
+        .filter(|r| r.points.iter().chain(&r.repeats).any(|(_, x)| x.positive_tier.is_some()))
+        .map(|r| {
+            let per_rate = measurements(r);
+            let cells = rates
+                .iter()
+                .map(|rate| {
+                    let ms = per_rate.iter().find(|(x, _)| (x - rate).abs() < 1e-9).map(|(_, ms)| ms.as_slice());
+                    let (placed, met) = ms
+                        .unwrap_or_default()
+                        .iter()
+                        .filter_map(|x| x.positive_tier)
+                        .fold((0, 0), |(p, m), t| (p + t.placed, m + t.met));
+                    if placed == 0 {
+                        "-".to_string()
+                    } else {
+                        format!("{} ({placed})", pct(met as f64 / placed as f64))
+                    }
+                })
+                .collect();
+            (r.router.as_str(), cells)
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    let mut s = format!(
+        "\nTier precision by requested rate: of the requests headroom placed in its positive tier (predicted to meet their SLOs where they went), the share that met them, over every seed (how many were placed):\n\n| router | {} |\n| --- |{}\n",
+        header.join(" | "),
+        " ---: |".repeat(rates.len())
+    );
+    for (router, cells) in rows {
+        let _ = writeln!(s, "| {router} | {} |", cells.join(" | "));
     }
     s
 }
@@ -473,6 +517,7 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            positive_tier: None,
         };
         (rate, s)
     }
@@ -601,6 +646,22 @@ mod tests {
         assert!(md.contains("![SLO attainment against load: mixed](mixed.svg)"));
         assert!(md.contains("| pred | 200 | 20.0 | 99.0% |"), "{md}");
         assert!(!md.contains("another run"), "one run: the header says it all: {md}");
+    }
+
+    #[test]
+    fn tier_precision_pools_the_seeds_and_leaves_out_routers_without_a_tier() {
+        let mut w = workload();
+        let tier = |placed, met| Some(crate::summary::TierCount { placed, met });
+        w.runs[2].points[1].1.positive_tier = tier(100, 90);
+        let mut repeat = point(20.0, 0.9);
+        repeat.1.positive_tier = tier(50, 30);
+        w.runs[2].repeats = vec![repeat];
+        let text = section(&w, &one_run(vec![]));
+        let after = text.split("Tier precision").nth(1).unwrap_or_default();
+        let table = after.split("\n\n").nth(1).unwrap_or_default();
+        assert!(table.contains("| pred | - | 80.0% (150) | - | - |"), "(90 + 30) / 150: {text}");
+        assert!(!table.contains("| lr |"), "no tier, no row: {table}");
+        assert!(!section(&workload(), &one_run(vec![])).contains("Tier precision"), "no tiers at all, no table");
     }
 
     #[test]

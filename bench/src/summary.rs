@@ -35,6 +35,18 @@ pub struct Summary {
     /// The same figures per SLO class (`interactive`, `batch`, `sheddable`, ...).
     #[serde(default)]
     pub per_class: BTreeMap<String, ClassSummary>,
+    /// The requests headroom placed in its positive tier (predicted to meet their SLOs where
+    /// they went; `x-headroom-tier: positive`) and how many did: how far its "will meet"
+    /// can be trusted at this load (`None`: no such request, or older results).
+    #[serde(default)]
+    pub positive_tier: Option<TierCount>,
+}
+
+/// Requests placed in one tier, and how many of them met their SLOs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TierCount {
+    pub placed: usize,
+    pub met: usize,
 }
 
 /// One SLO class's share of a run.
@@ -56,6 +68,17 @@ impl ClassSummary {
             shed += usize::from(o.shed());
         }
         (n > 0).then(|| ClassSummary { requests: n, attainment: met as f64 / n as f64, shed: shed as f64 / n as f64 })
+    }
+}
+
+impl TierCount {
+    fn of<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Option<TierCount> {
+        let (mut placed, mut met) = (0, 0);
+        for o in outcomes {
+            placed += 1;
+            met += usize::from(o.met_slo());
+        }
+        (placed > 0).then_some(TierCount { placed, met })
     }
 }
 
@@ -93,6 +116,7 @@ impl Summary {
             per_server,
             critical_attainment: ClassSummary::of(outcomes.iter().filter(|o| o.priority >= 0)).map(|c| c.attainment),
             per_class,
+            positive_tier: TierCount::of(outcomes.iter().filter(|o| o.tier.as_deref() == Some("positive"))),
         }
     }
 

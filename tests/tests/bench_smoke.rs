@@ -54,6 +54,12 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     assert!(report.contains("## mixed") && report.contains("At equal load"), "{report}");
     assert!(report.contains("capacity") && report.contains("critical capacity"), "{report}");
     assert!(report.contains("By SLO class"), "{report}");
+    let predicted = mixed.runs.iter().find(|r| r.router == "headroom predicted").expect("headroom predicted ran");
+    assert!(predicted.points[0].1.positive_tier.is_some_and(|t| t.placed > 0), "positive-tier placements counted");
+    assert!(
+        report.contains("Tier precision by requested rate") && report.contains("| headroom predicted | "),
+        "{report}"
+    );
     assert!(report.contains("Fleet: 3 simulated servers (2 H100, 1 A100)"), "{report}");
     for c in CONTENDERS {
         assert!(report.contains(&format!("| {} |", c.name)), "{} missing from the report:\n{report}", c.name);
