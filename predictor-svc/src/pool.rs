@@ -99,6 +99,16 @@ const RECENT_TPOT_WEIGHT: f64 = 0.2;
 const PREFILL_RATE_TAU: Duration = Duration::from_secs(5);
 
 impl Endpoint {
+    /// The server refused a connection: it is down, or back as a new process. Its engine
+    /// state is unknown from now on, and so is its prefix cache: a restarted server starts
+    /// with an empty one, so the blocks remembered for it would draw requests there for
+    /// cache hits it no longer has.
+    pub fn unreachable(&mut self) {
+        self.metrics = None;
+        self.scraped_at = None;
+        self.prefix.shrink_to(0);
+    }
+
     /// The recent prefill rate decayed to `now`.
     fn prefill_rate(&self, now: Instant) -> f64 {
         self.prefill_rate_at.map_or(0.0, |t| {
@@ -589,6 +599,21 @@ mod tests {
         // A second request with the same prefix is mostly cached.
         p.dispatch(&dispatch("r2", "a:1", 100, None), later);
         assert_eq!(p.states_for(&req, later)[0].uncached_tokens_in_flight, 0);
+    }
+
+    #[test]
+    fn an_unreachable_server_loses_its_state_and_its_remembered_prefixes() {
+        let mut p = pool();
+        let now = Instant::now();
+        p.endpoints[0].metrics = Some(EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1 });
+        p.endpoints[0].scraped_at = Some(now);
+        p.dispatch(&dispatch("r1", "a:1", 100, None), now);
+        let req = RequestFeatures { prefix_hashes: vec![1, 2], ..Default::default() };
+        assert_eq!(p.states_for(&req, now)[0].prefix_match, 1.0);
+        p.endpoints[0].unreachable();
+        let s = p.states_for(&req, now);
+        assert_eq!(s[0].prefix_match, 0.0, "a restarted server caches nothing");
+        assert_eq!(s[0].metrics_age_ms, None, "no engine state to predict from");
     }
 
     #[test]

@@ -125,8 +125,8 @@ impl std::fmt::Display for ScrapeError {
 
 /// Files one scrape's result for `address` in `pool`, read at `now`.
 ///
-/// A server that refuses the connection has no state to predict from: its metrics are
-/// dropped at once, so it gets no prediction from this moment instead of after
+/// A server that refuses the connection has no state to predict from: its metrics (and
+/// what it was thought to cache) are dropped at once, so it gets no prediction from this moment instead of after
 /// `stale_after_ms` (during which its in-flight count falls as its streams are cut, and it
 /// would look like the idlest server in the pool). A timeout or a garbled body says nothing
 /// about the server's load being different, so those only let the metrics age.
@@ -140,8 +140,7 @@ fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetr
             }
             Err(err) => {
                 if err.unreachable {
-                    e.metrics = None;
-                    e.scraped_at = None;
+                    e.unreachable();
                 }
                 e.scrape_errors += 1;
                 if e.scrape_errors.is_power_of_two() {
