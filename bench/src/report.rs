@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::summary::{capacity, Capacity, Summary};
+use crate::summary::{capacity, Capacity, ClassSummary, Summary};
 use crate::{BenchResults, RouterRun, WorkloadRun, TARGET};
 use headroom_loadgen::chart::{attainment_svg, Series};
 
@@ -346,6 +346,7 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
         let _ = writeln!(s, "| {} | {} | {capacity} | {critical_capacity} |", r.router, cells.join(" | "));
     }
     s.push_str(&tier_precision(w, &rates));
+    s.push_str(&interactive_and_shed(w, &rates));
     if let Some(rate) = equal_load_rate(w) {
         let _ = writeln!(
             s,
@@ -397,47 +398,68 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
     s
 }
 
-/// Per headroom router and rate: of the requests placed in the positive tier (predicted to
-/// meet their SLOs), the share that did, pooled over the seeds; empty when no router has one.
-fn tier_precision(w: &WorkloadRun, rates: &[f64]) -> String {
-    let rows: Vec<(&str, Vec<String>)> = w
-        .runs
-        .iter()
-        .filter(|r| r.points.iter().chain(&r.repeats).any(|(_, x)| x.positive_tier.is_some()))
-        .map(|r| {
-            let per_rate = measurements(r);
-            let cells = rates
-                .iter()
-                .map(|rate| {
-                    let ms = per_rate.iter().find(|(x, _)| (x - rate).abs() < 1e-9).map(|(_, ms)| ms.as_slice());
-                    let (placed, met) = ms
-                        .unwrap_or_default()
-                        .iter()
-                        .filter_map(|x| x.positive_tier)
-                        .fold((0, 0), |(p, m), t| (p + t.placed, m + t.met));
-                    if placed == 0 {
-                        "-".to_string()
-                    } else {
-                        format!("{} ({placed})", pct(met as f64 / placed as f64))
-                    }
-                })
-                .collect();
-            (r.router.as_str(), cells)
-        })
-        .collect();
+/// A table of one figure per router and requested rate, from each rate's measurements (every
+/// seed); `cell` gives `None` where the figure does not exist. Routers without any are left
+/// out, and so is the table when none has one.
+fn rate_table(w: &WorkloadRun, rates: &[f64], title: &str, cell: impl Fn(&[&Summary]) -> Option<String>) -> String {
+    let mut rows = Vec::new();
+    for r in &w.runs {
+        let per_rate = measurements(r);
+        let cells: Vec<Option<String>> = rates
+            .iter()
+            .map(|rate| {
+                let ms = per_rate.iter().find(|(x, _)| (x - rate).abs() < 1e-9).map(|(_, ms)| ms.as_slice());
+                cell(ms.unwrap_or_default())
+            })
+            .collect();
+        if cells.iter().any(Option::is_some) {
+            let cells: Vec<String> = cells.into_iter().map(|c| c.unwrap_or_else(|| "-".into())).collect();
+            rows.push((r.router.as_str(), cells));
+        }
+    }
     if rows.is_empty() {
         return String::new();
     }
     let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
-    let mut s = format!(
-        "\nTier precision by requested rate: of the requests headroom placed in its positive tier (predicted to meet their SLOs where they went), the share that met them, over every seed (how many were placed):\n\n| router | {} |\n| --- |{}\n",
-        header.join(" | "),
-        " ---: |".repeat(rates.len())
-    );
+    let mut s = format!("\n{title}\n\n| router | {} |\n| --- |{}\n", header.join(" | "), " ---: |".repeat(rates.len()));
     for (router, cells) in rows {
         let _ = writeln!(s, "| {router} | {} |", cells.join(" | "));
     }
     s
+}
+
+/// Per headroom router and rate: of the requests placed in the positive tier (predicted to
+/// meet their SLOs), the share that did, pooled over the seeds.
+fn tier_precision(w: &WorkloadRun, rates: &[f64]) -> String {
+    let title = "Tier precision by requested rate: of the requests headroom placed in its positive tier (predicted to meet their SLOs where they went), the share that met them, over every seed (how many were placed):";
+    rate_table(w, rates, title, |ms| {
+        let (placed, met) =
+            ms.iter().filter_map(|x| x.positive_tier).fold((0, 0), |(p, m), t| (p + t.placed, m + t.met));
+        (placed > 0).then(|| format!("{} ({placed})", pct(met as f64 / placed as f64)))
+    })
+}
+
+/// `field` of SLO class `class` over `measurements`, each weighted by its requests of that
+/// class (`None`: no such request).
+fn pooled(measurements: &[&Summary], class: &str, field: fn(&ClassSummary) -> f64) -> Option<f64> {
+    let (sum, n) = measurements
+        .iter()
+        .filter_map(|x| x.per_class.get(class))
+        .fold((0.0, 0usize), |(sum, n), k| (sum + field(k) * k.requests as f64, n + k.requests));
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// Per router and rate, pooled over the seeds: the interactive class's attainment and the
+/// share of sheddable requests shed, the two that flow control and the p90 objective trade
+/// (issue #13's "interactive at 1.2x the best baseline's capacity").
+fn interactive_and_shed(w: &WorkloadRun, rates: &[f64]) -> String {
+    let title = "Interactive attainment / sheddable requests shed, by requested rate, over every seed:";
+    rate_table(w, rates, title, |ms| {
+        match (pooled(ms, "interactive", |k| k.attainment), pooled(ms, "sheddable", |k| k.shed)) {
+            (None, None) => None,
+            (i, shed) => Some(format!("{} / {}", i.map_or("-".into(), pct), shed.map_or("-".into(), pct))),
+        }
+    })
 }
 
 /// The whole report.
@@ -662,6 +684,29 @@ mod tests {
         assert!(table.contains("| pred | - | 80.0% (150) | - | - |"), "(90 + 30) / 150: {text}");
         assert!(!table.contains("| lr |"), "no tier, no row: {table}");
         assert!(!section(&workload(), &one_run(vec![])).contains("Tier precision"), "no tiers at all, no table");
+    }
+
+    #[test]
+    fn interactive_and_shed_pool_the_seeds_by_their_requests() {
+        let mut w = workload();
+        // pred at 20 req/s: interactive 90% of 7 and 60% of 14 requests; sheddable 20% and 50% shed of 3 each.
+        let mut repeat = point(20.0, 0.6);
+        repeat.1.per_class.insert("interactive".into(), ClassSummary { requests: 14, attainment: 0.6, shed: 0.0 });
+        repeat.1.per_class.insert("sheddable".into(), ClassSummary { requests: 3, attainment: 0.3, shed: 0.5 });
+        w.runs[2].points[1] = point(20.0, 0.9);
+        w.runs[2].repeats = vec![repeat];
+        let text = section(&w, &one_run(vec![]));
+        let after = text.split("Interactive attainment / sheddable").nth(1).unwrap_or_default();
+        let table = after.split("\n\n").nth(1).unwrap_or_default();
+        // (0.9 * 7 + 0.6 * 14) / 21 = 70%; (0.2 * 3 + 0.5 * 3) / 6 = 35%.
+        assert!(table.contains("| 70.0% / 35.0% |"), "{text}");
+        let mut classless = workload();
+        for r in &mut classless.runs {
+            for (_, p) in &mut r.points {
+                p.per_class.clear();
+            }
+        }
+        assert!(!section(&classless, &one_run(vec![])).contains("Interactive attainment /"), "no classes, no table");
     }
 
     #[test]

@@ -60,6 +60,7 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
         report.contains("Tier precision by requested rate") && report.contains("| headroom predicted | "),
         "{report}"
     );
+    assert!(report.contains("Interactive attainment / sheddable requests shed"), "{report}");
     assert!(report.contains("Fleet: 3 simulated servers (2 H100, 1 A100)"), "{report}");
     for c in CONTENDERS {
         assert!(report.contains(&format!("| {} |", c.name)), "{} missing from the report:\n{report}", c.name);
