@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 
 /// An LRU set of prefix block hashes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PrefixCache {
     capacity: usize,
     clock: u64,

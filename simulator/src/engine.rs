@@ -94,8 +94,8 @@ pub struct Counters {
     pub prefix_hits: u64,
 }
 
-/// The engine of one simulated server.
-#[derive(Debug)]
+/// The engine of one simulated server (`Clone`: the error floor replays futures from a copy).
+#[derive(Debug, Clone)]
 pub struct Engine {
     profile: Profile,
     waiting: VecDeque<Seq>,

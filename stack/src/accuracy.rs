@@ -23,7 +23,11 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use headroom_loadgen::{runner, workload};
+use headroom_loadgen::runner;
+use headroom_loadgen::workload::{self, RequestSpec};
+use headroom_sim::floor::{self, Arrival, Floor, FloorOptions};
+use headroom_sim::profile::Profile;
+use headroom_sim::virtual_time::Shape;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -37,6 +41,42 @@ pub const RECENT: Duration = Duration::from_secs(15);
 pub const BEFORE: Duration = Duration::from_secs(30);
 /// Recovered: recent error within this factor of the pre-shift error.
 pub const RECOVERED_WITHIN: f64 = 1.5;
+/// The run's fleet: one pool of two H100 and an A100.
+pub const FLEET: [&str; 3] = ["h100", "h100", "a100"];
+
+/// One phase of the run's traffic.
+struct Phase {
+    name: &'static str,
+    /// The workload's generator: `(seed, rate, seconds)`.
+    generate: fn(u64, f64, f64) -> Vec<RequestSpec>,
+    seed: u64,
+    rate: f64,
+    seconds: f64,
+    /// Which sending of its workload ([`workload::as_run`]).
+    run: u32,
+}
+
+impl Phase {
+    fn traffic(&self) -> Vec<RequestSpec> {
+        workload::as_run((self.generate)(self.seed, self.rate, self.seconds), self.run)
+    }
+}
+
+/// Mixed traffic, then the prefill-heavy shift at half the rate.
+fn phases(opts: &AccuracyOptions) -> [Phase; 2] {
+    [
+        Phase { name: "mixed", generate: workload::mixed, seed: 7, rate: opts.rate, seconds: opts.warmup_s, run: 0 },
+        // New prompt text: the shift's first requests find nothing of the warm-up's cached.
+        Phase {
+            name: "shifted",
+            generate: workload::long_prompts,
+            seed: 8,
+            rate: opts.rate / 2.0,
+            seconds: opts.shift_s,
+            run: 1,
+        },
+    ]
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -51,6 +91,14 @@ pub struct AccuracyOptions {
     pub objective: String,
     /// Where the figures go (and a p90 pass runs); `None`: the table only.
     pub json: Option<PathBuf>,
+    /// Filter configuration fields over the stack's defaults (to measure another setting).
+    pub plugin: serde_json::Map<String, Value>,
+    /// Simulator time scale (1: real time; below 1 slows the servers, so the host's own
+    /// timing jitter weighs less against the engine's latencies).
+    pub time_scale: f64,
+    /// Where every observation of the first pass goes, one JSON object a line with its
+    /// phase (`{"phase": .., "observation": ..}`): for analysis offline.
+    pub observations: Option<PathBuf>,
 }
 
 /// The figures of a run (`--json`).
@@ -104,8 +152,10 @@ fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
     let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
     let stack = Stack::start(StackOptions {
         run_dir: opts.run_dir.clone(),
-        profiles: vec!["h100".into(), "h100".into(), "a100".into()],
+        profiles: FLEET.map(String::from).to_vec(),
         objective: objective.to_string(),
+        plugin: opts.plugin.clone(),
+        time_scale: opts.time_scale,
         ..Default::default()
     })?;
     println!("\nstack up: 2 simulated H100 + 1 A100, objective {objective}, {} req/s\n", opts.rate);
@@ -117,15 +167,19 @@ fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
     let runtime = tokio::runtime::Runtime::new()?;
     let started = Instant::now();
     let mut probe = Probe::new(&stack);
+    if objective == opts.objective {
+        if let Some(path) = &opts.observations {
+            let file =
+                std::fs::File::create(path).map_err(|e| anyhow::anyhow!("--observations {}: {e}", path.display()))?;
+            probe.dump = Some(std::io::BufWriter::new(file));
+        }
+    }
     let mut result = Pass::default();
     let mut before = [None, None];
     let mut shifted: Vec<(f64, [Option<f64>; 2])> = Vec::new();
-    let phases = [
-        ("mixed", workload::mixed(7, opts.rate, opts.warmup_s)),
-        // New prompt text: the shift's first requests find nothing of the warm-up's cached.
-        ("shifted", workload::as_run(workload::long_prompts(8, opts.rate / 2.0, opts.shift_s), 1)),
-    ];
-    for (phase, work) in phases {
+    for p in phases(opts) {
+        let (phase, work) = (p.name, p.traffic());
+        probe.phase = phase;
         let t = target.clone();
         let traffic = runtime.spawn(async move { runner::run(&t, &work).await });
         let phase_started = Instant::now();
@@ -153,6 +207,106 @@ fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
     result.shift_recovery_s = recovery(before, &shifted, opts.shift_s);
     print_versions(&end.models);
     Ok(result)
+}
+
+/// Requests of a phase that arrive before its fleet is filled are not scored by the floor.
+const FLOOR_WARMUP_S: f64 = 10.0;
+
+/// The error floor of each phase (`headroom-sim`'s [`floor`]): the same arrivals on the
+/// same fleet in simulated time, each request's latency replayed under `futures` fresh
+/// futures drawn from the phase's own workload (another seed). Runs the phases on two
+/// threads; seconds, not minutes.
+pub fn floors(
+    opts: &AccuracyOptions,
+    futures: usize,
+    report_lag_ms: f64,
+) -> anyhow::Result<Vec<(&'static str, Floor)>> {
+    let profiles = FLEET
+        .iter()
+        .map(|name| Profile::by_name(name).ok_or_else(|| anyhow::anyhow!("no simulator profile {name}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let shape = |r: &RequestSpec| Shape { prompt_tokens: r.prompt_tokens, output_tokens: r.max_tokens };
+    let all = phases(opts);
+    let floors = std::thread::scope(|scope| {
+        let handles: Vec<_> = all
+            .iter()
+            .map(|p| {
+                let profiles = &profiles;
+                scope.spawn(move || {
+                    let arrivals: Vec<Arrival> =
+                        p.traffic().iter().map(|r| Arrival { at_ms: r.at_s * 1000.0, shape: shape(r) }).collect();
+                    let future_shapes = (p.generate)(p.seed + 1000, p.rate, 600.0).iter().map(shape).collect();
+                    let options = FloorOptions {
+                        futures,
+                        warmup_ms: FLOOR_WARMUP_S * 1000.0,
+                        rate_per_ms: p.rate / 1000.0,
+                        future_shapes,
+                        seed: p.seed,
+                        report_lag_ms,
+                    };
+                    (p.name, floor::floor(profiles, &arrivals, &options))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect::<Result<Vec<_>, _>>()
+    });
+    floors.map_err(|_| anyhow::anyhow!("a floor thread panicked"))
+}
+
+/// Writes each phase's scored requests as `<dir>/<phase>.csv`: the server's state when
+/// the request arrived (exact, and as a predictor a report tick late sees it) and what
+/// the request took, for analysis offline (docs/predictor.md, "What the state knows").
+pub fn write_floor_records(dir: &std::path::Path, floors: &[(&str, Floor)]) -> anyhow::Result<()> {
+    use std::fmt::Write;
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("--floor-dump {}: {e}", dir.display()))?;
+    for (phase, f) in floors {
+        let mut csv = String::from(
+            "server,prompt_tokens,output_tokens,running,waiting,in_flight,prefill_tokens,tokens,\
+             lagged_in_flight,lagged_prefill_tokens,lagged_tokens,step_left_ms,ttft_ms,tpot_ms\n",
+        );
+        let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.3}"));
+        for r in &f.records {
+            let _ = writeln!(
+                csv,
+                "{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{}",
+                r.server,
+                r.shape.prompt_tokens,
+                r.shape.output_tokens,
+                r.running,
+                r.waiting,
+                r.fresh.in_flight,
+                r.fresh.prefill_tokens,
+                r.fresh.tokens,
+                r.lagged.in_flight,
+                r.lagged.prefill_tokens,
+                r.lagged.tokens,
+                r.step_left_ms,
+                opt(r.ttft_ms),
+                opt(r.tpot_ms)
+            );
+        }
+        let path = dir.join(format!("{phase}.csv"));
+        std::fs::write(&path, csv).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Prints [`floors`] as a table.
+pub fn print_floors(floors: &[(&str, Floor)]) {
+    println!("| phase | target | requests | future unknown | + step clock unknown | + step clock, median predicted |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    let pct = |x: f64| format!("{:.1}%", 100.0 * x);
+    for (phase, f) in floors {
+        for (target, t) in [("TTFT", f.ttft), ("TPOT", f.tpot)] {
+            println!(
+                "| {phase} | {target} | {} | {} | {} | {} |",
+                t.requests,
+                pct(t.future),
+                pct(t.future_and_step),
+                pct(t.future_and_step_median)
+            );
+        }
+    }
 }
 
 /// Seconds until the recent error stayed within [`RECOVERED_WITHIN`] of `before` on
@@ -203,11 +357,14 @@ struct Probe<'a> {
     seen: u64,
     /// (when polled, absolute percentage errors of the observations new since the last poll).
     polls: VecDeque<(Instant, [Vec<f64>; 2])>,
+    /// The phase under way, and where its observations are written (`--observations`).
+    phase: &'static str,
+    dump: Option<std::io::BufWriter<std::fs::File>>,
 }
 
 impl<'a> Probe<'a> {
     fn new(stack: &'a Stack) -> Self {
-        Probe { stack, seen: 0, polls: VecDeque::new() }
+        Probe { stack, seen: 0, polls: VecDeque::new(), phase: "", dump: None }
     }
 
     fn get(&self, path: &str) -> Value {
@@ -249,6 +406,11 @@ impl<'a> Probe<'a> {
         let list = log["observations"].as_array().cloned().unwrap_or_default();
         let mut errors = [Vec::new(), Vec::new()];
         for o in list.iter().skip(list.len().saturating_sub(new)) {
+            if let Some(dump) = self.dump.as_mut() {
+                use std::io::Write;
+                let line = serde_json::json!({ "phase": self.phase, "observation": o });
+                let _ = writeln!(dump, "{line}");
+            }
             if o["status"].as_u64() != Some(200) || o["request"]["streaming"].as_bool() != Some(true) {
                 continue;
             }

@@ -62,6 +62,28 @@ enum Cmd {
         /// p90 coverage, tier precision) to this JSON file.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// Instead of running the stack: the error floor of each phase, measured on the
+        /// simulated engines in simulated time with this many replayed futures per request
+        /// (what no dispatch-time predictor can go under on this traffic; docs/predictor.md).
+        #[arg(long)]
+        floor: Option<usize>,
+        /// With --floor: how late dispatches and first tokens reach a tracking predictor
+        /// in the recorded lagged state (the filter's flush tick, 20 ms by default).
+        #[arg(long, default_value_t = 20.0)]
+        report_lag_ms: f64,
+        /// With --floor: write each phase's scored requests (state at arrival, latency)
+        /// to DIR/<phase>.csv.
+        #[arg(long)]
+        floor_dump: Option<std::path::PathBuf>,
+        /// Filter configuration fields (a JSON object) over the stack's defaults.
+        #[arg(long, default_value = "{}")]
+        plugin: String,
+        /// Write every observation of the first pass here (JSON lines, with the phase).
+        #[arg(long)]
+        observations: Option<std::path::PathBuf>,
+        /// Simulator time scale (below 1: slower servers, the host's jitter weighs less).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
     },
 }
 
@@ -101,9 +123,49 @@ fn main() -> anyhow::Result<()> {
             None => println!("nothing to stop (no {}/stack.json)", run_dir.display()),
         },
         Cmd::Demo { duration, rate, seed, servers, chart } => demo(&run_dir, duration, rate, seed, servers, &chart)?,
-        Cmd::Accuracy { warmup, shift, rate, objective, json } => {
-            let opts = AccuracyOptions { run_dir, warmup_s: warmup, shift_s: shift, rate, objective, json };
-            accuracy::run(&opts)?;
+        Cmd::Accuracy {
+            warmup,
+            shift,
+            rate,
+            objective,
+            json,
+            floor,
+            report_lag_ms,
+            floor_dump,
+            plugin,
+            observations,
+            time_scale,
+        } => {
+            let plugin = match serde_json::from_str(&plugin) {
+                Ok(serde_json::Value::Object(fields)) => fields,
+                _ => anyhow::bail!("--plugin must be a JSON object of filter settings, got {plugin:?}"),
+            };
+            anyhow::ensure!(time_scale > 0.0 && time_scale.is_finite(), "--time-scale must be > 0");
+            let opts = AccuracyOptions {
+                run_dir,
+                warmup_s: warmup,
+                shift_s: shift,
+                rate,
+                objective,
+                json,
+                plugin,
+                observations,
+                time_scale,
+            };
+            match floor {
+                Some(futures) => {
+                    anyhow::ensure!(futures > 0, "--floor takes the number of futures per request, at least 1");
+                    anyhow::ensure!(report_lag_ms >= 0.0, "--report-lag-ms must be >= 0");
+                    let floors = accuracy::floors(&opts, futures, report_lag_ms)?;
+                    accuracy::print_floors(&floors);
+                    if let Some(dir) = &floor_dump {
+                        accuracy::write_floor_records(dir, &floors)?;
+                    }
+                }
+                None => {
+                    accuracy::run(&opts)?;
+                }
+            }
         }
     }
     Ok(())
