@@ -65,7 +65,7 @@ impl InFlight {
 }
 
 /// How long a flow-control reservation counts without the dispatch that confirms it
-/// (the filter flushes dispatches every `flush_interval_ms`, 100 ms by default).
+/// (the filter flushes dispatches every `flush_interval_ms`, 20 ms by default).
 const RESERVATION_TTL: Duration = Duration::from_secs(2);
 
 /// How long after its predicted TTFT a request's prompt still counts as prefill work
