@@ -470,6 +470,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_shifted_regimes_tpot_floor_is_where_recovery_is_judged() {
+        // The run's own traffic, shortened: the long prompts' TPOT cannot be predicted
+        // within 1.5x of what the mixed phase allows (docs/predictor.md, "What the state knows").
+        let opts = AccuracyOptions {
+            run_dir: PathBuf::new(),
+            warmup_s: 40.0,
+            shift_s: 40.0,
+            rate: 15.0,
+            objective: "mean".into(),
+            json: None,
+            plugin: serde_json::Map::new(),
+            time_scale: 1.0,
+            observations: None,
+        };
+        let floors = floors(&opts, 4, 20.0).unwrap();
+        let [(mixed, m), (shifted, s)] = [&floors[0], &floors[1]];
+        assert_eq!((*mixed, *shifted), ("mixed", "shifted"));
+        assert!(m.ttft.requests > 300 && s.tpot.requests > 100, "{m:?} {s:?}");
+        assert!(s.tpot.future_and_step > RECOVERED_WITHIN * m.tpot.future_and_step, "{m:?} {s:?}");
+        assert!(m.ttft.future_and_step > 0.03 && m.ttft.future_and_step < 0.2, "{m:?}");
+        let lagged = m.records.iter().filter(|r| r.lagged.in_flight < r.fresh.in_flight).count();
+        assert!(lagged > 0 && lagged < m.records.len() / 2, "a 20 ms tick hides a few dispatches: {lagged}");
+    }
+
+    #[test]
     fn recovery_is_when_the_error_last_came_back_within_bounds() {
         let before = [Some(0.2), Some(0.1)];
         let s = |t: f64, a: f64, b: f64| (t, [Some(a), Some(b)]);
