@@ -176,7 +176,8 @@ struct Fleet {
     servers: Vec<Server>,
     /// Requests in flight: where they are and how far they got.
     live: HashMap<RequestId, (usize, Life)>,
-    /// Requests that reached an engine, in arrival order, waiting for the overhead.
+    /// Requests routed to a server and waiting out its API overhead before they reach
+    /// its engine: (when they reach it, server, request).
     pending: Vec<(f64, usize, NewRequest)>,
 }
 
