@@ -156,10 +156,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Gateway { requests, rounds, connections, seconds, throughput_rounds, time_scale, plugin, out } => {
-            let plugin = match serde_json::from_str::<serde_json::Value>(&plugin) {
-                Ok(serde_json::Value::Object(fields)) => fields,
-                _ => anyhow::bail!("--plugin: not a JSON object: {plugin}"),
-            };
+            let plugin = headroom_stack::plugin_fields(&plugin)?;
             let opts = headroom_bench::gateway::GatewayOptions {
                 plugin,
                 requests,

@@ -126,7 +126,7 @@ struct Pass {
 
 /// Runs the measurement; prints tables, writes `--json` if asked.
 pub fn run(opts: &AccuracyOptions) -> anyhow::Result<AccuracyFigures> {
-    let first = pass(opts, &opts.objective)?;
+    let first = pass(opts, &opts.objective, opts.observations.as_deref())?;
     let mut figures = AccuracyFigures {
         holdout_mape_ttft: first.holdout_mape[0],
         holdout_mape_tpot: first.holdout_mape[1],
@@ -137,7 +137,7 @@ pub fn run(opts: &AccuracyOptions) -> anyhow::Result<AccuracyFigures> {
         ..AccuracyFigures::default()
     };
     if let Some(path) = &opts.json {
-        let p90 = if opts.objective == "p90" { first } else { pass(opts, "p90")? };
+        let p90 = if opts.objective == "p90" { first } else { pass(opts, "p90", None)? };
         figures.p90_live_coverage_ttft = p90.end_coverage[0];
         figures.p90_live_coverage_tpot = p90.end_coverage[1];
         std::fs::write(path, serde_json::to_vec_pretty(&figures)?)
@@ -147,8 +147,9 @@ pub fn run(opts: &AccuracyOptions) -> anyhow::Result<AccuracyFigures> {
     Ok(figures)
 }
 
-/// One stack, mixed then shifted traffic, polled throughout.
-fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
+/// One stack, mixed then shifted traffic, polled throughout; every observation is written
+/// to `observations` when given.
+fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path::Path>) -> anyhow::Result<Pass> {
     let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
     let stack = Stack::start(StackOptions {
         run_dir: opts.run_dir.clone(),
@@ -167,12 +168,10 @@ fn pass(opts: &AccuracyOptions, objective: &str) -> anyhow::Result<Pass> {
     let runtime = tokio::runtime::Runtime::new()?;
     let started = Instant::now();
     let mut probe = Probe::new(&stack);
-    if objective == opts.objective {
-        if let Some(path) = &opts.observations {
-            let file =
-                std::fs::File::create(path).map_err(|e| anyhow::anyhow!("--observations {}: {e}", path.display()))?;
-            probe.dump = Some(std::io::BufWriter::new(file));
-        }
+    if let Some(path) = observations {
+        let file =
+            std::fs::File::create(path).map_err(|e| anyhow::anyhow!("--observations {}: {e}", path.display()))?;
+        probe.dump = Some(std::io::BufWriter::new(file));
     }
     let mut result = Pass::default();
     let mut before = [None, None];

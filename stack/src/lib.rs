@@ -207,6 +207,15 @@ fn new_token() -> String {
     format!("{:016x}{:016x}", part(), part())
 }
 
+/// Filter configuration fields from a `--plugin` argument: a JSON object, laid over a
+/// stack's defaults to measure another setting (the accuracy run, the gateway benchmark).
+pub fn plugin_fields(text: &str) -> anyhow::Result<Map<String, Value>> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(fields)) => Ok(fields),
+        _ => anyhow::bail!("--plugin must be a JSON object of filter settings, got {text:?}"),
+    }
+}
+
 /// `n` distinct free TCP ports on 127.0.0.1. Every listener is held until all
 /// are chosen: binding port 0 again after closing may return the same port.
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
@@ -620,6 +629,16 @@ impl Drop for Stack {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plugin_fields_take_an_object_and_nothing_else() {
+        let fields = plugin_fields(r#"{"flush_interval_ms":100}"#).unwrap();
+        assert_eq!(fields.get("flush_interval_ms"), Some(&json!(100)));
+        for bad in ["[1]", "100", "{", ""] {
+            let e = plugin_fields(bad).unwrap_err().to_string();
+            assert!(e.contains("--plugin must be a JSON object"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn free_ports_are_distinct() {

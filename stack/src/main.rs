@@ -136,10 +136,7 @@ fn main() -> anyhow::Result<()> {
             observations,
             time_scale,
         } => {
-            let plugin = match serde_json::from_str(&plugin) {
-                Ok(serde_json::Value::Object(fields)) => fields,
-                _ => anyhow::bail!("--plugin must be a JSON object of filter settings, got {plugin:?}"),
-            };
+            let plugin = headroom_stack::plugin_fields(&plugin)?;
             anyhow::ensure!(time_scale > 0.0 && time_scale.is_finite(), "--time-scale must be > 0");
             let opts = AccuracyOptions {
                 run_dir,
