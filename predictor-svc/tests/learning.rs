@@ -134,6 +134,30 @@ fn drift_retrains_at_once_on_the_newest_samples() {
 }
 
 #[test]
+fn drift_seen_before_min_samples_of_the_new_regime_retrains_on_the_newest_and_settles() {
+    let store = ModelStore::open(config(true, 1.5)).unwrap();
+    feed(&store, 0, 2000, 1.2, (50, 3000), 2);
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    // The fleet turns twice as slow; 60 requests later (enough to judge drift, fewer than
+    // min_samples: 100)...
+    feed(&store, 10_000, 60, 2.4, (50, 3000), 2);
+    assert!(store.drift().drifting, "the live error is far past the held-out error");
+    let stale = mape(&store, 2.4, (50, 3000), 2);
+    // ...a round trains at once, on the newest 100 samples (these 60 and the 40 before them).
+    let outcome = store.train_if_due();
+    assert!(
+        matches!(&outcome, TrainOutcome::Activated(info) if info.trained_on_drift && info.train_samples_ttft == 100),
+        "retrained at once on the newest min_samples: {outcome:?}"
+    );
+    let fresh = mape(&store, 2.4, (50, 3000), 2);
+    assert!(fresh < 0.75 * stale, "the new model moved toward the new fleet: {stale:.3} -> {fresh:.3}");
+    // It used every new sample, and with nothing new there is nothing to retrain on: when
+    // the traffic stops, training settles (a round that could not fit left them pending).
+    assert_eq!(store.samples_since_training(), 0);
+    assert_eq!(store.train_if_due(), TrainOutcome::Skipped);
+}
+
+#[test]
 fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
     let coverage = |rate: f64| {
         let store = ModelStore::open(ModelConfig {

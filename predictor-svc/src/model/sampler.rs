@@ -178,11 +178,26 @@ impl Samples {
         self.new_since_training = self.new_since_training.saturating_sub(taken);
     }
 
-    /// The samples filed from sequence number `from` on that are still among the
-    /// newest kept: (training side, held-out side).
-    pub fn since(&self, from: u64) -> (Vec<Sample>, Vec<Sample>) {
+    /// What a drift round learns from: the samples filed from sequence number `from`
+    /// on (where the active model's data was taken), reaching further back among the
+    /// newest kept when that stretch holds fewer than `min` training samples of either
+    /// target. A round can then fit as soon as drift is seen, on the newest traffic,
+    /// instead of waiting for `min` samples of the new regime, during which the normal
+    /// cadence is stalled too (and for good, if the traffic stops).
+    /// (training side, held-out side), the same stretch of arrivals on each.
+    pub fn recent_stretch(&self, from: u64, min: usize) -> (Vec<Sample>, Vec<Sample>) {
+        let (mut ttft, mut tpot) = (0, 0);
+        let mut start = from;
+        for (n, s) in self.recent_train.iter().rev() {
+            if ttft >= min && tpot >= min {
+                break;
+            }
+            ttft += usize::from(s.ttft_ms.is_some());
+            tpot += usize::from(s.tpot_ms.is_some());
+            start = start.min(*n);
+        }
         let newer =
-            |q: &VecDeque<(u64, Sample)>| q.iter().filter(|(n, _)| *n >= from).map(|(_, s)| s.clone()).collect();
+            |q: &VecDeque<(u64, Sample)>| q.iter().filter(|(n, _)| *n >= start).map(|(_, s)| s.clone()).collect();
         (newer(&self.recent_train), newer(&self.recent_holdout))
     }
 
@@ -236,6 +251,22 @@ mod tests {
         (0..7).for_each(|i| s.push(&format!("b{i}"), sample(0.0, 0.1, 0.0))); // and fits while these arrive
         s.trained_on(taken);
         assert_eq!(s.new_since_training, 7);
+    }
+
+    #[test]
+    fn a_recent_stretch_reaches_back_to_hold_enough_samples_of_each_target() {
+        let mut s = Samples::new(1000, 0);
+        for i in 0..100 {
+            let mut x = sample(0.0, 0.1, 0.0);
+            x.tpot_ms = (i % 2 == 0).then_some(1.0); // every other sample has a TPOT
+            s.push(&format!("r{i}"), x);
+        }
+        // Enough since `from`: exactly the stretch.
+        assert_eq!(s.recent_stretch(60, 10).0.len(), 40);
+        // Too few since `from` (5): back to the newest 20 with a TPOT, 40 samples in all.
+        assert_eq!(s.recent_stretch(95, 20).0.len(), 40);
+        // More asked for than kept: every recent sample.
+        assert_eq!(s.recent_stretch(99, 1000).0.len(), 100);
     }
 
     #[test]

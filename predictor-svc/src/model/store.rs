@@ -259,9 +259,15 @@ impl ModelStore {
         let (train, holdout, taken, filed): (Vec<Sample>, Vec<Sample>, usize, u64) = {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
             if drifting {
+                // Nothing arrived since the last round: the same data would give the same model.
+                if s.new_since_training == 0 {
+                    return TrainOutcome::Skipped;
+                }
                 // Forget the finished regime: train on what arrived since the active
-                // model's data was taken, judge on the held-out samples of that stretch.
-                let (train, holdout) = s.since(self.active_from.load(Ordering::SeqCst));
+                // model's data was taken (or the newest `min_samples`, if fewer did),
+                // judge on the held-out samples of that stretch.
+                let (train, holdout) =
+                    s.recent_stretch(self.active_from.load(Ordering::SeqCst), self.config.min_samples);
                 (train, holdout, s.new_since_training, s.filed)
             } else {
                 if s.new_since_training < self.config.min_new_samples {
