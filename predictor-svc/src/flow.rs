@@ -7,9 +7,10 @@
 //! lives here, not in the gateway, because this is the one place that sees every
 //! gateway, every worker and every capacity signal (reports, first tokens, scrapes).
 //!
-//! A request goes when an endpoint has headroom for what is left of its SLOs and
-//! that endpoint's predicted TTFT is within its `dispatch_horizon_ms` (its server's queue
-//! is short), or earlier than the horizon allows when its own SLO is about to run out.
+//! A request goes when an endpoint has headroom for what is left of its SLOs and the
+//! wait ahead of it there (its predicted TTFT less its own TTFT on that endpoint idle) is
+//! within its `dispatch_horizon_ms` (its server's queue is short), or earlier than the
+//! horizon allows when its own SLO is about to run out.
 //! It expires at its deadline (arrival + TTFT SLO - its service time on an idle
 //! endpoint): a sheddable request is then shed, any other placed as best it can be.
 //!
@@ -363,32 +364,41 @@ fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction
     best.map(|(i, _)| i)
 }
 
-/// Whether `req`, which has headroom at `best`, should go there now: its predicted TTFT
+/// Whether `req`, which has headroom at `best`, should go there now: the wait ahead of it
+/// there (its predicted TTFT less `service_ms`, its own TTFT there were the server idle)
 /// is within the dispatch horizon (the server's queue is short), or the request cannot
 /// wait longer (what is left of its TTFT SLO past that prediction is under [`pressure_ms`]).
+///
+/// The horizon bounds the queue, not the request's own prefill: judged on the whole
+/// predicted TTFT, a prompt whose prefill alone takes longer than the horizon would wait
+/// even for an idle server, until its SLO pressed (and a sheddable one until it was shed).
 fn goes_now(
     req: &PredictRequest,
     terms: &FlowTerms,
     best: &EndpointPrediction,
+    service_ms: f64,
     waited_ms: f64,
     config: &FlowConfig,
 ) -> bool {
     let Some(predicted) = best.ttft_ms else { return false };
-    let within_horizon = predicted <= terms.dispatch_horizon_ms as f64;
+    let within_horizon = predicted - service_ms <= terms.dispatch_horizon_ms as f64;
     let must_go = req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config));
     within_horizon || must_go
 }
 
 /// The endpoint a waiting `req` should go to now, if any: one has headroom for what is
-/// left of its SLOs ([`fits`]) and it [`goes_now`].
+/// left of its SLOs ([`fits`]) and it [`goes_now`]; `service_ms` gives the request's own
+/// TTFT at an endpoint (by index) were it idle.
 fn ready(
     req: &PredictRequest,
     terms: &FlowTerms,
     endpoints: &[EndpointPrediction],
+    service_ms: impl Fn(usize) -> f64,
     waited_ms: f64,
     config: &FlowConfig,
 ) -> Option<usize> {
-    fits(req, terms, endpoints, waited_ms).filter(|&best| goes_now(req, terms, &endpoints[best], waited_ms, config))
+    fits(req, terms, endpoints, waited_ms)
+        .filter(|&best| goes_now(req, terms, &endpoints[best], service_ms(best), waited_ms, config))
 }
 
 /// How close to running out of TTFT SLO a waiting request is sent even beyond the
@@ -397,10 +407,16 @@ fn pressure_ms(slo_ms: f64, config: &FlowConfig) -> f64 {
     (slo_ms * 0.1).max(2.0 * config.recheck_interval_ms as f64)
 }
 
-/// The request's TTFT on the best of `endpoints` were it idle (nothing running, queued
-/// or in flight; its prefix cache and hardware as they are): its service time, what
-/// waiting can never take away.
-fn idle_ttft_ms(state: &AppState, req: &PredictRequest, endpoints: &[EndpointPrediction]) -> Option<f64> {
+/// The request's TTFT at each of `endpoints` were it idle (nothing running, queued or in
+/// flight; its prefix cache and hardware as they are): its service time there, what
+/// waiting can never take away. `None` where the endpoint gets no prediction. One
+/// batched prediction.
+fn idle_ttfts_ms<'a>(
+    state: &AppState,
+    req: &PredictRequest,
+    endpoints: impl IntoIterator<Item = &'a EndpointPrediction>,
+) -> Vec<Option<f64>> {
+    let endpoints: Vec<&EndpointPrediction> = endpoints.into_iter().collect();
     let rows: Vec<_> = endpoints
         .iter()
         .filter(|e| e.ttft_ms.is_some())
@@ -414,8 +430,8 @@ fn idle_ttft_ms(state: &AppState, req: &PredictRequest, endpoints: &[EndpointPre
             state.models.row(&req.request, &idle)
         })
         .collect();
-    let (predicted, _) = state.models.predict(&rows);
-    predicted.into_iter().map(|(ttft, _)| ttft).filter(|t| t.is_finite()).reduce(f64::min)
+    let mut predicted = state.models.predict(&rows).0.into_iter().map(|(ttft, _)| ttft);
+    endpoints.iter().map(|e| e.ttft_ms.and_then(|_| predicted.next()).filter(|t| t.is_finite())).collect()
 }
 
 /// Counts `req` as in flight at `endpoint` until the filter's dispatch replaces it.
@@ -467,7 +483,9 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     // inside one flush interval does not all see the same room.
     let band = req.request.priority;
     let behind = state.flows.with(&req.pool, |q| q.ahead_of(band)) > 0;
-    if !behind && goes_now(&req, &terms, &now_answer.endpoints[best], 0.0, &state.config.flow) {
+    let idle = idle_ttfts_ms(state, &req, &now_answer.endpoints);
+    let service = idle[best].unwrap_or(0.0);
+    if !behind && goes_now(&req, &terms, &now_answer.endpoints[best], service, 0.0, &state.config.flow) {
         reserve(state, &req, &now_answer.endpoints[best], now);
         reply(&mut now_answer, FlowOutcome::Immediate);
         return Admission::Now(now_answer);
@@ -476,7 +494,7 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     // SLO - its service time: the TTFT predicted on the best endpoint once idle), and
     // never beyond either side's longest wait.
     let longest = Duration::from_millis(terms.max_wait_ms.min(state.config.flow.max_wait_ms));
-    let slack = match (req.request.slo.ttft_ms, idle_ttft_ms(state, &req, &now_answer.endpoints)) {
+    let slack = match (req.request.slo.ttft_ms, idle.iter().flatten().copied().reduce(f64::min)) {
         (Some(slo), Some(service)) => {
             Duration::try_from_secs_f64(((slo - service) / 1000.0).max(0.0)).unwrap_or(longest)
         }
@@ -570,7 +588,8 @@ fn serve_pool(state: &AppState, pool: &str, now: Instant) {
         let Some(terms) = req.flow.as_ref() else { continue };
         let Some(mut a) = service::predict(state, req.clone(), now) else { continue };
         let waited = waited_ms(arrived, now);
-        let Some(best) = ready(&req, terms, &a.endpoints, waited, &state.config.flow) else {
+        let service = |i: usize| idle_ttfts_ms(state, &req, [&a.endpoints[i]])[0].unwrap_or(0.0);
+        let Some(best) = ready(&req, terms, &a.endpoints, service, waited, &state.config.flow) else {
             blocked_below = Some(band);
             continue;
         };
@@ -622,7 +641,7 @@ mod tests {
     }
 
     #[test]
-    fn a_request_goes_within_the_horizon_or_when_its_own_slo_presses() {
+    fn a_request_goes_when_the_queue_ahead_is_within_the_horizon_or_its_own_slo_presses() {
         let t0 = Instant::now();
         let mut req = waiter(1, 0, "", 1, t0).request;
         req.request.slo.ttft_ms = Some(1000.0);
@@ -634,12 +653,16 @@ mod tests {
         };
         let config = FlowConfig::default();
         let busy = [endpoint(300.0)];
-        assert_eq!(ready(&req, &terms(400), &busy, 0.0, &config), Some(0), "within the horizon");
-        assert_eq!(ready(&req, &terms(150), &busy, 0.0, &config), None, "has room, but the queue is long");
+        let short = |_| 20.0; // the request's own TTFT on the idle server: the rest is queue
+        assert_eq!(ready(&req, &terms(400), &busy, short, 0.0, &config), Some(0), "within the horizon");
+        assert_eq!(ready(&req, &terms(150), &busy, short, 0.0, &config), None, "has room, but the queue is long");
         // 1000 - 650 waited - 300 predicted = 50 ms left, under a tenth of the SLO: it must go.
-        assert_eq!(ready(&req, &terms(150), &busy, 650.0, &config), Some(0));
+        assert_eq!(ready(&req, &terms(150), &busy, short, 650.0, &config), Some(0));
         // Past its SLO there is no room at all: never "ready", it expires instead.
-        assert_eq!(ready(&req, &terms(150), &busy, 800.0, &config), None);
+        assert_eq!(ready(&req, &terms(150), &busy, short, 800.0, &config), None);
+        // A long prompt whose own prefill takes 280 of the 300 ms: 20 ms of queue, so it goes
+        // at once; its prefill is no queue, and waiting would never shorten it.
+        assert_eq!(ready(&req, &terms(150), &busy, |_| 280.0, 0.0, &config), Some(0), "the horizon is the queue");
         assert_eq!(pressure_ms(1000.0, &config), 100.0);
         assert_eq!(pressure_ms(100.0, &config), 40.0, "never under two rechecks");
     }

@@ -10,13 +10,36 @@ use headroom_predictor::config::Config;
 use tokio::io::AsyncWriteExt;
 
 /// A model server whose metrics say it is swamped: every prediction is far over any SLO.
-async fn swamped_server() -> std::net::SocketAddr {
+const SWAMPED: &str = "vllm:num_requests_running 256\nvllm:num_requests_waiting 400\nvllm:kv_cache_usage_perc 0.99\n";
+/// A model server with nothing running or waiting.
+const IDLE: &str = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n";
+
+/// A model server that answers only its metrics.
+async fn server(metrics: &'static str) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let metrics = "vllm:num_requests_running 256\nvllm:num_requests_waiting 400\nvllm:kv_cache_usage_perc 0.99\n";
     let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { metrics }));
     tokio::spawn(async move { axum::serve(listener, app).await });
     addr
+}
+
+/// A predictor with flow control over one pool of `server`, ready (scraped).
+async fn predictor(
+    server: std::net::SocketAddr,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let config = Config::parse(&format!(
+        "scrape_interval_ms = 50\n[flow]\nmax_wait_ms = 60000\n[[pool]]\nname = \"default\"\nendpoints = [\"{server}\"]\n"
+    ))
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let predictor = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(headroom_predictor::serve(config, listener, async move { stopped.await.unwrap_or(()) }));
+    until("scraped", async || {
+        reqwest::get(format!("http://{predictor}/readyz")).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    (predictor, stop, service)
 }
 
 async fn metrics(predictor: std::net::SocketAddr) -> String {
@@ -37,19 +60,7 @@ async fn until(what: &str, mut ok: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_leaving_while_queued_leaves_the_queue_at_once() {
-    let server = swamped_server().await;
-    let config = Config::parse(&format!(
-        "scrape_interval_ms = 50\n[flow]\nmax_wait_ms = 60000\n[[pool]]\nname = \"default\"\nendpoints = [\"{server}\"]\n"
-    ))
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let predictor = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let service = tokio::spawn(headroom_predictor::serve(config, listener, async move { stopped.await.unwrap_or(()) }));
-    until("scraped", async || {
-        reqwest::get(format!("http://{predictor}/readyz")).await.is_ok_and(|r| r.status() == 200)
-    })
-    .await;
+    let (predictor, stop, service) = predictor(server(SWAMPED).await).await;
 
     // A long SLO: it may wait up to a minute for headroom that will not come.
     let body = serde_json::json!({"pool": "default", "request_id": "r1",
@@ -69,6 +80,32 @@ async fn a_caller_leaving_while_queued_leaves_the_queue_at_once() {
     until("gone from the queue", async || value(&metrics(predictor).await, "headroom_flow_queued_requests{") == 0.0)
         .await;
     assert_eq!(value(&metrics(predictor).await, "headroom_flow_left_total"), 1.0);
+    let _ = stop.send(());
+    let _ = service.await;
+}
+
+/// The dispatch horizon bounds the queue ahead of a request, not its own prefill: a
+/// prompt whose TTFT on an idle server is over the horizon goes at once. (Judged on the
+/// whole predicted TTFT, it waited until its SLO pressed, and a sheddable one was shed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_on_an_idle_server_goes_at_once() {
+    let (predictor, stop, service) = predictor(server(IDLE).await).await;
+    let body = serde_json::json!({"pool": "default", "request_id": "long",
+        "request": {"model": "m", "input_tokens": 8000, "streaming": true, "slo": {"ttft_ms": 5000.0}, "priority": -1},
+        "flow": {"max_wait_ms": 60000, "tpot_buffer": 1.0, "dispatch_horizon_ms": 150, "fairness_id": "a"}});
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://{predictor}/v1/predict"))
+        .json(&body)
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ttft = answer["endpoints"][0]["ttft_ms"].as_f64().unwrap();
+    assert!(ttft > 150.0, "the prompt's own prefill must exceed the horizon for this test to mean anything: {answer}");
+    assert_eq!(answer["flow"]["outcome"], "immediate", "{answer}");
     let _ = stop.send(());
     let _ = service.await;
 }

@@ -65,8 +65,9 @@ pub struct FlowTerms {
     pub max_wait_ms: u64,
     /// The filter's `tpot_buffer`, so "has headroom" means the same on both sides.
     pub tpot_buffer: f64,
-    /// A request with headroom still waits while its best endpoint's predicted TTFT is
-    /// above this, unless its own SLO is about to run out (the filter's `flow_dispatch_horizon_ms`).
+    /// A request with headroom still waits while the queue ahead of it at its best endpoint
+    /// (its predicted TTFT there less its own TTFT on that endpoint idle) is above this,
+    /// unless its own SLO is about to run out (the filter's `flow_dispatch_horizon_ms`).
     pub dispatch_horizon_ms: u64,
     /// The tenant (the fairness header's value; empty: none): within a priority band,
     /// tenants take turns.
