@@ -581,7 +581,7 @@ fn serve_pool(state: &AppState, pool: &str, now: Instant) {
             }
             continue;
         }
-        // Strict priority: a band still waiting holds every band below it.
+        // Strict priority: a band still waiting, or released from this round, holds every band below it.
         if blocked_below.is_some_and(|b| band < b) {
             break;
         }
@@ -594,6 +594,11 @@ fn serve_pool(state: &AppState, pool: &str, now: Instant) {
             continue;
         };
         let Some(mut w) = state.flows.with(pool, |q| q.release(id)) else { continue };
+        // The bands below wait for the next round (a wake-up or `recheck_interval_ms`), so what
+        // was just released reaches its server first: released in the same instant, the two
+        // race through the gateway, and a long batch prefill can land ahead of an interactive
+        // request on a FIFO server.
+        blocked_below = Some(blocked_below.map_or(band, |b| b.max(band)));
         // Counted at the endpoint it most likely goes to until its dispatch arrives, so the
         // next waiter judged does not see the same room.
         reserve(state, &req, &a.endpoints[best], now);
