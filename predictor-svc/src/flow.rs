@@ -434,6 +434,12 @@ fn idle_ttfts_ms<'a>(
     endpoints.iter().map(|e| e.ttft_ms.and_then(|_| predicted.next()).filter(|t| t.is_finite())).collect()
 }
 
+/// The request's own TTFT at `endpoint` were it idle (0 without a prediction): what
+/// [`goes_now`] takes from its predicted TTFT there to leave the queue ahead of it.
+fn service_ms(state: &AppState, req: &PredictRequest, endpoint: &EndpointPrediction) -> f64 {
+    idle_ttfts_ms(state, req, [endpoint]).into_iter().flatten().next().unwrap_or(0.0)
+}
+
 /// Counts `req` as in flight at `endpoint` until the filter's dispatch replaces it.
 fn reserve(state: &AppState, req: &PredictRequest, endpoint: &EndpointPrediction, now: Instant) {
     let ttft = endpoint.ttft_ms.unwrap_or(0.0);
@@ -483,10 +489,9 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     // inside one flush interval does not all see the same room.
     let band = req.request.priority;
     let behind = state.flows.with(&req.pool, |q| q.ahead_of(band)) > 0;
-    let idle = idle_ttfts_ms(state, &req, &now_answer.endpoints);
-    let service = idle[best].unwrap_or(0.0);
-    if !behind && goes_now(&req, &terms, &now_answer.endpoints[best], service, 0.0, &state.config.flow) {
-        reserve(state, &req, &now_answer.endpoints[best], now);
+    let at_best = &now_answer.endpoints[best];
+    if !behind && goes_now(&req, &terms, at_best, service_ms(state, &req, at_best), 0.0, &state.config.flow) {
+        reserve(state, &req, at_best, now);
         reply(&mut now_answer, FlowOutcome::Immediate);
         return Admission::Now(now_answer);
     }
@@ -494,7 +499,8 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     // SLO - its service time: the TTFT predicted on the best endpoint once idle), and
     // never beyond either side's longest wait.
     let longest = Duration::from_millis(terms.max_wait_ms.min(state.config.flow.max_wait_ms));
-    let slack = match (req.request.slo.ttft_ms, idle.iter().flatten().copied().reduce(f64::min)) {
+    let shortest_service = idle_ttfts_ms(state, &req, &now_answer.endpoints).into_iter().flatten().reduce(f64::min);
+    let slack = match (req.request.slo.ttft_ms, shortest_service) {
         (Some(slo), Some(service)) => {
             Duration::try_from_secs_f64(((slo - service) / 1000.0).max(0.0)).unwrap_or(longest)
         }
@@ -588,7 +594,7 @@ fn serve_pool(state: &AppState, pool: &str, now: Instant) {
         let Some(terms) = req.flow.as_ref() else { continue };
         let Some(mut a) = service::predict(state, req.clone(), now) else { continue };
         let waited = waited_ms(arrived, now);
-        let service = |i: usize| idle_ttfts_ms(state, &req, [&a.endpoints[i]])[0].unwrap_or(0.0);
+        let service = |i: usize| service_ms(state, &req, &a.endpoints[i]);
         let Some(best) = ready(&req, terms, &a.endpoints, service, waited, &state.config.flow) else {
             blocked_below = Some(band);
             continue;
@@ -598,7 +604,7 @@ fn serve_pool(state: &AppState, pool: &str, now: Instant) {
         // was just released reaches its server first: released in the same instant, the two
         // race through the gateway, and a long batch prefill can land ahead of an interactive
         // request on a FIFO server.
-        blocked_below = Some(blocked_below.map_or(band, |b| b.max(band)));
+        blocked_below = Some(band);
         // Counted at the endpoint it most likely goes to until its dispatch arrives, so the
         // next waiter judged does not see the same room.
         reserve(state, &req, &a.endpoints[best], now);
