@@ -252,7 +252,9 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
     ok()
 }
 
-/// The predictor clusters of the bootstrap: one per replica.
+/// One cluster per predictor replica. Like the Istio manifests' predictor clusters, they lift
+/// Envoy's default circuit breakers (1024 per cluster): every inference request makes one
+/// callout, and under flow control a waiting request holds its callout open until released.
 fn predictor_clusters(predictors: &[SocketAddr]) -> String {
     predictors
         .iter()
@@ -260,7 +262,7 @@ fn predictor_clusters(predictors: &[SocketAddr]) -> String {
         .map(|(i, p)| {
             let name = StackState::predictor_cluster(i, predictors.len());
             format!(
-                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
                 p.ip(),
                 p.port()
             )
@@ -617,6 +619,18 @@ impl Stack {
     /// Envoy's `/stats/prometheus` text.
     pub fn envoy_stats(&self) -> String {
         http::get(self.state.admin, "/stats/prometheus").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    /// How often Envoy's circuit breakers held back a request to the model servers so far:
+    /// connections not opened at the cap (`upstream_cx_overflow`, the request then waits for
+    /// one) plus requests refused a place in the pending queue (`upstream_rq_pending_overflow`).
+    /// Non-zero means the gateway's caps, not the servers or the routing, set latencies.
+    /// `None` when the admin does not answer.
+    pub fn gateway_overflow(&self) -> Option<u64> {
+        let (_, text) = http::get(self.state.admin, "/stats/prometheus").ok()?;
+        let cluster = "envoy_cluster_name=\"model_servers\"";
+        let count = |name: &str| http::metric_with(&text, name, cluster);
+        Some((count("envoy_cluster_upstream_cx_overflow") + count("envoy_cluster_upstream_rq_pending_overflow")) as u64)
     }
 }
 
