@@ -39,8 +39,8 @@ enum Cmd {
         #[arg(long)]
         servers: Option<String>,
         /// Simulator speed for every workload: below 1 keeps the host's CPU out of the measurement
-        /// (rates stay in simulated time). Default: real time, and half speed for shared-prefix,
-        /// whose ladder would saturate this host.
+        /// (rates stay in simulated time). Default: real time, half speed for shared-prefix and
+        /// 0.15x for short-long, whose ladders would saturate this host.
         #[arg(long)]
         time_scale: Option<f64>,
         /// Comma-separated routers to run (default: all).

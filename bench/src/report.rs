@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::summary::{capacity, Capacity, ClassSummary, Summary};
-use crate::{BenchResults, RouterRun, WorkloadRun, TARGET};
+use crate::{host, BenchResults, RouterRun, WorkloadRun, TARGET};
 use headroom_loadgen::chart::{attainment_svg, Series};
 
 /// The capacity target of predicted routing over the best baseline.
@@ -345,6 +345,7 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
         let capacity = capacity_label(r, overall).unwrap_or_else(|| router_capacity(r).label());
         let _ = writeln!(s, "| {} | {} | {capacity} | {critical_capacity} |", r.router, cells.join(" | "));
     }
+    s.push_str(&conditions(w));
     s.push_str(&tier_precision(w, &rates));
     s.push_str(&interactive_and_shed(w, &rates));
     if let Some(rate) = equal_load_rate(w) {
@@ -490,6 +491,56 @@ pub fn markdown(results: &BenchResults) -> String {
     s
 }
 
+/// `field` of every measurement (ladder and repeats) that recorded it, with its router and rate.
+fn recorded<T>(w: &WorkloadRun, field: impl Fn(&Summary) -> Option<T>) -> Vec<(&str, f64, T)> {
+    let all = w.runs.iter().flat_map(|r| r.points.iter().chain(&r.repeats).map(move |(rate, s)| (r, *rate, s)));
+    all.filter_map(|(r, rate, s)| Some((r.router.as_str(), rate, field(s)?))).collect()
+}
+
+/// Whether the measurements measured the routing: no request held back by Envoy's circuit
+/// breakers (a connection cap), and the host's CPU under [`host::BUSY`]. Names every point
+/// that was not. Empty for results written before either was read.
+fn conditions(w: &WorkloadRun) -> String {
+    let mut s = String::new();
+    let overflows = recorded(w, |m| m.gateway_overflow);
+    let capped: Vec<String> =
+        overflows.iter().filter(|m| m.2 > 0).map(|(r, rate, n)| format!("{r} at {rate:.0} req/s ({n})")).collect();
+    if !capped.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nGateway caps: **Envoy's circuit breakers held requests back** (overflows) in {}: those points measure the gateway's connection cap, not the routing.",
+            capped.join(", ")
+        );
+    } else if !overflows.is_empty() {
+        let n = overflows.len();
+        let _ = writeln!(s, "\nGateway caps: Envoy's circuit breakers held back no request in the {n} measurements.");
+    }
+    let busy = recorded(w, |m| m.host_cpu_busy);
+    if let Some(most) = busy.iter().map(|m| m.2).reduce(f64::max) {
+        let over: Vec<String> = busy
+            .iter()
+            .filter(|m| m.2 > host::BUSY)
+            .map(|(r, rate, b)| format!("{r} at {rate:.0} req/s ({})", pct(*b)))
+            .collect();
+        if over.is_empty() {
+            let (n, limit) = (busy.len(), pct(host::BUSY));
+            let _ = writeln!(
+                s,
+                "\nHost CPU: at most {} busy over the {n} measurements (host-bound above {limit}).",
+                pct(most)
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "\nHost CPU: **above {} busy** in {}: there the host may have set latencies; a lower `--time-scale` keeps it out.",
+                pct(host::BUSY),
+                over.join(", ")
+            );
+        }
+    }
+    s
+}
+
 /// The lines a workload needs where its speed or its command is not the header's: a
 /// workload run slower to keep the host out of the result, or one merged from another run.
 fn provenance(w: &WorkloadRun, results: &BenchResults) -> String {
@@ -540,6 +591,8 @@ mod tests {
             .into_iter()
             .collect(),
             positive_tier: None,
+            gateway_overflow: None,
+            host_cpu_busy: None,
         };
         (rate, s)
     }
@@ -668,6 +721,27 @@ mod tests {
         assert!(md.contains("![SLO attainment against load: mixed](mixed.svg)"));
         assert!(md.contains("| pred | 200 | 20.0 | 99.0% |"), "{md}");
         assert!(!md.contains("another run"), "one run: the header says it all: {md}");
+    }
+
+    #[test]
+    fn points_held_back_by_the_gateway_or_the_host_are_named_and_unread_results_say_nothing() {
+        let mut w = workload();
+        assert_eq!(conditions(&w), "", "nothing read: nothing claimed");
+        for r in &mut w.runs {
+            for (_, s) in &mut r.points {
+                (s.gateway_overflow, s.host_cpu_busy) = (Some(0), Some(0.5));
+            }
+        }
+        let n = w.runs.iter().map(|r| r.points.len()).sum::<usize>();
+        let text = conditions(&w);
+        assert!(text.contains(&format!("held back no request in the {n} measurements")), "{text}");
+        assert!(text.contains(&format!("at most 50.0% busy over the {n} measurements")), "{text}");
+        w.runs[1].repeats = vec![point(30.0, 0.7)];
+        (w.runs[1].repeats[0].1.gateway_overflow, w.runs[1].repeats[0].1.host_cpu_busy) = (Some(354), Some(0.97));
+        let text = conditions(&w);
+        assert!(text.contains("held requests back") && text.contains("lr at 30 req/s (354)"), "{text}");
+        assert!(text.contains("above 85.0% busy** in lr at 30 req/s (97.0%)"), "{text}");
+        assert!(!text.contains("rr at"), "{text}");
     }
 
     #[test]

@@ -40,6 +40,16 @@ pub struct Summary {
     /// can be trusted at this load (`None`: no such request, or older results).
     #[serde(default)]
     pub positive_tier: Option<TierCount>,
+    /// Times Envoy's circuit breakers held back a request to the model servers during the
+    /// measurement (`Stack::gateway_overflow`): non-zero means the gateway's connection cap,
+    /// not the routing, set some latencies. Read from Envoy, not from the outcomes, so a
+    /// recomputed summary keeps it (`None`: not read, or results written before it existed).
+    #[serde(default)]
+    pub gateway_overflow: Option<u64>,
+    /// Share of the host's CPU time spent busy during the measurement (`host`): near 1 the
+    /// host, not the simulated servers, set latencies. Kept like `gateway_overflow`.
+    #[serde(default)]
+    pub host_cpu_busy: Option<f64>,
 }
 
 /// Requests placed in one tier, and how many of them met their SLOs.
@@ -117,6 +127,8 @@ impl Summary {
             critical_attainment: ClassSummary::of(outcomes.iter().filter(|o| o.priority >= 0)).map(|c| c.attainment),
             per_class,
             positive_tier: TierCount::of(outcomes.iter().filter(|o| o.tier.as_deref() == Some("positive"))),
+            gateway_overflow: None,
+            host_cpu_busy: None,
         }
     }
 

@@ -36,6 +36,9 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
         assert!(!first.per_server.is_empty(), "{}: no server named in responses", run.router);
         assert!(first.critical_attainment.is_some(), "{}: no critical attainment", run.router);
         assert!(first.per_class.contains_key("interactive"), "{}: per class {:?}", run.router, first.per_class);
+        // Read from Envoy at every measurement; this light load never reaches its caps.
+        assert_eq!(first.gateway_overflow, Some(0), "{}: gateway overflows", run.router);
+        assert!(first.host_cpu_busy.is_some_and(|b| (0.0..=1.0).contains(&b)), "{}: host CPU", run.router);
     }
     // The rates near the cliff were measured again with another seed, by every router alike.
     let repeated: Vec<Vec<f64>> = mixed.runs.iter().map(|r| r.repeats.iter().map(|p| p.0).collect()).collect();
