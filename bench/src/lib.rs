@@ -150,8 +150,9 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
 /// saturates near 300 requests or about 80,000 streamed tokens per wall second, and then its
 /// CPU, not the routing, sets the latencies (each measurement records the host's CPU, and the
 /// report names points over [`host::BUSY`]). `shared-prefix`, whose ladder reaches 350 req/s,
-/// runs at half speed; `short-long` streams 300-800 tokens per request to up to 5,000 open
-/// streams and runs at 0.15x (its 560 req/s kept the host about 45% busy).
+/// runs at half speed; `short-long` streams 300-800 tokens per request to 5,000-6,500 open
+/// streams at 400-480 req/s and runs at 0.15x (at 400 req/s the host stayed under 50% busy;
+/// 560 req/s has not been measured at this speed).
 pub fn default_time_scale(workload: &str) -> f64 {
     match workload {
         "shared-prefix" => 0.5,

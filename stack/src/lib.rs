@@ -616,9 +616,13 @@ impl Stack {
         state
     }
 
-    /// Envoy's `/stats/prometheus` text.
+    /// Envoy's `/stats/prometheus` text (empty when the admin does not answer).
     pub fn envoy_stats(&self) -> String {
-        http::get(self.state.admin, "/stats/prometheus").map(|(_, b)| b).unwrap_or_default()
+        self.envoy_prometheus().unwrap_or_default()
+    }
+
+    fn envoy_prometheus(&self) -> Option<String> {
+        http::get(self.state.admin, "/stats/prometheus").ok().map(|(_, b)| b)
     }
 
     /// How often Envoy's circuit breakers held back a request to the model servers so far:
@@ -627,7 +631,7 @@ impl Stack {
     /// Non-zero means the gateway's caps, not the servers or the routing, set latencies.
     /// `None` when the admin does not answer.
     pub fn gateway_overflow(&self) -> Option<u64> {
-        let (_, text) = http::get(self.state.admin, "/stats/prometheus").ok()?;
+        let text = self.envoy_prometheus()?;
         let cluster = "envoy_cluster_name=\"model_servers\"";
         let count = |name: &str| http::metric_with(&text, name, cluster);
         Some((count("envoy_cluster_upstream_cx_overflow") + count("envoy_cluster_upstream_rq_pending_overflow")) as u64)
