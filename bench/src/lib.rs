@@ -307,7 +307,14 @@ pub fn to_engine(mut outcomes: Vec<runner::Outcome>, scale: f64) -> Vec<runner::
     for o in &mut outcomes {
         o.at_s *= scale;
         o.e2e_ms *= scale;
-        for v in [&mut o.ttft_ms, &mut o.tpot_ms, &mut o.slo_ttft_ms, &mut o.slo_tpot_ms] {
+        for v in [
+            &mut o.ttft_ms,
+            &mut o.tpot_ms,
+            &mut o.slo_ttft_ms,
+            &mut o.slo_tpot_ms,
+            &mut o.predicted_ttft_ms,
+            &mut o.predicted_tpot_ms,
+        ] {
             *v = v.map(|x| x * scale);
         }
     }
@@ -623,4 +630,54 @@ pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
         std::fs::write(out.join(format!("{}.svg", w.workload)), report::chart(w))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_time_scales_every_latency_back_including_the_predictions() {
+        let spec = workload::RequestSpec {
+            at_s: 1.0,
+            prompt_tokens: 10,
+            max_tokens: 10,
+            stream: true,
+            class: workload::SloClass::interactive(),
+            shared_prefix: None,
+            run: 0,
+        };
+        let wall = to_wall(vec![spec], 0.25);
+        assert_eq!((wall[0].at_s, wall[0].class.ttft_ms, wall[0].class.tpot_ms), (4.0, Some(1600.0), Some(160.0)));
+        let outcome = runner::Outcome {
+            index: 0,
+            class: "interactive".into(),
+            at_s: 4.0,
+            stream: true,
+            prompt_tokens: 10,
+            max_tokens: 10,
+            slo_ttft_ms: Some(1600.0),
+            slo_tpot_ms: Some(160.0),
+            priority: 0,
+            status: 200,
+            ttft_ms: Some(800.0),
+            tpot_ms: Some(100.0),
+            e2e_ms: 2000.0,
+            output_tokens: Some(10),
+            served_by: None,
+            chosen: None,
+            tier: Some("positive".into()),
+            predicted_ttft_ms: Some(400.0),
+            predicted_tpot_ms: Some(120.0),
+            error: None,
+        };
+        let o = &to_engine(vec![outcome], 0.25)[0];
+        assert_eq!((o.at_s, o.e2e_ms, o.ttft_ms, o.tpot_ms), (1.0, 500.0, Some(200.0), Some(25.0)));
+        assert_eq!((o.slo_ttft_ms, o.slo_tpot_ms), (Some(400.0), Some(40.0)));
+        assert_eq!(
+            (o.predicted_ttft_ms, o.predicted_tpot_ms),
+            (Some(100.0), Some(30.0)),
+            "predictions are wall time too"
+        );
+    }
 }

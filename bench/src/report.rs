@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::summary::{capacity, Capacity, ClassSummary, Summary};
+use crate::summary::{capacity, Capacity, ClassSummary, Summary, TierCount};
 use crate::{host, BenchResults, RouterRun, WorkloadRun, TARGET};
 use headroom_loadgen::chart::{attainment_svg, Series};
 
@@ -429,14 +429,20 @@ fn rate_table(w: &WorkloadRun, rates: &[f64], title: &str, cell: impl Fn(&[&Summ
     s
 }
 
-/// Per headroom router and rate: of the requests placed in the positive tier (predicted to
-/// meet their SLOs), the share that did, pooled over the seeds.
+/// Per headroom router and rate, pooled over the seeds: of the requests placed in the
+/// positive tier (predicted to meet their SLOs), the share that did, and of those placed in
+/// the negative tier (predicted to miss wherever they went), the share that met them anyway.
+/// The first shows how optimistic the predictions were at that load, the second how
+/// pessimistic; the second also drives sheds, which need every endpoint predicted short.
 fn tier_precision(w: &WorkloadRun, rates: &[f64]) -> String {
-    let title = "Tier precision by requested rate: of the requests headroom placed in its positive tier (predicted to meet their SLOs where they went), the share that met them, over every seed (how many were placed):";
-    rate_table(w, rates, title, |ms| {
-        let (placed, met) =
-            ms.iter().filter_map(|x| x.positive_tier).fold((0, 0), |(p, m), t| (p + t.placed, m + t.met));
+    let title = "Tier precision by requested rate, over every seed: of the requests headroom placed in its positive tier (predicted to meet their SLOs where they went), the share that met them, and of those in its negative tier (predicted to miss everywhere), the share that met them anyway (how many were placed in each):";
+    let pooled = |ms: &[&Summary], tier: fn(&Summary) -> Option<TierCount>| {
+        let (placed, met) = ms.iter().filter_map(|x| tier(x)).fold((0, 0), |(p, m), t| (p + t.placed, m + t.met));
         (placed > 0).then(|| format!("{} ({placed})", pct(met as f64 / placed as f64)))
+    };
+    rate_table(w, rates, title, |ms| match (pooled(ms, |x| x.positive_tier), pooled(ms, |x| x.negative_tier)) {
+        (None, None) => None,
+        (p, n) => Some(format!("{} / {}", p.unwrap_or_else(|| "-".into()), n.unwrap_or_else(|| "-".into()))),
     })
 }
 
@@ -591,6 +597,7 @@ mod tests {
             .into_iter()
             .collect(),
             positive_tier: None,
+            negative_tier: None,
             gateway_overflow: None,
             host_cpu_busy: None,
         };
@@ -751,11 +758,16 @@ mod tests {
         w.runs[2].points[1].1.positive_tier = tier(100, 90);
         let mut repeat = point(20.0, 0.9);
         repeat.1.positive_tier = tier(50, 30);
+        repeat.1.negative_tier = tier(10, 4);
         w.runs[2].repeats = vec![repeat];
+        w.runs[2].points[2].1.negative_tier = tier(8, 2);
         let text = section(&w, &one_run(vec![]));
         let after = text.split("Tier precision").nth(1).unwrap_or_default();
         let table = after.split("\n\n").nth(1).unwrap_or_default();
-        assert!(table.contains("| pred | - | 80.0% (150) | - | - |"), "(90 + 30) / 150: {text}");
+        assert!(
+            table.contains("| pred | - | 80.0% (150) / 40.0% (10) | - / 25.0% (8) | - |"),
+            "(90 + 30) / 150: {text}"
+        );
         assert!(!table.contains("| lr |"), "no tier, no row: {table}");
         assert!(!section(&workload(), &one_run(vec![])).contains("Tier precision"), "no tiers at all, no table");
     }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use headroom_loadgen::report::quantile;
 use headroom_loadgen::runner::Outcome;
+use headroom_protocol::RouteSource;
 use serde::{Deserialize, Serialize};
 
 /// What one router did with one workload at one rate.
@@ -40,6 +41,11 @@ pub struct Summary {
     /// can be trusted at this load (`None`: no such request, or older results).
     #[serde(default)]
     pub positive_tier: Option<TierCount>,
+    /// The requests placed in the negative tier (predicted to miss wherever they went) and how
+    /// many met their SLOs anyway: the other side of the tiers, how pessimistic "will miss"
+    /// was; it decides sheds, as a sheddable request predicted to miss everywhere is shed.
+    #[serde(default)]
+    pub negative_tier: Option<TierCount>,
     /// Times Envoy's circuit breakers held back a request to the model servers during the
     /// measurement (`Stack::gateway_overflow`): non-zero means the gateway's connection cap,
     /// not the routing, set some latencies. Read from Envoy, not from the outcomes, so a
@@ -82,9 +88,10 @@ impl ClassSummary {
 }
 
 impl TierCount {
-    fn of<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Option<TierCount> {
+    /// The outcomes whose `x-headroom-tier` names `tier`.
+    fn in_tier(outcomes: &[Outcome], tier: RouteSource) -> Option<TierCount> {
         let (mut placed, mut met) = (0, 0);
-        for o in outcomes {
+        for o in outcomes.iter().filter(|o| o.tier.as_deref() == Some(tier.tier())) {
             placed += 1;
             met += usize::from(o.met_slo());
         }
@@ -126,7 +133,8 @@ impl Summary {
             per_server,
             critical_attainment: ClassSummary::of(outcomes.iter().filter(|o| o.priority >= 0)).map(|c| c.attainment),
             per_class,
-            positive_tier: TierCount::of(outcomes.iter().filter(|o| o.tier.as_deref() == Some("positive"))),
+            positive_tier: TierCount::in_tier(outcomes, RouteSource::PredictedPositive),
+            negative_tier: TierCount::in_tier(outcomes, RouteSource::PredictedNegative),
             gateway_overflow: None,
             host_cpu_busy: None,
         }
@@ -230,6 +238,8 @@ mod tests {
             served_by: Some(served_by.into()),
             chosen: None,
             tier: None,
+            predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
             error: None,
         }
     }

@@ -61,6 +61,13 @@ pub struct Outcome {
     pub chosen: Option<String>,
     /// `x-headroom-tier`, when debug headers are on.
     pub tier: Option<String>,
+    /// The chosen endpoint's predicted TTFT and TPOT (ms; `x-headroom-predicted-*`), when
+    /// debug headers are on: set beside `ttft_ms`/`tpot_ms` they show how far the
+    /// predictions behind each placement were off, per request (absent in older files).
+    #[serde(default)]
+    pub predicted_ttft_ms: Option<f64>,
+    #[serde(default)]
+    pub predicted_tpot_ms: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -156,6 +163,8 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
         served_by: None,
         chosen: None,
         tier: None,
+        predicted_ttft_ms: None,
+        predicted_tpot_ms: None,
         error: None,
     };
     let started = Instant::now();
@@ -173,6 +182,9 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
     outcome.served_by = header(headers::SERVED_BY);
     outcome.chosen = header(headers::DEBUG_ENDPOINT);
     outcome.tier = header(headers::DEBUG_TIER);
+    let number = |name: &str| header(name).and_then(|v| v.parse::<f64>().ok());
+    outcome.predicted_ttft_ms = number(headers::DEBUG_PREDICTED_TTFT);
+    outcome.predicted_tpot_ms = number(headers::DEBUG_PREDICTED_TPOT);
     let streaming = header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
     let mut meter = ResponseMeter::new(streaming, 0, 4 << 20);
     let mut stream = response.bytes_stream();
