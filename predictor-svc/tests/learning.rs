@@ -5,7 +5,10 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
+use std::time::{Duration, Instant};
+
 use headroom_predictor::config::ModelConfig;
+use headroom_predictor::model::calibration::CalibrationView;
 use headroom_predictor::model::prior::AnalyticPrior;
 use headroom_predictor::model::store::{ModelStore, TrainOutcome};
 use headroom_protocol::{EndpointState, Observation, RequestFeatures, RouteSource, Slo};
@@ -169,9 +172,18 @@ fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
         .unwrap();
         feed(&store, 0, 2000, 1.2, (50, 3000), 2);
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
-        // 30% slower, and noisy: +-20% around it.
+        // 30% slower, and noisy: +-20% around it. A request every 20 ms, each reported when
+        // it ends (its `e2e_ms` later, seconds), as reports arrive under load.
+        let t0 = Instant::now();
+        let mut in_flight: Vec<(Instant, Observation)> = Vec::new();
         let mut covered = 0;
         for i in 20_000..22_000u64 {
+            let now = t0 + Duration::from_millis(20 * (i - 20_000));
+            in_flight.sort_by_key(|(done, _)| std::cmp::Reverse(*done));
+            while in_flight.last().is_some_and(|(done, _)| *done <= now) {
+                let Some((done, o)) = in_flight.pop() else { break };
+                store.observe_at(&o, done);
+            }
             let (input, state) = request(i, (50, 3000), 2);
             let noise = 1.0 + 0.4 * ((i * 2654435761 % 1000) as f64 / 1000.0 - 0.5);
             let truth = world(1.2 * 1.3 * noise, input, &state);
@@ -180,11 +192,22 @@ fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
             if i >= 21_000 && truth.0 <= served.0 {
                 covered += 1;
             }
-            store.observe(&observation(i, input, state, truth, served));
+            let o = observation(i, input, state, truth, served);
+            in_flight.push((now + Duration::from_secs_f64(o.e2e_ms / 1000.0), o));
         }
         f64::from(covered) / 1000.0
     };
     let (on, off) = (coverage(0.01), coverage(0.0));
     assert!((0.85..=0.95).contains(&on), "coverage held near 90%: {on:.3}");
     assert!(off < 0.5, "without it, a slower fleet overruns the p90: {off:.3}");
+}
+
+#[test]
+fn the_first_model_starts_without_the_correction_learnt_on_the_prior() {
+    let store = ModelStore::open(ModelConfig { calibration_rate: 0.05, ..config(true, 0.0) }).unwrap();
+    feed(&store, 0, 2000, 1.2, (50, 3000), 2);
+    let moved = |v: &CalibrationView| v.ttft_factor.iter().chain(&v.tpot_factor).any(|&f| f != 1.0);
+    assert!(moved(&store.calibration()), "the prior's bias was corrected: {:?}", store.calibration());
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    assert!(!moved(&store.calibration()), "the prior's correction is not the model's: {:?}", store.calibration());
 }

@@ -17,6 +17,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use headroom_protocol::{limits, EndpointState, Observation, RequestFeatures, RouteSource};
 use prometheus_client::metrics::counter::Counter;
@@ -106,7 +107,7 @@ impl ModelStore {
         };
         let store = ModelStore {
             samples: Mutex::new(Samples::new(config.bucket_cap, config.holdout_percent)),
-            calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate)),
+            calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, Instant::now())),
             live: Mutex::new(LiveErrors::default()),
             active_from: AtomicU64::new(0),
             prior: AnalyticPrior::default(),
@@ -205,6 +206,11 @@ impl ModelStore {
     /// Files a finished request as a training sample when it can teach something:
     /// a 200 whose features came from a predict call, with TTFT from streaming only.
     pub fn observe(&self, o: &Observation) -> bool {
+        self.observe_at(o, Instant::now())
+    }
+
+    /// [`Self::observe`] of a report that arrived at `now` (tests replay reports late).
+    pub fn observe_at(&self, o: &Observation, now: Instant) -> bool {
         let from_predict = matches!(
             o.source,
             RouteSource::PredictedPositive | RouteSource::PredictedNegative | RouteSource::Composite
@@ -218,10 +224,17 @@ impl ModelStore {
             return false;
         }
         let row = self.row(&o.request, state);
-        // Calibration moves on what was served; drift is judged on what the model itself
-        // says now (a bias the correction hides is still a model gone stale).
+        // Calibration judges what was served against the correction as it is now
+        // (`calibration`); drift is judged on what the model itself says now (a bias the
+        // correction hides is still a model gone stale).
         let served = [o.predicted_ttft_ms, o.predicted_tpot_ms].map(ok);
-        self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(state.hardware_class, served, [ttft, tpot]);
+        self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(
+            state.hardware_class,
+            served,
+            o.e2e_ms,
+            [ttft, tpot],
+            now,
+        );
         // Only when drift can act: training on (no user model), a model serving, and on.
         if self.config.drift_factor > 0.0 && self.trains() && self.registry.active().is_some() {
             let (raw, _) = self.predict_raw(&[row]);
@@ -310,15 +323,20 @@ impl ModelStore {
                 if let Some(data) = &self.data {
                     data.write_model(&info, &bytes);
                 }
+                let replaces_prior = self.registry.active().is_none();
                 self.registry.install(model, info.clone(), bytes);
                 self.active_from.store(filed, Ordering::SeqCst);
                 if drifting {
                     // A new regime: the reservoirs and the live correction of the old one go.
                     self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout);
-                    self.calibration.lock().unwrap_or_else(|p| p.into_inner()).reset();
                 }
-                // The correction and the drift window carry over: models follow each other
-                // every few seconds, faster than either would settle if restarted.
+                // The correction and the drift window carry over from one trained model to
+                // the next: they follow each other every few seconds, faster than either
+                // would settle if restarted, and share most of their samples and so their
+                // bias. The prior's bias says nothing of the first model's.
+                if drifting || replaces_prior {
+                    self.calibration.lock().unwrap_or_else(|p| p.into_inner()).reset(Instant::now());
+                }
                 TrainOutcome::Activated(info)
             }
             Err(e) => {
