@@ -10,6 +10,11 @@
 //!   filter's cost is a headroom path's percentile minus plain Envoy's.
 //! - **Throughput**: a closed loop of N connections for S seconds on each Envoy path, in
 //!   alternating rounds, with the CPU each process used.
+//! - **Streaming**: a second stack whose servers run slowly enough that each token leaves as
+//!   its own chunk, as a real server's decode steps send them; a closed loop of streamed
+//!   completions on plain Envoy and on headroom, and Envoy's CPU per streamed token. The
+//!   filter meters every chunk of a routed response (TTFT, TPOT), which plain Envoy does not:
+//!   on decode-heavy traffic that, not the callout, is most of the gateway's work.
 //!
 //! The client is [`crate::wire`]: one thread per connection, no runtime, so it stays out of
 //! the figures as far as a client on the same two cores can.
@@ -42,6 +47,12 @@ pub struct GatewayOptions {
     pub plugin: serde_json::Map<String, serde_json::Value>,
     /// Simulator speed: large, so the server answers in microseconds.
     pub time_scale: f64,
+    /// Tokens per streamed completion (0 skips the streaming phase).
+    pub stream_tokens: u32,
+    /// Connections of the streaming closed loop.
+    pub stream_connections: usize,
+    /// Simulator speed of the streaming phase: slow enough that tokens leave one per chunk.
+    pub stream_time_scale: f64,
     pub run_dir: PathBuf,
     pub out: PathBuf,
 }
@@ -92,6 +103,21 @@ pub struct ThroughputRow {
     pub simulator_cores: f64,
 }
 
+/// One closed-loop run of streamed completions on one path.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StreamRow {
+    pub path: String,
+    pub round: usize,
+    pub requests_per_s: f64,
+    /// Streamed tokens per second (each its own SSE event).
+    pub tokens_per_s: f64,
+    pub errors: usize,
+    pub envoy_cores: f64,
+    pub predictor_cores: f64,
+    /// Envoy's CPU time per streamed token, in microseconds.
+    pub envoy_us_per_token: f64,
+}
+
 /// Everything one run measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GatewayResults {
@@ -107,27 +133,21 @@ pub struct GatewayResults {
     pub filter_added_p99_ms: f64,
     /// Headroom with SLO routing's throughput as a share of plain Envoy's (means over rounds).
     pub throughput_share: f64,
+    /// Tokens per streamed completion in the streaming phase (0: not run).
+    #[serde(default)]
+    pub stream_tokens: u32,
+    #[serde(default)]
+    pub stream: Vec<StreamRow>,
+    /// Envoy CPU per streamed token with headroom minus plain Envoy's (means over rounds), us.
+    #[serde(default)]
+    pub stream_added_us_per_token: f64,
 }
 
 /// Runs the measurement, prints the tables and writes `gateway.md` and `gateway.json` under `out`.
 pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResults> {
     anyhow::ensure!(opts.requests > 0 && opts.rounds > 0, "--requests and --rounds must be > 0");
     anyhow::ensure!(opts.connections > 0 && opts.seconds > 0.0, "--connections and --seconds must be > 0");
-    let mut plugin = serde_json::Map::new();
-    plugin.insert("debug_headers".into(), json!(false));
-    plugin.extend(opts.plugin.clone());
-    let mut stack = Stack::start(StackOptions {
-        profiles: vec!["h100".into(); 2],
-        time_scale: opts.time_scale,
-        plugin,
-        run_dir: opts.run_dir.clone(),
-        attached: true,
-        ..Default::default()
-    })?;
-    let ports = headroom_stack::free_ports(2)?;
-    let plain = SocketAddr::from(([127, 0, 0, 1], ports[0]));
-    let plain_admin = SocketAddr::from(([127, 0, 0, 1], ports[1]));
-    stack.start_envoy(&EnvoyLaunch::new("envoy-plain", Router::LeastRequest, plain, plain_admin))?;
+    let (mut stack, plain) = start(opts, 2, opts.time_scale)?;
 
     let body =
         json!({"model": "sim-llama-8b", "prompt": "Say hello to the gateway benchmark.", "max_tokens": 1}).to_string();
@@ -201,36 +221,30 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
         "throughput: {} connections, {} s per run, {} rounds",
         opts.connections, opts.seconds, opts.throughput_rounds
     );
-    let (predictor_pid, simulator_pid) = (stack.pid("predictor"), stack.pid("simulator"));
     let mut throughput = Vec::new();
     for round in 0..opts.throughput_rounds {
         for way in [Way::PlainEnvoy, Way::Headroom, Way::HeadroomSlo] {
-            let envoy_pid = stack.pid(if way == Way::PlainEnvoy { "envoy-plain" } else { "envoy" });
             let (addr, req) = target(way);
-            let pids = [envoy_pid, predictor_pid, simulator_pid];
-            let cpu0 = pids.map(|p| p.and_then(process::cpu_seconds));
-            let started = Instant::now();
-            let (ok, failed) = closed_loop(addr, &req, opts.connections, Duration::from_secs_f64(opts.seconds));
-            let wall = started.elapsed().as_secs_f64();
-            let cpu1 = pids.map(|p| p.and_then(process::cpu_seconds));
-            let cores = |i: usize| match (cpu0[i], cpu1[i]) {
-                (Some(a), Some(b)) => (b - a) / wall,
-                _ => f64::NAN,
-            };
+            let l = measured_loop(&stack, way, addr, &req, opts.connections, opts.seconds);
             let row = ThroughputRow {
                 path: way.name().to_string(),
                 round,
-                requests_per_s: ok as f64 / wall,
-                errors: failed,
-                envoy_cores: cores(0),
-                predictor_cores: cores(1),
-                simulator_cores: cores(2),
+                requests_per_s: l.ok as f64 / l.wall_s,
+                errors: l.failed,
+                envoy_cores: l.cores[0],
+                predictor_cores: l.cores[1],
+                simulator_cores: l.cores[2],
             };
             println!("  {:<34} {:>8.0} req/s", row.path, row.requests_per_s);
             throughput.push(row);
         }
     }
     stack.stop();
+    let stream = if opts.stream_tokens > 0 { streaming(opts)? } else { Vec::new() };
+    let per_token = |way: Way| {
+        let r: Vec<f64> = stream.iter().filter(|t| t.path == way.name()).map(|t| t.envoy_us_per_token).collect();
+        r.iter().sum::<f64>() / r.len().max(1) as f64
+    };
 
     let row = |way: Way| latency.iter().find(|r| r.path == way.name());
     let (Some(plain_row), Some(slo_row)) = (row(Way::PlainEnvoy), row(Way::HeadroomSlo)) else {
@@ -250,6 +264,9 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
         latency,
         throughput,
         predict_handler_us,
+        stream_tokens: opts.stream_tokens,
+        stream_added_us_per_token: per_token(Way::HeadroomSlo) - per_token(Way::PlainEnvoy),
+        stream,
     };
     let text = report(&results);
     println!("\n{text}");
@@ -257,6 +274,105 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
     std::fs::write(opts.out.join("gateway.md"), &text)?;
     std::fs::write(opts.out.join("gateway.json"), serde_json::to_string_pretty(&results)?)?;
     Ok(results)
+}
+
+/// The headroom stack (`servers` H100s at `time_scale`) and a plain Envoy beside it;
+/// returns the stack and the plain Envoy's listener.
+fn start(opts: &GatewayOptions, servers: usize, time_scale: f64) -> anyhow::Result<(Stack, SocketAddr)> {
+    let mut plugin = serde_json::Map::new();
+    plugin.insert("debug_headers".into(), json!(false));
+    plugin.extend(opts.plugin.clone());
+    let mut stack = Stack::start(StackOptions {
+        profiles: vec!["h100".into(); servers],
+        time_scale,
+        plugin,
+        run_dir: opts.run_dir.clone(),
+        attached: true,
+        ..Default::default()
+    })?;
+    let ports = headroom_stack::free_ports(2)?;
+    let plain = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+    let plain_admin = SocketAddr::from(([127, 0, 0, 1], ports[1]));
+    stack.start_envoy(&EnvoyLaunch::new("envoy-plain", Router::LeastRequest, plain, plain_admin))?;
+    Ok((stack, plain))
+}
+
+/// What one closed-loop run on one path measured.
+struct Loop {
+    ok: usize,
+    failed: usize,
+    wall_s: f64,
+    /// Cores used on average by Envoy (the one serving the path), the predictor, the simulator.
+    cores: [f64; 3],
+}
+
+/// A closed loop on one path of `stack`, with the CPU each process used.
+fn measured_loop(stack: &Stack, way: Way, addr: SocketAddr, request: &[u8], connections: usize, seconds: f64) -> Loop {
+    let envoy_pid = stack.pid(if way == Way::PlainEnvoy { "envoy-plain" } else { "envoy" });
+    let pids = [envoy_pid, stack.pid("predictor"), stack.pid("simulator")];
+    let cpu0 = pids.map(|p| p.and_then(process::cpu_seconds));
+    let started = Instant::now();
+    let (ok, failed) = closed_loop(addr, request, connections, Duration::from_secs_f64(seconds));
+    let wall_s = started.elapsed().as_secs_f64();
+    let cpu1 = pids.map(|p| p.and_then(process::cpu_seconds));
+    let cores = std::array::from_fn(|i| match (cpu0[i], cpu1[i]) {
+        (Some(a), Some(b)) => (b - a) / wall_s,
+        _ => f64::NAN,
+    });
+    Loop { ok, failed, wall_s, cores }
+}
+
+/// The streaming phase: its own stack at `stream_time_scale`, closed loops of streamed
+/// completions on plain Envoy and headroom with SLO routing, alternating. One server, so
+/// every path places every request alike and the token stream's timing (how many chunks
+/// Envoy reads at once) is the same: a routing policy that batched requests differently
+/// would change Envoy's cost per chunk, which is not the filter's.
+fn streaming(opts: &GatewayOptions) -> anyhow::Result<Vec<StreamRow>> {
+    let (mut stack, plain) = start(opts, 1, opts.stream_time_scale)?;
+    let body = json!({"model": "sim-llama-8b", "prompt": "Stream through the gateway benchmark.",
+        "max_tokens": opts.stream_tokens, "stream": true, "stream_options": {"include_usage": true}})
+    .to_string();
+    let slo = [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
+    let target = |way: Way| match way {
+        Way::PlainEnvoy => (plain, request_bytes("/v1/completions", &[], &body)),
+        _ => (stack.state.gateway, request_bytes("/v1/completions", &slo, &body)),
+    };
+    for way in [Way::PlainEnvoy, Way::HeadroomSlo] {
+        let (addr, req) = target(way);
+        let mut conn = Conn::new(addr);
+        for _ in 0..20 {
+            let _ = conn.send(&req);
+        }
+    }
+    println!(
+        "streaming: {} connections, {} tokens per completion, servers at {}x, {} s per run",
+        opts.stream_connections, opts.stream_tokens, opts.stream_time_scale, opts.seconds
+    );
+    let mut rows = Vec::new();
+    for round in 0..opts.throughput_rounds {
+        for way in [Way::PlainEnvoy, Way::HeadroomSlo] {
+            let (addr, req) = target(way);
+            let l = measured_loop(&stack, way, addr, &req, opts.stream_connections, opts.seconds);
+            let tokens = l.ok as f64 * f64::from(opts.stream_tokens);
+            let row = StreamRow {
+                path: way.name().to_string(),
+                round,
+                requests_per_s: l.ok as f64 / l.wall_s,
+                tokens_per_s: tokens / l.wall_s,
+                errors: l.failed,
+                envoy_cores: l.cores[0],
+                predictor_cores: l.cores[1],
+                envoy_us_per_token: l.cores[0] * l.wall_s / tokens.max(1.0) * 1e6,
+            };
+            println!(
+                "  {:<34} {:>8.0} tokens/s {:>6.1} us Envoy CPU per token",
+                row.path, row.tokens_per_s, row.envoy_us_per_token
+            );
+            rows.push(row);
+        }
+    }
+    stack.stop();
+    Ok(rows)
 }
 
 /// `connections` threads sending `request` back to back for `length`: (answered 200, failed).
@@ -342,6 +458,37 @@ pub fn report(r: &GatewayResults) -> String {
         "\nHeadroom with SLO routing sustains **{:.0}%** of plain Envoy's request rate (target >= 50%).",
         r.throughput_share * 100.0
     );
+    if !r.stream.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## Streaming (closed loop of streamed completions, {} tokens each, one SSE event per token)\n",
+            r.stream_tokens
+        );
+        let _ = writeln!(
+            s,
+            "| path | round | req/s | tokens/s | errors | Envoy cores | predictor cores | Envoy CPU per token, us |"
+        );
+        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for t in &r.stream {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {:.1} |",
+                t.path,
+                t.round,
+                t.requests_per_s,
+                t.tokens_per_s,
+                t.errors,
+                t.envoy_cores,
+                t.predictor_cores,
+                t.envoy_us_per_token
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nMetering a streamed response costs Envoy **{:.1} us per token** over plain Envoy's (means over rounds).",
+            r.stream_added_us_per_token
+        );
+    }
     s
 }
 

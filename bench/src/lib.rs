@@ -425,8 +425,12 @@ impl<'a> Bench<'a> {
             _ => String::new(),
         };
         let cpu = s.host_cpu_busy.map_or(String::new(), |b| format!(", host CPU {:.0}%", 100.0 * b));
+        let late = match s.fallback {
+            Some(f) if f > report::FALLBACK => format!(", PREDICTOR LATE ({:.1}% by the fallback)", 100.0 * f),
+            _ => String::new(),
+        };
         println!(
-            "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}",
+            "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}{late}",
             100.0 * s.attainment,
             s.goodput_rps,
             100.0 * s.shed

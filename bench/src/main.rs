@@ -75,6 +75,16 @@ enum Cmd {
         /// calibrated server would answer).
         #[arg(long, default_value_t = 1000.0)]
         time_scale: f64,
+        /// Tokens per streamed completion in the streaming phase (0 skips it).
+        #[arg(long, default_value_t = 64)]
+        stream_tokens: u32,
+        /// Closed-loop connections of the streaming phase.
+        #[arg(long, default_value_t = 32)]
+        stream_connections: usize,
+        /// Simulator speed of the streaming phase: slow enough that each token leaves the server as
+        /// its own chunk, as a real server's decode steps send them.
+        #[arg(long, default_value_t = 10.0)]
+        stream_time_scale: f64,
         /// Filter configuration fields (a JSON object) over the benchmark's, to measure another setup.
         #[arg(long, default_value = "{}")]
         plugin: String,
@@ -155,7 +165,19 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Gateway { requests, rounds, connections, seconds, throughput_rounds, time_scale, plugin, out } => {
+        Cmd::Gateway {
+            requests,
+            rounds,
+            connections,
+            seconds,
+            throughput_rounds,
+            time_scale,
+            stream_tokens,
+            stream_connections,
+            stream_time_scale,
+            plugin,
+            out,
+        } => {
             let plugin = headroom_stack::plugin_fields(&plugin)?;
             let opts = headroom_bench::gateway::GatewayOptions {
                 plugin,
@@ -165,6 +187,9 @@ fn main() -> anyhow::Result<()> {
                 seconds,
                 throughput_rounds,
                 time_scale,
+                stream_tokens,
+                stream_connections,
+                stream_time_scale,
                 run_dir,
                 out: out.clone(),
             };

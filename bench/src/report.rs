@@ -503,9 +503,15 @@ fn recorded<T>(w: &WorkloadRun, field: impl Fn(&Summary) -> Option<T>) -> Vec<(&
     all.filter_map(|(r, rate, s)| Some((r.router.as_str(), rate, field(s)?))).collect()
 }
 
+/// Share of a headroom router's requests placed by the fallback above which a measurement is
+/// named as gateway-bound: the predictor's answers came too late for that many (the host's
+/// average CPU can stay under [`host::BUSY`] while Envoy's share of it saturates).
+pub const FALLBACK: f64 = 0.01;
+
 /// Whether the measurements measured the routing: no request held back by Envoy's circuit
-/// breakers (a connection cap), and the host's CPU under [`host::BUSY`]. Names every point
-/// that was not. Empty for results written before either was read.
+/// breakers (a connection cap), the host's CPU under [`host::BUSY`], and headroom's requests
+/// placed by prediction, not by its fallback (above [`FALLBACK`]). Names every point that was
+/// not. Empty for results written before any was read.
 fn conditions(w: &WorkloadRun) -> String {
     let mut s = String::new();
     let overflows = recorded(w, |m| m.gateway_overflow);
@@ -543,6 +549,28 @@ fn conditions(w: &WorkloadRun) -> String {
                 over.join(", ")
             );
         }
+    }
+    let fallback = recorded(w, |m| m.fallback);
+    let late: Vec<String> = fallback
+        .iter()
+        .filter(|m| m.2 > FALLBACK)
+        .map(|(r, rate, f)| format!("{r} at {rate:.0} req/s ({})", pct(*f)))
+        .collect();
+    if !late.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nPredictor answers: **the filter's callout timed out** and the fallback placed more than {} of the requests in {}: \
+             the gateway (Envoy and the filter, on this host's CPU) was the limit there, not the routing; a lower `--time-scale` keeps it out.",
+            pct(FALLBACK),
+            late.join(", ")
+        );
+    } else if !fallback.is_empty() {
+        let n = fallback.len();
+        let _ = writeln!(
+            s,
+            "\nPredictor answers: in time for at least {} of headroom's requests in the {n} measurements.",
+            pct(1.0 - FALLBACK)
+        );
     }
     s
 }
@@ -600,6 +628,7 @@ mod tests {
             negative_tier: None,
             gateway_overflow: None,
             host_cpu_busy: None,
+            fallback: None,
         };
         (rate, s)
     }
@@ -749,6 +778,12 @@ mod tests {
         assert!(text.contains("held requests back") && text.contains("lr at 30 req/s (354)"), "{text}");
         assert!(text.contains("above 85.0% busy** in lr at 30 req/s (97.0%)"), "{text}");
         assert!(!text.contains("rr at"), "{text}");
+        assert!(!text.contains("Predictor answers"), "no router recorded a fallback share: {text}");
+        w.runs[2].points[0].1.fallback = Some(0.0);
+        assert!(conditions(&w).contains("in time for at least 99.0% of headroom's requests in the 1 measurements"));
+        w.runs[2].points[1].1.fallback = Some(0.12);
+        let text = conditions(&w);
+        assert!(text.contains("callout timed out") && text.contains("pred at 20 req/s (12.0%)"), "{text}");
     }
 
     #[test]

@@ -56,6 +56,12 @@ pub struct Summary {
     /// host, not the simulated servers, set latencies. Kept like `gateway_overflow`.
     #[serde(default)]
     pub host_cpu_busy: Option<f64>,
+    /// Share of the requests headroom placed by its fallback (`x-headroom-tier: fallback`):
+    /// in the benchmark the predictor never fails, so a fallback means its answer came too late
+    /// (the filter's callout timed out), which is the gateway or the host running out of CPU,
+    /// not the routing. `None` for routers that place nothing themselves (plain Envoy).
+    #[serde(default)]
+    pub fallback: Option<f64>,
 }
 
 /// Requests placed in one tier, and how many of them met their SLOs.
@@ -137,6 +143,10 @@ impl Summary {
             negative_tier: TierCount::in_tier(outcomes, RouteSource::PredictedNegative),
             gateway_overflow: None,
             host_cpu_busy: None,
+            fallback: outcomes.iter().any(|o| o.tier.is_some()).then(|| {
+                let fallback = outcomes.iter().filter(|o| o.tier.as_deref() == Some(RouteSource::Fallback.tier()));
+                fallback.count() as f64 / n
+            }),
         }
     }
 
@@ -254,5 +264,15 @@ mod tests {
         assert!((s.shed - 0.25).abs() < 1e-9 && (s.failed - 0.25).abs() < 1e-9);
         assert_eq!(s.load_spread(3), (0, 2));
         assert_eq!(s.ttft_ms[0], Some(50.0));
+        assert_eq!(s.fallback, None, "plain Envoy places nothing itself");
+    }
+
+    #[test]
+    fn the_fallback_share_counts_every_request_of_a_router_that_tiers() {
+        let mut outs = vec![outcome(200, 50.0, "a"); 4];
+        outs[0].tier = Some(RouteSource::PredictedPositive.tier().into());
+        outs[1].tier = Some(RouteSource::Fallback.tier().into());
+        let s = Summary::of(&outs, 2.0);
+        assert_eq!(s.fallback, Some(0.25));
     }
 }

@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+use headroom_bench::gateway::GatewayResults;
 use headroom_bench::{BenchResults, CONTENDERS};
 use headroom_stack::locate;
 
@@ -59,6 +60,11 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     assert!(report.contains("By SLO class"), "{report}");
     let predicted = mixed.runs.iter().find(|r| r.router == "headroom predicted").expect("headroom predicted ran");
     assert!(predicted.points[0].1.positive_tier.is_some_and(|t| t.placed > 0), "positive-tier placements counted");
+    // At this light load the predictor's answers come in time; plain Envoy places nothing itself.
+    assert!(predicted.points[0].1.fallback.is_some_and(|f| f < 0.25), "{:?}", predicted.points[0].1.fallback);
+    let plain = mixed.runs.iter().find(|r| r.router == "envoy least request").expect("least request ran");
+    assert_eq!(plain.points[0].1.fallback, None);
+    assert!(report.contains("Predictor answers: "), "{report}");
     assert!(
         report.contains("Tier precision by requested rate") && report.contains("| headroom predicted | "),
         "{report}"
@@ -72,5 +78,36 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     assert_eq!(svg.matches(r#"class="series""#).count(), CONTENDERS.len());
     let raw = std::fs::read_dir(out.join("requests")).unwrap().count();
     assert!(raw >= CONTENDERS.len(), "per-request results: {raw} files");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// A reduced `make bench-gateway`: every phase runs and fills its table, the streaming one
+/// included (its figures are the filter's cost per streamed token; docs/performance.md).
+#[test]
+fn reduced_gateway_bench_measures_latency_throughput_and_streaming() {
+    let bin = locate::bin_dir().unwrap().join("headroom-bench");
+    let base = std::env::temp_dir().join(format!("headroom-gateway-smoke-{}", std::process::id()));
+    let (run_dir, out) = (base.join("run"), base.join("results"));
+    let run = Command::new(&bin)
+        .args(["--run-dir", run_dir.to_str().unwrap(), "gateway", "--requests", "20", "--rounds", "1"])
+        .args(["--connections", "2", "--seconds", "1", "--throughput-rounds", "1"])
+        .args(["--stream-tokens", "16", "--stream-connections", "4", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
+    assert!(run.status.success(), "gateway bench failed: {stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    let r: GatewayResults = serde_json::from_str(&std::fs::read_to_string(out.join("gateway.json")).unwrap()).unwrap();
+    assert_eq!(r.latency.len(), 4);
+    assert!(r.latency.iter().all(|l| l.errors == 0 && l.p50_us > 0.0), "{:?}", r.latency);
+    assert_eq!(r.throughput.len(), 3);
+    assert!(r.throughput.iter().all(|t| t.errors == 0 && t.requests_per_s > 0.0), "{:?}", r.throughput);
+    assert_eq!((r.stream_tokens, r.stream.len()), (16, 2));
+    for s in &r.stream {
+        assert!(s.errors == 0 && s.tokens_per_s > 0.0, "{s:?}");
+        assert!(s.envoy_us_per_token.is_finite() && s.envoy_us_per_token > 0.0, "{s:?}");
+    }
+    assert!(r.stream_added_us_per_token.is_finite(), "{}", r.stream_added_us_per_token);
+    let md = std::fs::read_to_string(out.join("gateway.md")).unwrap();
+    assert!(md.contains("## Streaming") && md.contains("per token"), "{md}");
     let _ = std::fs::remove_dir_all(&base);
 }
