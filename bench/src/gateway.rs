@@ -30,31 +30,53 @@ use headroom_stack::{process, EnvoyLaunch, Router, Stack, StackOptions};
 
 use crate::wire::{request_bytes, Conn};
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run: `headroom-bench gateway`'s arguments.
+#[derive(Debug, Clone, clap::Args)]
 pub struct GatewayOptions {
     /// Sequential requests per path per round.
+    #[arg(long, default_value_t = 250)]
     pub requests: usize,
-    /// Interleaved rounds of the latency phase.
+    /// Interleaved latency rounds.
+    #[arg(long, default_value_t = 8)]
     pub rounds: usize,
-    /// Connections of the closed loop.
+    /// Closed-loop connections.
+    #[arg(long, default_value_t = 8)]
     pub connections: usize,
-    /// Seconds of each closed-loop run.
+    /// Seconds per closed-loop run.
+    #[arg(long, default_value_t = 8.0)]
     pub seconds: f64,
-    /// Closed-loop rounds (each runs every Envoy path once).
+    /// Closed-loop rounds (each runs every Envoy path once), and streaming rounds.
+    #[arg(long, default_value_t = 2)]
     pub throughput_rounds: usize,
-    /// Filter configuration fields over the benchmark's (`debug_headers: false`).
+    /// Filter configuration fields (a JSON object) over the benchmark's (`debug_headers: false`),
+    /// to measure another setup.
+    #[arg(long, default_value = "{}", value_parser = plugin_fields)]
     pub plugin: serde_json::Map<String, serde_json::Value>,
-    /// Simulator speed: large, so the server answers in microseconds.
+    /// Simulator speed: large so the servers answer in microseconds (1: real time, as a
+    /// calibrated server would answer).
+    #[arg(long, default_value_t = 1000.0)]
     pub time_scale: f64,
-    /// Tokens per streamed completion (0 skips the streaming phase).
+    /// Tokens per streamed completion in the streaming phase (0 skips it).
+    #[arg(long, default_value_t = 64)]
     pub stream_tokens: u32,
-    /// Connections of the streaming closed loop.
+    /// Closed-loop connections of the streaming phase.
+    #[arg(long, default_value_t = 32)]
     pub stream_connections: usize,
-    /// Simulator speed of the streaming phase: slow enough that tokens leave one per chunk.
+    /// Simulator speed of the streaming phase: slow enough that each token leaves the server as
+    /// its own chunk, as a real server's decode steps send them.
+    #[arg(long, default_value_t = 10.0)]
     pub stream_time_scale: f64,
+    /// Where the stacks' configs, logs and pid records go (the global `--run-dir`).
+    #[arg(skip)]
     pub run_dir: PathBuf,
+    /// Where gateway.md and gateway.json go.
+    #[arg(long, default_value = "results")]
     pub out: PathBuf,
+}
+
+/// `--plugin`'s JSON object, checked as the stack checks it.
+fn plugin_fields(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    headroom_stack::plugin_fields(text).map_err(|e| format!("{e:#}"))
 }
 
 /// The four ways a request reaches a model server.
@@ -414,29 +436,33 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank - 1]
 }
 
-/// The markdown report: both tables and the two figures the targets are about.
+/// The markdown report: the three tables and the figures the targets are about.
 pub fn report(r: &GatewayResults) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let direct = r.latency.first().map(|d| (d.p50_us, d.p99_us)).unwrap_or((f64::NAN, f64::NAN));
     let _ = writeln!(s, "# Gateway cost\n\n`{}`\n", r.command);
     let _ = writeln!(s, "## Added latency at low load (sequential `max_tokens: 1` completions, one connection)\n");
-    let _ = writeln!(s, "| path | requests | errors | p50 ms | p99 ms | mean ms | added p50 ms | added p99 ms |");
-    let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for l in &r.latency {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:+.3} | {:+.3} |",
-            l.path,
-            l.requests,
-            l.errors,
-            l.p50_us / 1000.0,
-            l.p99_us / 1000.0,
-            l.mean_us / 1000.0,
-            (l.p50_us - direct.0) / 1000.0,
-            (l.p99_us - direct.1) / 1000.0
-        );
-    }
+    let ms = |us: f64| format!("{:.3}", us / 1000.0);
+    let added = |us: f64| format!("{:+.3}", us / 1000.0);
+    table(
+        &mut s,
+        &["path", "requests", "errors", "p50 ms", "p99 ms", "mean ms", "added p50 ms", "added p99 ms"],
+        r.latency.iter().map(|l| {
+            let (requests, errors) = (l.requests.to_string(), l.errors.to_string());
+            let (p50, p99, mean) = (ms(l.p50_us), ms(l.p99_us), ms(l.mean_us));
+            vec![
+                l.path.clone(),
+                requests,
+                errors,
+                p50,
+                p99,
+                mean,
+                added(l.p50_us - direct.0),
+                added(l.p99_us - direct.1),
+            ]
+        }),
+    );
     let _ = writeln!(
         s,
         "\nThe filter's cost (headroom with SLO routing minus plain Envoy): **{:.3} ms p50, {:.3} ms p99** \
@@ -444,15 +470,23 @@ pub fn report(r: &GatewayResults) -> String {
         r.filter_added_p50_ms, r.filter_added_p99_ms, r.predict_handler_us
     );
     let _ = writeln!(s, "## Throughput (closed loop, {} connections, {} s per run)\n", r.connections, r.seconds);
-    let _ = writeln!(s, "| path | round | req/s | errors | Envoy cores | predictor cores | simulator cores |");
-    let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for t in &r.throughput {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {:.0} | {} | {:.2} | {:.2} | {:.2} |",
-            t.path, t.round, t.requests_per_s, t.errors, t.envoy_cores, t.predictor_cores, t.simulator_cores
-        );
-    }
+    let cores = |c: f64| format!("{c:.2}");
+    table(
+        &mut s,
+        &["path", "round", "req/s", "errors", "Envoy cores", "predictor cores", "simulator cores"],
+        r.throughput.iter().map(|t| {
+            let (round, rate, errors) = (t.round.to_string(), format!("{:.0}", t.requests_per_s), t.errors.to_string());
+            vec![
+                t.path.clone(),
+                round,
+                rate,
+                errors,
+                cores(t.envoy_cores),
+                cores(t.predictor_cores),
+                cores(t.simulator_cores),
+            ]
+        }),
+    );
     let _ = writeln!(
         s,
         "\nHeadroom with SLO routing sustains **{:.0}%** of plain Envoy's request rate (target >= 50%).",
@@ -464,25 +498,34 @@ pub fn report(r: &GatewayResults) -> String {
             "\n## Streaming (closed loop of streamed completions, {} tokens each, one SSE event per token)\n",
             r.stream_tokens
         );
-        let _ = writeln!(
-            s,
-            "| path | round | req/s | tokens/s | errors | Envoy cores | predictor cores | Envoy CPU per token, us |"
+        table(
+            &mut s,
+            &[
+                "path",
+                "round",
+                "req/s",
+                "tokens/s",
+                "errors",
+                "Envoy cores",
+                "predictor cores",
+                "Envoy CPU per token, us",
+            ],
+            r.stream.iter().map(|t| {
+                let (round, errors) = (t.round.to_string(), t.errors.to_string());
+                let (rate, tokens) = (format!("{:.0}", t.requests_per_s), format!("{:.0}", t.tokens_per_s));
+                let per_token = format!("{:.1}", t.envoy_us_per_token);
+                vec![
+                    t.path.clone(),
+                    round,
+                    rate,
+                    tokens,
+                    errors,
+                    cores(t.envoy_cores),
+                    cores(t.predictor_cores),
+                    per_token,
+                ]
+            }),
         );
-        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-        for t in &r.stream {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {:.1} |",
-                t.path,
-                t.round,
-                t.requests_per_s,
-                t.tokens_per_s,
-                t.errors,
-                t.envoy_cores,
-                t.predictor_cores,
-                t.envoy_us_per_token
-            );
-        }
         let _ = writeln!(
             s,
             "\nMetering a streamed response costs Envoy **{:.1} us per token** over plain Envoy's (means over rounds).",
@@ -492,9 +535,77 @@ pub fn report(r: &GatewayResults) -> String {
     s
 }
 
+/// A markdown table: a text first column, the others right-aligned.
+fn table(s: &mut String, columns: &[&str], rows: impl Iterator<Item = Vec<String>>) {
+    s.push_str(&format!("| {} |\n|", columns.join(" | ")));
+    for i in 0..columns.len() {
+        s.push_str(if i == 0 { " --- |" } else { " ---: |" });
+    }
+    s.push('\n');
+    for row in rows {
+        s.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_report_has_a_row_per_measurement_and_the_headline_figures() {
+        let latency = |path: &str, p50_us| LatencyRow {
+            path: path.into(),
+            requests: 10,
+            errors: 0,
+            p50_us,
+            p99_us: 900.0,
+            mean_us: 300.0,
+        };
+        let r = GatewayResults {
+            command: "headroom-bench gateway".into(),
+            connections: 8,
+            seconds: 8.0,
+            latency: vec![latency("model server directly", 80.0), latency("plain Envoy", 320.0)],
+            throughput: vec![ThroughputRow {
+                path: "plain Envoy".into(),
+                round: 0,
+                requests_per_s: 6979.4,
+                errors: 0,
+                envoy_cores: 1.19,
+                predictor_cores: 0.01,
+                simulator_cores: 0.45,
+            }],
+            predict_handler_us: 99.0,
+            filter_added_p50_ms: 0.687,
+            filter_added_p99_ms: 3.911,
+            throughput_share: 0.29,
+            stream_tokens: 64,
+            stream: vec![StreamRow {
+                path: "plain Envoy".into(),
+                round: 1,
+                requests_per_s: 314.0,
+                tokens_per_s: 20114.0,
+                errors: 0,
+                envoy_cores: 0.24,
+                predictor_cores: 0.01,
+                envoy_us_per_token: 12.04,
+            }],
+            stream_added_us_per_token: 15.9,
+        };
+        let md = report(&r);
+        for line in [
+            "| path | requests | errors | p50 ms | p99 ms | mean ms | added p50 ms | added p99 ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| plain Envoy | 10 | 0 | 0.320 | 0.900 | 0.300 | +0.240 | +0.000 |",
+            "| plain Envoy | 0 | 6979 | 0 | 1.19 | 0.01 | 0.45 |",
+            "| plain Envoy | 1 | 314 | 20114 | 0 | 0.24 | 0.01 | 12.0 |",
+            "**0.687 ms p50, 3.911 ms p99**",
+            "sustains **29%**",
+            "**15.9 us per token**",
+        ] {
+            assert!(md.contains(line), "{line:?} missing:\n{md}");
+        }
+    }
 
     #[test]
     fn percentile_is_nearest_rank() {

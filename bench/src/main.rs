@@ -53,45 +53,9 @@ enum Cmd {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
     },
-    /// The gateway's own cost: added latency at low load and closed-loop throughput of plain
-    /// Envoy and Envoy + headroom in front of servers that answer in microseconds.
-    Gateway {
-        /// Sequential requests per path per round.
-        #[arg(long, default_value_t = 250)]
-        requests: usize,
-        /// Interleaved latency rounds.
-        #[arg(long, default_value_t = 8)]
-        rounds: usize,
-        /// Closed-loop connections.
-        #[arg(long, default_value_t = 8)]
-        connections: usize,
-        /// Seconds per closed-loop run.
-        #[arg(long, default_value_t = 8.0)]
-        seconds: f64,
-        /// Closed-loop rounds (each runs every Envoy path once).
-        #[arg(long, default_value_t = 2)]
-        throughput_rounds: usize,
-        /// Simulator speed: large so the servers answer in microseconds (1: real time, as a
-        /// calibrated server would answer).
-        #[arg(long, default_value_t = 1000.0)]
-        time_scale: f64,
-        /// Tokens per streamed completion in the streaming phase (0 skips it).
-        #[arg(long, default_value_t = 64)]
-        stream_tokens: u32,
-        /// Closed-loop connections of the streaming phase.
-        #[arg(long, default_value_t = 32)]
-        stream_connections: usize,
-        /// Simulator speed of the streaming phase: slow enough that each token leaves the server as
-        /// its own chunk, as a real server's decode steps send them.
-        #[arg(long, default_value_t = 10.0)]
-        stream_time_scale: f64,
-        /// Filter configuration fields (a JSON object) over the benchmark's, to measure another setup.
-        #[arg(long, default_value = "{}")]
-        plugin: String,
-        /// Where gateway.md and gateway.json go.
-        #[arg(long, default_value = "results")]
-        out: std::path::PathBuf,
-    },
+    /// The gateway's own cost: added latency at low load, closed-loop throughput and Envoy's CPU
+    /// per streamed token, plain Envoy against Envoy + headroom, in front of fast servers.
+    Gateway(headroom_bench::gateway::GatewayOptions),
     /// Steady mixed traffic for a long time: memory of the predictor, Envoy and the Wasm VMs
     /// sampled, failures counted, the predictor's books balanced at the end (exit 1 on failure).
     Soak {
@@ -165,37 +129,11 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Gateway {
-            requests,
-            rounds,
-            connections,
-            seconds,
-            throughput_rounds,
-            time_scale,
-            stream_tokens,
-            stream_connections,
-            stream_time_scale,
-            plugin,
-            out,
-        } => {
-            let plugin = headroom_stack::plugin_fields(&plugin)?;
-            let opts = headroom_bench::gateway::GatewayOptions {
-                plugin,
-                requests,
-                rounds,
-                connections,
-                seconds,
-                throughput_rounds,
-                time_scale,
-                stream_tokens,
-                stream_connections,
-                stream_time_scale,
-                run_dir,
-                out: out.clone(),
-            };
+        Cmd::Gateway(mut opts) => {
+            opts.run_dir = run_dir;
             let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
             headroom_bench::gateway::run(&opts, command.trim())?;
-            println!("report: {}", out.join("gateway.md").display());
+            println!("report: {}", opts.out.join("gateway.md").display());
         }
         Cmd::Run { workloads, rates, step, warmup, servers, time_scale, routers, seeds, out } => {
             let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
