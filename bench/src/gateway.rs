@@ -169,6 +169,10 @@ pub struct GatewayResults {
 pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResults> {
     anyhow::ensure!(opts.requests > 0 && opts.rounds > 0, "--requests and --rounds must be > 0");
     anyhow::ensure!(opts.connections > 0 && opts.seconds > 0.0, "--connections and --seconds must be > 0");
+    anyhow::ensure!(
+        opts.stream_tokens == 0 || (opts.stream_connections > 0 && opts.stream_time_scale > 0.0),
+        "--stream-connections and --stream-time-scale must be > 0 (or --stream-tokens 0 to skip streaming)"
+    );
     let (mut stack, plain) = start(opts, 2, opts.time_scale)?;
 
     let body =
