@@ -79,6 +79,10 @@ fn plugin_fields(text: &str) -> Result<serde_json::Map<String, serde_json::Value
     headroom_stack::plugin_fields(text).map_err(|e| format!("{e:#}"))
 }
 
+/// The headers of a request routed by its SLOs (loose ones: every endpoint meets them).
+const SLO: [(&str, &str); 3] =
+    [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
+
 /// The four ways a request reaches a model server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Way {
@@ -177,23 +181,18 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
 
     let body =
         json!({"model": "sim-llama-8b", "prompt": "Say hello to the gateway benchmark.", "max_tokens": 1}).to_string();
-    let slo = [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
     let target = |way: Way| -> (SocketAddr, Vec<u8>) {
         match way {
             Way::Direct => (stack.state.servers[0], request_bytes("/v1/completions", &[], &body)),
             Way::PlainEnvoy => (plain, request_bytes("/v1/completions", &[], &body)),
             Way::Headroom => (stack.state.gateway, request_bytes("/v1/completions", &[], &body)),
-            Way::HeadroomSlo => (stack.state.gateway, request_bytes("/v1/completions", &slo, &body)),
+            Way::HeadroomSlo => (stack.state.gateway, request_bytes("/v1/completions", &SLO, &body)),
         }
     };
 
-    // Warm-up: connections, the predictor's first model inputs, Envoy's pools.
     for way in Way::ALL {
         let (addr, req) = target(way);
-        let mut conn = Conn::new(addr);
-        for _ in 0..200 {
-            let _ = conn.send(&req);
-        }
+        warm_up(addr, &req, 200);
     }
 
     println!("latency: {} rounds x {} sequential requests per path", opts.rounds, opts.requests);
@@ -267,19 +266,13 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
     }
     stack.stop();
     let stream = if opts.stream_tokens > 0 { streaming(opts)? } else { Vec::new() };
-    let per_token = |way: Way| {
-        let r: Vec<f64> = stream.iter().filter(|t| t.path == way.name()).map(|t| t.envoy_us_per_token).collect();
-        r.iter().sum::<f64>() / r.len().max(1) as f64
-    };
+    let per_token = |way: Way| mean(stream.iter().filter(|t| t.path == way.name()).map(|t| t.envoy_us_per_token));
 
     let row = |way: Way| latency.iter().find(|r| r.path == way.name());
     let (Some(plain_row), Some(slo_row)) = (row(Way::PlainEnvoy), row(Way::HeadroomSlo)) else {
         anyhow::bail!("a latency row is missing");
     };
-    let mean_rate = |way: Way| {
-        let r: Vec<f64> = throughput.iter().filter(|t| t.path == way.name()).map(|t| t.requests_per_s).collect();
-        r.iter().sum::<f64>() / r.len().max(1) as f64
-    };
+    let mean_rate = |way: Way| mean(throughput.iter().filter(|t| t.path == way.name()).map(|t| t.requests_per_s));
     let results = GatewayResults {
         command: command.to_string(),
         connections: opts.connections,
@@ -358,17 +351,13 @@ fn streaming(opts: &GatewayOptions) -> anyhow::Result<Vec<StreamRow>> {
     let body = json!({"model": "sim-llama-8b", "prompt": "Stream through the gateway benchmark.",
         "max_tokens": opts.stream_tokens, "stream": true, "stream_options": {"include_usage": true}})
     .to_string();
-    let slo = [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
     let target = |way: Way| match way {
         Way::PlainEnvoy => (plain, request_bytes("/v1/completions", &[], &body)),
-        _ => (stack.state.gateway, request_bytes("/v1/completions", &slo, &body)),
+        _ => (stack.state.gateway, request_bytes("/v1/completions", &SLO, &body)),
     };
     for way in [Way::PlainEnvoy, Way::HeadroomSlo] {
         let (addr, req) = target(way);
-        let mut conn = Conn::new(addr);
-        for _ in 0..20 {
-            let _ = conn.send(&req);
-        }
+        warm_up(addr, &req, 20);
     }
     println!(
         "streaming: {} connections, {} tokens per completion, servers at {}x, {} s per run",
@@ -399,6 +388,20 @@ fn streaming(opts: &GatewayOptions) -> anyhow::Result<Vec<StreamRow>> {
     }
     stack.stop();
     Ok(rows)
+}
+
+/// Connections, Envoy's pools and the predictor's first model inputs: `n` requests before measuring.
+fn warm_up(addr: SocketAddr, request: &[u8], n: usize) {
+    let mut conn = Conn::new(addr);
+    for _ in 0..n {
+        let _ = conn.send(request);
+    }
+}
+
+/// The mean of `values` (0 when there are none).
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    sum / n.max(1) as f64
 }
 
 /// `connections` threads sending `request` back to back for `length`: (answered 200, failed).

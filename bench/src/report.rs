@@ -529,11 +529,7 @@ fn conditions(w: &WorkloadRun) -> String {
     }
     let busy = recorded(w, |m| m.host_cpu_busy);
     if let Some(most) = busy.iter().map(|m| m.2).reduce(f64::max) {
-        let over: Vec<String> = busy
-            .iter()
-            .filter(|m| m.2 > host::BUSY)
-            .map(|(r, rate, b)| format!("{r} at {rate:.0} req/s ({})", pct(*b)))
-            .collect();
+        let over = shares_over(&busy, host::BUSY);
         if over.is_empty() {
             let (n, limit) = (busy.len(), pct(host::BUSY));
             let _ = writeln!(
@@ -551,11 +547,7 @@ fn conditions(w: &WorkloadRun) -> String {
         }
     }
     let fallback = recorded(w, |m| m.fallback);
-    let late: Vec<String> = fallback
-        .iter()
-        .filter(|m| m.2 > FALLBACK)
-        .map(|(r, rate, f)| format!("{r} at {rate:.0} req/s ({})", pct(*f)))
-        .collect();
+    let late = shares_over(&fallback, FALLBACK);
     if !late.is_empty() {
         let _ = writeln!(
             s,
@@ -573,6 +565,15 @@ fn conditions(w: &WorkloadRun) -> String {
         );
     }
     s
+}
+
+/// The recorded shares above `limit`, each named as "router at rate req/s (share)".
+fn shares_over(recorded: &[(&str, f64, f64)], limit: f64) -> Vec<String> {
+    recorded
+        .iter()
+        .filter(|m| m.2 > limit)
+        .map(|(r, rate, v)| format!("{r} at {rate:.0} req/s ({})", pct(*v)))
+        .collect()
 }
 
 /// The lines a workload needs where its speed or its command is not the header's: a

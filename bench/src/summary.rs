@@ -143,10 +143,10 @@ impl Summary {
             negative_tier: TierCount::in_tier(outcomes, RouteSource::PredictedNegative),
             gateway_overflow: None,
             host_cpu_busy: None,
-            fallback: outcomes.iter().any(|o| o.tier.is_some()).then(|| {
-                let fallback = outcomes.iter().filter(|o| o.tier.as_deref() == Some(RouteSource::Fallback.tier()));
-                fallback.count() as f64 / n
-            }),
+            fallback: outcomes
+                .iter()
+                .any(|o| o.tier.is_some())
+                .then(|| TierCount::in_tier(outcomes, RouteSource::Fallback).map_or(0, |t| t.placed) as f64 / n),
         }
     }
 
