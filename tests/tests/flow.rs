@@ -156,18 +156,21 @@ fn an_overloaded_server_serves_interactive_first_batch_within_its_slo_and_sheds_
             assert!(!(from < left && left < to), "batch released while interactive waited: {b:?} {i:?}");
         }
     }
-    // Served first: every interactive request had its first token, within its SLO, before
-    // the batch requests waiting when it arrived had theirs.
-    let arrived = interactive.iter().map(|s| s.sent).max().unwrap();
-    let waiting_then: Vec<Instant> = released
-        .iter()
-        .filter(|b| b.left_queue().is_some_and(|t| t > arrived))
-        .map(|b| b.sent + b.first_byte)
-        .collect();
-    assert!(waiting_then.len() >= 4, "batch requests still waited when interactive arrived");
+    // Served first: every interactive request had its first token, within its SLO, before the
+    // batch requests that were still waiting when it left the queue had theirs. (A batch request
+    // released while an interactive one was still on its way to the queue is not among them: it
+    // went first by right, and its prefill may hold the interactive one's back; a CI run saw it.)
+    let behind = |i: &Seen| -> Vec<&Seen> {
+        let left = i.left_queue().unwrap_or(i.sent) + skew;
+        released.iter().copied().filter(|b| b.left_queue().is_some_and(|t| t > left)).collect()
+    };
     for i in &interactive {
         assert!(i.first_byte <= Duration::from_millis(u64::from(INTERACTIVE_SLO_MS)), "interactive SLO met: {i:?}");
-        assert!(waiting_then.iter().all(|&b| i.sent + i.first_byte < b), "interactive first: {i:?}");
+        let behind = behind(i);
+        assert!(behind.len() >= 4, "batch requests still waited when interactive left the queue: {i:?}");
+        for b in behind {
+            assert!(i.sent + i.first_byte < b.sent + b.first_byte, "interactive first: {i:?} before {b:?}");
+        }
     }
     let late: Vec<&&Seen> =
         released.iter().filter(|s| s.first_byte > Duration::from_millis(u64::from(BATCH_SLO_MS))).collect();
