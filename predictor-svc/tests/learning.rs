@@ -61,9 +61,21 @@ fn observation(i: u64, input: u32, state: EndpointState, truth: (f64, f64), serv
 
 /// Feeds `n` requests of a regime (with what the store serves for each), from id `from`.
 fn feed(store: &ModelStore, from: u64, n: u64, slowdown: f64, inputs: (u32, u32), max_waiting: u32) {
+    feed_with(store, from, n, |_| slowdown, inputs, max_waiting);
+}
+
+/// [`feed`], request `i` slowed `slowdown(i)` times.
+fn feed_with(
+    store: &ModelStore,
+    from: u64,
+    n: u64,
+    slowdown: impl Fn(u64) -> f64,
+    inputs: (u32, u32),
+    max_waiting: u32,
+) {
     for i in from..from + n {
         let (input, state) = request(i, inputs, max_waiting);
-        let truth = world(slowdown, input, &state);
+        let truth = world(slowdown(i), input, &state);
         let req = RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
         let served = store.predict(&[store.row(&req, &state)]).0[0];
         store.observe(&observation(i, input, state, truth, served));
@@ -134,6 +146,33 @@ fn drift_retrains_at_once_on_the_newest_samples() {
     let (drifting, outcome, error) = shift(0.0);
     assert!(!drifting && outcome == TrainOutcome::Skipped, "off: waits for min_new_samples");
     assert!(error > 0.4, "and serves the old fleet's numbers meanwhile: {error:.3}");
+}
+
+#[test]
+fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
+    // Latencies +-35% around the world's, and one request in 40 seven times faster than
+    // its state says (it hit a step boundary, say): errors of 6x now and then, which move
+    // a mean of 50 or 100 errors by chance. Then a shift comes: the fleet twice as slow.
+    // (A hash of the id, not the id: `request` derives the state from the id's residues.)
+    let slowdown = |i: u64| {
+        let h = (i ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let h = (h ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let h = h ^ (h >> 29);
+        let u = (h % 1000) as f64 / 1000.0;
+        1.2 * if (h >> 20).is_multiple_of(40) { 0.14 } else { 0.65 + 0.7 * u }
+    };
+    let store = ModelStore::open(config(true, 1.5)).unwrap();
+    // 600 requests: a held-out set of about 60, as a busy reservoir holds.
+    feed_with(&store, 0, 600, slowdown, (50, 3000), 2);
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    let mut alarms = 0;
+    for k in 0..300 {
+        feed_with(&store, 10_000 + 10 * k, 10, slowdown, (50, 3000), 2);
+        alarms += u32::from(store.drift().drifting);
+    }
+    assert_eq!(alarms, 0, "3,000 requests of the same fleet, judged every 10");
+    feed_with(&store, 50_000, 100, |i| 2.0 * slowdown(i), (50, 3000), 2);
+    assert!(store.drift().drifting, "a fleet twice as slow is a new regime: {:?}", store.drift());
 }
 
 #[test]

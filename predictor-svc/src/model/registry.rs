@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gbdt::Objective;
 use super::runtime::OnnxModel;
+use super::training::ErrorSpread;
 
 /// What is known about one model version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +28,10 @@ pub struct ModelInfo {
     /// Share of held-out samples at or under the prediction.
     pub holdout_coverage_ttft: Option<f64>,
     pub holdout_coverage_tpot: Option<f64>,
+    /// The held-out errors as drift judges them (TTFT, TPOT; `training::ErrorSpread`).
+    /// Absent in models saved before 2026-11-26: drift does not judge those.
+    #[serde(default)]
+    pub holdout_drift: [Option<ErrorSpread>; 2],
     pub train_ms: u64,
     /// Hex SHA-256 of the ONNX file, recorded when it was written.
     #[serde(default)]

@@ -11,7 +11,8 @@
 //!
 //! Between rounds, served predictions are corrected from what reports show
 //! (`calibration`), and the served error is watched for drift: past
-//! `drift_factor` times the active model's held-out error, the next round starts
+//! `drift_factor` times the active model's held-out error, beyond what chance
+//! moves either (`drifted`), the next round starts
 //! at once, weights the newest samples and is judged on the newest held-out ones.
 
 use std::collections::VecDeque;
@@ -31,7 +32,7 @@ use super::prior::AnalyticPrior;
 use super::registry::{ActiveModel, Registry};
 use super::runtime::OnnxModel;
 use super::sampler::{Sample, Samples};
-use super::training::{self, Scores};
+use super::training::{self, ErrorSpread, Scores};
 use crate::config::ModelConfig;
 
 pub use super::prior::ANALYTIC_PRIOR as PRIOR;
@@ -42,6 +43,9 @@ pub use super::training::TrainOutcome;
 pub const DRIFT_WINDOW: usize = 100;
 /// Observations of a target needed before it can be judged drifting.
 const DRIFT_MIN: usize = 50;
+/// Standard errors by which the live error must clear `drift_factor` times the held-out
+/// one: both are means of a few dozen errors, and chance alone rarely moves them that far.
+const DRIFT_Z: f64 = 3.0;
 
 /// Absolute percentage errors of the active model's own predictions on the newest
 /// observations, per target.
@@ -59,12 +63,23 @@ impl LiveErrors {
         q.push_back(ape);
     }
 
-    fn mape(&self) -> [Option<f64>; 2] {
+    /// Per target, once [`DRIFT_MIN`] are in: the mean error, and the errors as drift
+    /// judges them.
+    fn judged(&self) -> [Option<(f64, ErrorSpread)>; 2] {
         [0, 1].map(|k| {
-            let q = &self.recent[k];
-            (q.len() >= DRIFT_MIN).then(|| q.iter().sum::<f64>() / q.len() as f64)
+            let q: Vec<f64> = self.recent[k].iter().copied().collect();
+            let spread = ErrorSpread::of(&q).filter(|_| q.len() >= DRIFT_MIN)?;
+            Some((q.iter().sum::<f64>() / q.len() as f64, spread))
         })
     }
+}
+
+/// Whether the live errors say the model's regime is over: past `factor` times the
+/// held-out errors, by more than [`DRIFT_Z`] standard errors of the difference.
+fn drifted(live: ErrorSpread, holdout: ErrorSpread, factor: f64) -> bool {
+    let bound = factor * holdout.capped_mape.max(0.01);
+    let spread = live.standard_error.hypot(factor * holdout.standard_error);
+    live.capped_mape > bound + DRIFT_Z * spread
 }
 
 /// Whether the served error has drifted from the active model's held-out error.
@@ -132,6 +147,7 @@ impl ModelStore {
                 holdout_mape_tpot: None,
                 holdout_coverage_ttft: None,
                 holdout_coverage_tpot: None,
+                holdout_drift: [None, None],
                 train_ms: 0,
                 sha256: Some(sha256_hex(&bytes)),
                 trained_on_drift: false,
@@ -337,7 +353,7 @@ impl ModelStore {
                 if drifting || replaces_prior {
                     self.calibration.lock().unwrap_or_else(|p| p.into_inner()).reset(Instant::now());
                 }
-                TrainOutcome::Activated(info)
+                TrainOutcome::Activated(Box::new(info))
             }
             Err(e) => {
                 tracing::error!(error = %e, "exported model does not load; kept the active one");
@@ -352,15 +368,16 @@ impl ModelStore {
     /// while the prior serves (the first model comes from `min_samples` anyway), or
     /// with `drift_factor = 0`.
     pub fn drift(&self) -> DriftView {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).mape();
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).judged();
         let factor = self.config.drift_factor;
         let holdout = match &*self.registry.active() {
-            Some(m) if self.trains() => [m.info.holdout_mape_ttft, m.info.holdout_mape_tpot],
+            Some(m) if self.trains() => m.info.holdout_drift,
             _ => [None, None],
         };
         let drifting = factor > 0.0
-            && (0..2).any(|k| matches!((live[k], holdout[k]), (Some(l), Some(h)) if l > factor * h.max(0.01)));
-        DriftView { drifting, factor, live_mape_ttft: live[0], live_mape_tpot: live[1] }
+            && (0..2).any(|k| matches!((live[k], holdout[k]), (Some((_, l)), Some(h)) if drifted(l, h, factor)));
+        let [ttft, tpot] = live.map(|l| l.map(|(mape, _)| mape));
+        DriftView { drifting, factor, live_mape_ttft: ttft, live_mape_tpot: tpot }
     }
 
     /// The live correction applied to served predictions.
@@ -402,5 +419,25 @@ impl ModelStore {
     /// starts once there are `min_new_samples`).
     pub fn samples_since_training(&self) -> usize {
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).new_since_training
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spread(capped_mape: f64, standard_error: f64) -> ErrorSpread {
+        ErrorSpread { capped_mape, standard_error }
+    }
+
+    #[test]
+    fn drift_allows_for_the_chance_in_both_means() {
+        // A held-out set of 40 that happened to be easy (15% +- 3%) against a live window at
+        // the fleet's usual 24%: past 1.5x the held-out figure, within chance of it.
+        assert!(!drifted(spread(0.24, 0.02), spread(0.15, 0.03), 1.5));
+        // The same held-out figure measured on many samples: a real change.
+        assert!(drifted(spread(0.30, 0.01), spread(0.15, 0.002), 1.5));
+        // A fleet twice as slow: errors near 50% against 15% +- 3%.
+        assert!(drifted(spread(0.50, 0.03), spread(0.15, 0.03), 1.5));
     }
 }

@@ -2,6 +2,7 @@
 //! TTFT and TPOT ensembles on the training samples, score a model on the held-out
 //! samples, and export a candidate as one ONNX graph with its [`ModelInfo`].
 
+use serde::{Deserialize, Serialize};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::features::{self, Row};
@@ -21,7 +22,7 @@ pub enum TrainOutcome {
     /// Not enough (new) samples yet.
     Skipped,
     /// Trained, validated, and now active.
-    Activated(ModelInfo),
+    Activated(Box<ModelInfo>),
     /// Trained but worse on the holdout than the active model: discarded.
     KeptActive { candidate_error: f64, active_error: f64 },
 }
@@ -79,6 +80,8 @@ pub struct Scores {
     pub mape_tpot: Option<f64>,
     pub coverage_ttft: Option<f64>,
     pub coverage_tpot: Option<f64>,
+    /// The same errors as drift judges them (TTFT, TPOT).
+    pub drift: [Option<ErrorSpread>; 2],
     /// The number models are compared by: MAPE (mean) or pinball loss of the relative error (quantile).
     pub error: f64,
 }
@@ -108,7 +111,46 @@ pub fn score(holdout: &[Sample], objective: Objective, mut predict: impl FnMut(&
         Objective::Mean => (mape_ttft.unwrap_or(0.0) + mape_tpot.unwrap_or(0.0)) / 2.0,
         Objective::Quantile { .. } => mean(&pinball).unwrap_or(0.0),
     };
-    Scores { mape_ttft, mape_tpot, coverage_ttft: mean(&cover[0]), coverage_tpot: mean(&cover[1]), error }
+    Scores {
+        mape_ttft,
+        mape_tpot,
+        coverage_ttft: mean(&cover[0]),
+        coverage_tpot: mean(&cover[1]),
+        drift: [ErrorSpread::of(&ape[0]), ErrorSpread::of(&ape[1])],
+        error,
+    }
+}
+
+/// Relative errors as drift judges them: each capped at [`ErrorSpread::CAP`], their mean
+/// and its standard error.
+///
+/// Why capped: a request that took a seventh of its prediction (it reached the engine
+/// just before a step ended) is a 600% error, and two such in a window of 100 weigh as
+/// much as a fleet grown 1.5x slower, whose errors are bounded by 100%. Capped, a slower
+/// fleet stands out of the noise; uncapped, the mean of a held-out set of 40-60 and of the
+/// live window moved so much by chance that a stationary fleet set drift off a few times
+/// a run, each time throwing away the stratified reservoirs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ErrorSpread {
+    pub capped_mape: f64,
+    pub standard_error: f64,
+}
+
+impl ErrorSpread {
+    /// An error counts at most this much (100%).
+    pub const CAP: f64 = 1.0;
+
+    /// `None` under two errors.
+    pub fn of(ape: &[f64]) -> Option<ErrorSpread> {
+        let n = ape.len();
+        if n < 2 {
+            return None;
+        }
+        let capped = || ape.iter().map(|e| e.min(Self::CAP));
+        let mean = capped().sum::<f64>() / n as f64;
+        let var = capped().map(|e| (e - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        Some(ErrorSpread { capped_mape: mean, standard_error: (var / n as f64).sqrt() })
+    }
 }
 
 /// Whether a candidate scoring `candidate` must not replace a model scoring `active`:
@@ -137,6 +179,7 @@ pub fn export(
         holdout_mape_tpot: scores.mape_tpot,
         holdout_coverage_ttft: scores.coverage_ttft,
         holdout_coverage_tpot: scores.coverage_tpot,
+        holdout_drift: scores.drift,
         train_ms: fitted.train_ms,
         sha256: None,
         trained_on_drift: false,
