@@ -152,27 +152,30 @@ fn drift_retrains_at_once_on_the_newest_samples() {
 fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
     // Latencies +-35% around the world's, and one request in 40 seven times faster than
     // its state says (it hit a step boundary, say): errors of 6x now and then, which move
-    // a mean of 50 or 100 errors by chance. Then a shift comes: the fleet twice as slow.
+    // a mean of 50 or 100 errors by chance. Then a shift comes: the fleet three times as slow.
     // (A hash of the id, not the id: `request` derives the state from the id's residues.)
     let slowdown = |i: u64| {
         let h = (i ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         let h = (h ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb);
         let h = h ^ (h >> 29);
         let u = (h % 1000) as f64 / 1000.0;
-        1.2 * if (h >> 20).is_multiple_of(40) { 0.14 } else { 0.65 + 0.7 * u }
+        2.0 * if (h >> 20).is_multiple_of(40) { 0.14 } else { 0.65 + 0.7 * u }
     };
     let store = ModelStore::open(config(true, 1.5)).unwrap();
-    // 600 requests: a held-out set of about 60, as a busy reservoir holds.
+    // 600 requests: a held-out set of about 60, as a busy reservoir holds. (The fleet is
+    // twice the prior's latency, so that the first model beats the prior on any held-out
+    // set: which requests are held out varies from run to run.)
     feed_with(&store, 0, 600, slowdown, (50, 3000), 2);
-    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    let first = store.train_if_due();
+    assert!(matches!(first, TrainOutcome::Activated(_)), "{first:?}");
     let mut alarms = 0;
     for k in 0..300 {
         feed_with(&store, 10_000 + 10 * k, 10, slowdown, (50, 3000), 2);
         alarms += u32::from(store.drift().drifting);
     }
     assert_eq!(alarms, 0, "3,000 requests of the same fleet, judged every 10");
-    feed_with(&store, 50_000, 100, |i| 2.0 * slowdown(i), (50, 3000), 2);
-    assert!(store.drift().drifting, "a fleet twice as slow is a new regime: {:?}", store.drift());
+    feed_with(&store, 50_000, 100, |i| 3.0 * slowdown(i), (50, 3000), 2);
+    assert!(store.drift().drifting, "a fleet three times as slow is a new regime: {:?}", store.drift());
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! TTFT and TPOT ensembles on the training samples, score a model on the held-out
 //! samples, and export a candidate as one ONNX graph with its [`ModelInfo`].
 
-use serde::{Deserialize, Serialize};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
 
 use super::features::{self, Row};
 use super::gbdt::{self, Ensemble, Objective, Params};
@@ -125,8 +126,9 @@ pub fn score(holdout: &[Sample], objective: Objective, mut predict: impl FnMut(&
 /// and its standard error.
 ///
 /// Why capped: a request that took a seventh of its prediction (it reached the engine
-/// just before a step ended) is a 600% error, and two such in a window of 100 weigh as
-/// much as a fleet grown 1.5x slower, whose errors are bounded by 100%. Capped, a slower
+/// just before a step ended) is a 600% error, and two such raise the mean of a window of
+/// 100 by 12 points, as much as a fleet grown 1.5x slower raises it from 20% (a slower
+/// fleet's errors are bounded by 100%: it cannot stand out of such a tail). Capped, a slower
 /// fleet stands out of the noise; uncapped, the mean of a held-out set of 40-60 and of the
 /// live window moved so much by chance that a stationary fleet set drift off a few times
 /// a run, each time throwing away the stratified reservoirs.
