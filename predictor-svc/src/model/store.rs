@@ -65,11 +65,13 @@ impl LiveErrors {
 
     /// Per target, once [`DRIFT_MIN`] are in: the mean error, and the errors as drift
     /// judges them.
-    fn judged(&self) -> [Option<(f64, ErrorSpread)>; 2] {
+    fn judged(&mut self) -> [Option<(f64, ErrorSpread)>; 2] {
         [0, 1].map(|k| {
-            let q: Vec<f64> = self.recent[k].iter().copied().collect();
-            let spread = ErrorSpread::of(&q).filter(|_| q.len() >= DRIFT_MIN)?;
-            Some((q.iter().sum::<f64>() / q.len() as f64, spread))
+            let q = self.recent[k].make_contiguous();
+            if q.len() < DRIFT_MIN {
+                return None;
+            }
+            Some((q.iter().sum::<f64>() / q.len() as f64, ErrorSpread::of(q)?))
         })
     }
 }
