@@ -13,7 +13,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use headroom_protocol::{codec, limits, paths, DispatchBatch, ErrorBody, Format, Invalid, PredictRequest, ReportBatch};
+use headroom_protocol::{
+    codec, limits, paths, DispatchBatch, ErrorBody, Format, Invalid, PredictBatch, PredictBatchResponse,
+    PredictRequest, ReportBatch,
+};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::state::AppState;
@@ -23,6 +26,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     // Guarded: what teaches the model, reveals traffic or hands out models (`crate::auth`).
     let guarded = Router::new()
         .route(paths::PREDICT, post(predict))
+        .route(paths::PREDICT_BATCH, post(predict_batch))
         .route(paths::DISPATCH, post(dispatch))
         .route(paths::REPORT, post(report))
         .route("/v1/observations", get(observations))
@@ -126,6 +130,32 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
         }
     };
     Ok(reply(&headers, format, &answer))
+}
+
+/// Several requests' predictions in one call, answered at once (a gateway worker's
+/// requests that arrived while its previous call was out; none may wait in the flow queue).
+/// The dispatches and reports riding along are applied first, as `/v1/dispatch` and
+/// `/v1/report` would, so the predictions see them.
+async fn predict_batch(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let (mut batch, format): (PredictBatch, Format) = decode_body(&headers, &body)?;
+    batch.check().map_err(|e| invalid(&state, paths::PREDICT_BATCH, e))?;
+    if !batch.dispatches.is_empty() {
+        service::dispatch(&state, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, started);
+    }
+    if let Some(reports) = batch.reports.take() {
+        service::report(&state, reports, started);
+    }
+    let pools: Vec<String> = batch.requests.iter().map(|r| r.pool.clone()).collect();
+    let answers = service::predict_batch(&state, batch.requests, started).map_err(|i| {
+        ApiError::field(StatusCode::NOT_FOUND, &format!("requests[{i}].pool"), format!("no pool named {:?}", pools[i]))
+    })?;
+    state.metrics.predicted(started.elapsed().as_secs_f64());
+    Ok(reply(&headers, format, &PredictBatchResponse { answers }))
 }
 
 /// How long past the longest wait a queued call waits for `flow::run` before answering

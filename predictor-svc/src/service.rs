@@ -14,27 +14,46 @@ use crate::state::AppState;
 
 /// Predictions and state for every endpoint of `req.pool`; `None` when there is no such pool.
 pub fn predict(state: &AppState, req: PredictRequest, now: Instant) -> Option<PredictResponse> {
+    predict_batch(state, vec![req], now).ok().and_then(|mut answers| answers.pop())
+}
+
+/// [`predict`] for each request, the model run once over all their rows (one call into
+/// ONNX Runtime for the whole batch). `Err(i)`: `reqs[i]` names no known pool.
+pub fn predict_batch(state: &AppState, reqs: Vec<PredictRequest>, now: Instant) -> Result<Vec<PredictResponse>, usize> {
     let stale_ms = state.config.stale_after_ms;
-    let (addresses, states) = state.pools.with(&req.pool, |pool| {
-        let addresses: Vec<String> = pool.endpoints.iter().map(|e| e.address.clone()).collect();
-        (addresses, pool.states_for(&req.request, now))
-    })?;
-    // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
-    let fresh: Vec<usize> =
-        (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
-    let rows: Vec<features::Row> = fresh.iter().map(|&i| state.models.row(&req.request, &states[i])).collect();
-    let (predicted, model_version) = state.models.predict(&rows);
-    let mut endpoints: Vec<EndpointPrediction> = addresses
-        .into_iter()
-        .zip(states)
-        .map(|(address, s)| EndpointPrediction { address, ttft_ms: None, tpot_ms: None, state: s })
-        .collect();
-    // A model or prior answer out of range says "unknown", never a number the filter cannot use.
-    for (&i, (ttft, tpot)) in fresh.iter().zip(predicted) {
-        endpoints[i].ttft_ms = limits::ms_or_none(Some(ttft));
-        endpoints[i].tpot_ms = limits::ms_or_none(Some(tpot));
+    let mut pending = Vec::with_capacity(reqs.len());
+    let mut rows: Vec<features::Row> = Vec::new();
+    for (i, req) in reqs.into_iter().enumerate() {
+        let (addresses, states) = state
+            .pools
+            .with(&req.pool, |pool| {
+                let addresses: Vec<String> = pool.endpoints.iter().map(|e| e.address.clone()).collect();
+                (addresses, pool.states_for(&req.request, now))
+            })
+            .ok_or(i)?;
+        // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
+        let fresh: Vec<usize> =
+            (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
+        rows.extend(fresh.iter().map(|&i| state.models.row(&req.request, &states[i])));
+        pending.push((req.pool, addresses, states, fresh));
     }
-    Some(PredictResponse { pool: req.pool, model_version, endpoints, flow: None })
+    let (predicted, model_version) = state.models.predict(&rows);
+    let mut predicted = predicted.into_iter();
+    let answers = pending.into_iter().map(|(pool, addresses, states, fresh)| {
+        let mut endpoints: Vec<EndpointPrediction> = addresses
+            .into_iter()
+            .zip(states)
+            .map(|(address, s)| EndpointPrediction { address, ttft_ms: None, tpot_ms: None, state: s })
+            .collect();
+        // A model or prior answer out of range says "unknown", never a number the filter cannot use.
+        // (`zip` asks `fresh` first, so each request takes exactly its own rows' answers.)
+        for (&i, (ttft, tpot)) in fresh.iter().zip(predicted.by_ref()) {
+            endpoints[i].ttft_ms = limits::ms_or_none(Some(ttft));
+            endpoints[i].tpot_ms = limits::ms_or_none(Some(tpot));
+        }
+        PredictResponse { pool, model_version: model_version.clone(), endpoints, flow: None }
+    });
+    Ok(answers.collect())
 }
 
 /// Starts tracking each dispatched request (the batch is already checked).

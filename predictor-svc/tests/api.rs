@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
+use headroom_predictor::pool::EngineMetrics;
 use headroom_predictor::{api, config::Config, state::AppState};
-use headroom_protocol::{codec, Format, PredictResponse};
+use headroom_protocol::{codec, Format, PredictBatchResponse, PredictResponse};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -99,6 +100,99 @@ async fn errors_are_json_and_name_the_field() {
     }
     let (status, _, _) = call(&s, "/v1/predict", codec::MSGPACK, "", vec![0xc1, 0xff]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_batch_answers_each_request_as_predict_would() {
+    let s = state();
+    // Scraped, so both endpoints are predicted; one has a request in flight, so they differ.
+    s.pools.with("default", |p| {
+        for e in &mut p.endpoints {
+            e.metrics = Some(EngineMetrics { running: 2, waiting: 1, kv_usage: 0.3 });
+            e.scraped_at = Some(std::time::Instant::now());
+        }
+    });
+    let dispatch = json!({"dispatches": [{"pool": "default", "request_id": "x", "endpoint": "127.0.0.1:1",
+        "request": {"model": "m", "input_tokens": 3000, "streaming": true}}]});
+    call(&s, "/v1/dispatch", codec::JSON, codec::JSON, dispatch.to_string().into_bytes()).await;
+    let mut short = predict_body();
+    short["request_id"] = json!("short");
+    let mut long = predict_body();
+    long["request_id"] = json!("long");
+    long["request"]["input_tokens"] = json!(6000);
+    let batch = json!({"requests": [short, long]});
+    let (status, ct, body) =
+        call(&s, "/v1/predict/batch", codec::MSGPACK, codec::MSGPACK, codec::encode(Format::MsgPack, &batch).unwrap())
+            .await;
+    assert_eq!((status, ct.as_str()), (StatusCode::OK, codec::MSGPACK));
+    let batch: PredictBatchResponse = codec::decode(Format::MsgPack, &body).unwrap();
+    assert_eq!(batch.answers.len(), 2);
+    for (i, one) in [short, long].into_iter().enumerate() {
+        let (_, _, body) = call(&s, "/v1/predict", codec::JSON, codec::MSGPACK, one.to_string().into_bytes()).await;
+        let alone: PredictResponse = codec::decode(Format::MsgPack, &body).unwrap();
+        assert!(alone.endpoints.iter().all(|e| e.ttft_ms.is_some()), "scraped endpoints are predicted");
+        // What moves with the clock (metrics age, decaying rates) aside, the same answer.
+        let view = |a: &PredictResponse| -> Vec<_> {
+            a.endpoints.iter().map(|e| (e.address.clone(), e.ttft_ms, e.tpot_ms, e.state.in_flight)).collect()
+        };
+        assert_eq!(view(&batch.answers[i]), view(&alone), "answer {i} of the batch is what /v1/predict answers");
+    }
+    assert!(batch.answers[1].endpoints[0].ttft_ms > batch.answers[0].endpoints[0].ttft_ms, "each its own rows");
+}
+
+#[tokio::test]
+async fn what_rides_on_a_batch_is_applied_before_its_predictions() {
+    let s = state();
+    let request = json!({"model": "m", "input_tokens": 100, "streaming": true});
+    let batch = json!({
+        "requests": [predict_body()],
+        "dispatches": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1", "request": request},
+                       {"pool": "default", "request_id": "b", "endpoint": "127.0.0.1:1", "request": request}],
+        "reports": {"observations": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1",
+            "request": request, "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0, "e2e_ms": 400.0,
+            "output_tokens": 40, "status": 200}]},
+    });
+    let (status, _, body) =
+        call(&s, "/v1/predict/batch", codec::JSON, codec::JSON, batch.to_string().into_bytes()).await;
+    assert_eq!(status, StatusCode::OK);
+    // Both dispatched, then a reported in the same call: b is in flight, and the answer sees it.
+    assert_eq!(json_of(&body)["answers"][0]["endpoints"][0]["state"]["in_flight"], 1);
+    assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(1));
+
+    let bad = json!({"requests": [], "dispatches": [{"pool": "default", "request_id": "", "endpoint": "127.0.0.1:1",
+        "request": request}]});
+    let (status, _, body) = call(&s, "/v1/predict/batch", codec::JSON, "", bad.to_string().into_bytes()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"]["field"], "dispatches[0].request_id");
+    let bad = json!({"requests": [], "reports": {"observations": [{"pool": "default"}]}});
+    let (status, _, body) = call(&s, "/v1/predict/batch", codec::JSON, "", bad.to_string().into_bytes()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(json_of(&body)["error"]["field"].as_str().unwrap().starts_with("reports"), "{:?}", json_of(&body));
+}
+
+#[tokio::test]
+async fn a_batch_refuses_what_it_cannot_answer_at_once_naming_the_request() {
+    let s = state();
+    let mut waits = predict_body();
+    waits["flow"] = json!({"max_wait_ms": 100, "tpot_buffer": 1.0, "dispatch_horizon_ms": 150});
+    let mut elsewhere = predict_body();
+    elsewhere["pool"] = json!("elsewhere");
+    let mut bad = predict_body();
+    bad["request"]["input_tokens"] = json!(-1);
+    let cases = [
+        (json!({"requests": [predict_body(), waits]}), StatusCode::BAD_REQUEST, "requests[1].flow"),
+        (json!({"requests": [bad]}), StatusCode::BAD_REQUEST, "requests[0].request.input_tokens"),
+        (json!({"requests": [predict_body(), elsewhere]}), StatusCode::NOT_FOUND, "requests[1].pool"),
+        (json!({"requests": 3}), StatusCode::BAD_REQUEST, "requests"),
+    ];
+    for (body, want_status, want_field) in cases {
+        let (status, _, out) = call(&s, "/v1/predict/batch", codec::JSON, "", body.to_string().into_bytes()).await;
+        assert_eq!(status, want_status, "{want_field}");
+        assert_eq!(json_of(&out)["error"]["field"], want_field);
+    }
+    let (status, _, body) = call(&s, "/v1/predict/batch", codec::JSON, "", b"{\"requests\": []}".to_vec()).await;
+    assert_eq!(status, StatusCode::OK, "an empty batch is an empty answer");
+    assert_eq!(json_of(&body), json!({"answers": []}));
 }
 
 #[tokio::test]

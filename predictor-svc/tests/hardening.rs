@@ -118,6 +118,7 @@ async fn guarded_routes_need_the_token_and_open_ones_do_not() {
     let predict = json!({"pool": "default", "request_id": "r", "request": request()});
     let guarded = [
         ("POST", "/v1/predict", predict.clone()),
+        ("POST", "/v1/predict/batch", json!({"requests": [predict.clone()]})),
         ("POST", "/v1/dispatch", dispatch("r", json!({}))),
         ("POST", "/v1/report", json!({"observations": []})),
         ("GET", "/v1/observations", Value::Null),

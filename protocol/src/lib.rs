@@ -27,6 +27,8 @@ pub use messages::*;
 pub mod paths {
     /// `POST`: [`crate::PredictRequest`] -> [`crate::PredictResponse`].
     pub const PREDICT: &str = "/v1/predict";
+    /// `POST`: [`crate::PredictBatch`] -> [`crate::PredictBatchResponse`], answered at once.
+    pub const PREDICT_BATCH: &str = "/v1/predict/batch";
     /// `POST`: [`crate::DispatchBatch`] -> [`crate::BatchAck`]. Starts in-flight tracking.
     pub const DISPATCH: &str = "/v1/dispatch";
     /// `POST`: [`crate::ReportBatch`] -> [`crate::BatchAck`]. Ends in-flight tracking.

@@ -11,7 +11,7 @@
 
 use crate::messages::{
     Abandoned, Dispatch, DispatchBatch, EndpointPrediction, EndpointState, FirstToken, FlowTerms, Observation,
-    PredictRequest, ReportBatch, RequestFeatures, Slo,
+    PredictBatch, PredictRequest, ReportBatch, RequestFeatures, Slo,
 };
 
 /// Largest latency, SLO or prediction accepted, in milliseconds (one hour): no
@@ -54,8 +54,16 @@ impl std::fmt::Display for Invalid {
 impl std::error::Error for Invalid {}
 
 fn invalid(at: &str, name: &str, message: impl Into<String>) -> Invalid {
-    let field = if at.is_empty() { name.to_string() } else { format!("{at}.{name}") };
-    Invalid { field, message: message.into() }
+    Invalid { field: join(at, name), message: message.into() }
+}
+
+/// `name` under `at` (`at.name`, or `name` at the top).
+fn join(at: &str, name: &str) -> String {
+    if at.is_empty() {
+        name.to_string()
+    } else {
+        format!("{at}.{name}")
+    }
 }
 
 /// True for a duration in milliseconds within `0..=MAX_MS`.
@@ -173,10 +181,40 @@ impl EndpointPrediction {
 
 impl PredictRequest {
     pub fn check(&self) -> Result<(), Invalid> {
-        text("", "pool", &self.pool, MAX_NAME_BYTES, true)?;
-        text("", "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, false)?;
-        self.request.check("request")?;
-        self.flow.as_ref().map_or(Ok(()), |f| f.check("flow"))
+        self.check_at("")
+    }
+
+    /// The same, naming fields under `at` (`requests[3]` in a batch).
+    pub fn check_at(&self, at: &str) -> Result<(), Invalid> {
+        text(at, "pool", &self.pool, MAX_NAME_BYTES, true)?;
+        text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, false)?;
+        self.request.check(&join(at, "request"))?;
+        self.flow.as_ref().map_or(Ok(()), |f| f.check(&join(at, "flow")))
+    }
+}
+
+impl PredictBatch {
+    /// Every request, and none offering to wait (a batch is answered at once); what rides
+    /// along as in its own batch, so a refused call applies nothing.
+    pub fn check(&self) -> Result<(), Invalid> {
+        items("requests", self.requests.len())?;
+        items("dispatches", self.dispatches.len())?;
+        self.dispatches.iter().enumerate().try_for_each(|(i, d)| d.check(&format!("dispatches[{i}]")))?;
+        if let Some(reports) = &self.reports {
+            reports.check().map_err(|e| Invalid { field: join("reports", &e.field), message: e.message })?;
+        }
+        self.requests.iter().enumerate().try_for_each(|(i, r)| {
+            let at = format!("requests[{i}]");
+            r.check_at(&at)?;
+            match r.flow {
+                Some(_) => Err(invalid(
+                    &at,
+                    "flow",
+                    "a batch is answered at once: a request that may wait goes alone to /v1/predict",
+                )),
+                None => Ok(()),
+            }
+        })
     }
 }
 
@@ -366,6 +404,9 @@ mod proptests {
             let _ = m.check();
         }
         if let Ok(m) = codec::decode::<DispatchBatch>(format, bytes) {
+            let _ = m.check();
+        }
+        if let Ok(m) = codec::decode::<PredictBatch>(format, bytes) {
             let _ = m.check();
         }
         if let Ok(m) = codec::decode::<ReportBatch>(format, bytes) {

@@ -191,6 +191,34 @@ pub struct PredictResponse {
     pub flow: Option<FlowAnswer>,
 }
 
+/// `POST /v1/predict/batch` body: several requests' predictions in one call, and what the
+/// worker owes the predictor besides.
+///
+/// A gateway worker that has a predict call out sends the requests that arrive meanwhile
+/// together in its next call: Envoy's cost of a call (its HTTP client, a request and a
+/// response over a socket) is then paid once per batch, not per request
+/// (docs/performance.md). The worker's queued dispatches and reports ride along, so they
+/// need no calls of their own while predict calls flow, and the predictor applies them
+/// (dispatches, then reports) before it predicts: these predictions see every placement
+/// the worker made before them. Requests that may wait in the flow-control queue go alone
+/// to `/v1/predict`, because each is answered when it can go.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PredictBatch {
+    pub requests: Vec<PredictRequest>,
+    /// As in `/v1/dispatch`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dispatches: Vec<Dispatch>,
+    /// As in `/v1/report`; a report may follow its dispatch in the same call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reports: Option<ReportBatch>,
+}
+
+/// `POST /v1/predict/batch` answer: `answers[i]` is what `/v1/predict` answers for `requests[i]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PredictBatchResponse {
+    pub answers: Vec<PredictResponse>,
+}
+
 /// One routing decision: `request_id` went to `endpoint`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dispatch {
