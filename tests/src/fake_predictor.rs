@@ -11,9 +11,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use headroom_protocol::codec::{decode, encode, Format};
-use headroom_protocol::{EndpointPrediction, EndpointState, Observation, PredictRequest, PredictResponse, ReportBatch};
+use headroom_protocol::{
+    EndpointPrediction, EndpointState, Observation, PredictBatch, PredictBatchResponse, PredictRequest,
+    PredictResponse, ReportBatch,
+};
 
-/// How the fake answers `POST /v1/predict` (dispatch and report always get 200).
+/// How the fake answers `POST /v1/predict` and `/v1/predict/batch` (dispatch and report
+/// always get 200).
 #[derive(Debug, Clone, Copy)]
 pub enum Misbehaviour {
     /// 200 with a body that is not MessagePack.
@@ -34,7 +38,7 @@ pub const UNKNOWN_ENDPOINT: &str = "127.0.0.1:9";
 
 pub struct FakePredictor {
     pub addr: SocketAddr,
-    /// Predict calls received.
+    /// Requests it was asked to predict, alone or in batches.
     pub predicts: Arc<AtomicU64>,
     /// Observations reported to it, decoded.
     pub observations: Arc<Mutex<Vec<Observation>>>,
@@ -93,10 +97,9 @@ struct Seen {
     ranking: Arc<Mutex<Vec<String>>>,
 }
 
-/// Predictions for `ranking`, MessagePack-encoded: a fast one for the first address, a
-/// hopeless one for each of the others.
-fn ranked_answer(request: &[u8], ranking: &[String]) -> Vec<u8> {
-    let pool = decode::<PredictRequest>(Format::MsgPack, request).map(|r| r.pool).unwrap_or_default();
+/// Predictions for `ranking`: a fast one for the first address, a hopeless one for each
+/// of the others.
+fn ranked_answer(pool: String, ranking: &[String]) -> PredictResponse {
     let endpoints = ranking
         .iter()
         .enumerate()
@@ -110,8 +113,22 @@ fn ranked_answer(request: &[u8], ranking: &[String]) -> Vec<u8> {
             }
         })
         .collect();
-    let answer = PredictResponse { pool, model_version: "fake".into(), endpoints, flow: None };
-    encode(Format::MsgPack, &answer).unwrap_or_default()
+    PredictResponse { pool, model_version: "fake".into(), endpoints, flow: None }
+}
+
+/// What `mode` answers for the requests of `pools` (one per request), or `None` when it
+/// answers no predictions (garbage, or nothing after sleeping).
+fn answers(mode: Misbehaviour, pools: Vec<String>, ranking: &Mutex<Vec<String>>) -> Option<Vec<PredictResponse>> {
+    let ranking = match mode {
+        Misbehaviour::Garbage => return None,
+        Misbehaviour::Sleep(d) => {
+            std::thread::sleep(d);
+            return None;
+        }
+        Misbehaviour::UnknownEndpoint => vec![UNKNOWN_ENDPOINT.to_string()],
+        Misbehaviour::Ranked => ranking.lock().unwrap().clone(),
+    };
+    Some(pools.into_iter().map(|pool| ranked_answer(pool, &ranking)).collect())
 }
 
 fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
@@ -147,16 +164,24 @@ fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
         if reader.read_exact(&mut body).is_err() {
             return;
         }
+        const GARBAGE: &[u8] = b"\xc1 this is not messagepack \xff";
         let answer: Vec<u8> = if path == "/v1/predict" {
             predicts.fetch_add(1, Ordering::Relaxed);
-            match mode {
-                Misbehaviour::Garbage => b"\xc1 this is not messagepack \xff".to_vec(),
-                Misbehaviour::Sleep(d) => {
-                    std::thread::sleep(d);
-                    b"\x80".to_vec()
-                }
-                Misbehaviour::UnknownEndpoint => ranked_answer(&body, &[UNKNOWN_ENDPOINT.to_string()]),
-                Misbehaviour::Ranked => ranked_answer(&body, &ranking.lock().unwrap().clone()),
+            let pool = decode::<PredictRequest>(Format::MsgPack, &body).map(|r| r.pool).unwrap_or_default();
+            match answers(mode, vec![pool], ranking).and_then(|mut a| a.pop()) {
+                Some(answer) => encode(Format::MsgPack, &answer).unwrap_or_default(),
+                None => GARBAGE.to_vec(),
+            }
+        } else if path == "/v1/predict/batch" {
+            let batch = decode::<PredictBatch>(Format::MsgPack, &body).unwrap_or_default();
+            predicts.fetch_add(batch.requests.len() as u64, Ordering::Relaxed);
+            if let Some(reports) = batch.reports {
+                observations.lock().unwrap().extend(reports.observations);
+            }
+            let pools = batch.requests.into_iter().map(|r| r.pool).collect();
+            match answers(mode, pools, ranking) {
+                Some(answers) => encode(Format::MsgPack, &PredictBatchResponse { answers }).unwrap_or_default(),
+                None => GARBAGE.to_vec(),
             }
         } else {
             if path == "/v1/report" {

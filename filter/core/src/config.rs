@@ -98,6 +98,9 @@ pub struct FilterConfig {
     /// Report each routed request's first token as it passes (on the next tick), so the
     /// predictor sees the request past prefill when it happens, not when predicted.
     pub first_token_events: bool,
+    /// Coalesce a worker's predict calls: while one is out, the requests that arrive go
+    /// together in the next (`coalesce`, docs/performance.md). Off: one call per request.
+    pub batch_predictions: bool,
     /// Endpoint state older than this is not used by the fallback.
     pub fallback_state_max_age_ms: u64,
     /// At most this many prefix blocks are hashed per request.
@@ -170,6 +173,7 @@ impl Default for FilterConfig {
             inference_paths: vec!["/v1/completions".into(), "/v1/chat/completions".into()],
             debug_headers: false,
             first_token_events: true,
+            batch_predictions: true,
             fallback_state_max_age_ms: 5_000,
             max_prefix_blocks: 256,
             tpot_buffer: 1.0,

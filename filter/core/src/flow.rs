@@ -90,11 +90,21 @@ pub struct Flow {
     offered_wait: bool,
     /// How it left the predictor's flow-control queue and after how long, when it waited there.
     queued: Option<(FlowOutcome, f64)>,
+    /// The host's id of this stream's context: a coalesced call's answer is handed to it by id.
+    context: u32,
+    /// Waiting for its share of a coalesced predict call (`coalesce`), since this time (ns).
+    coalesced_ns: Option<u64>,
 }
 
 impl Flow {
+    /// A stream whose predict calls are its own (never coalesced: no context id).
     pub fn new() -> Flow {
         Flow::default()
+    }
+
+    /// The stream of host context `context`: its predict call may be coalesced with others.
+    pub fn for_context(context: u32) -> Flow {
+        Flow { context, ..Flow::default() }
     }
 
     /// The request's headers arrived.
@@ -179,14 +189,35 @@ impl Flow {
         let status = host.header(Map::CalloutHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
         vm.record_call(host, &callout.cluster, status);
         host.record(Event::PredictorCallMs(host.now_ns().saturating_sub(callout.started_ns) / 1_000_000));
-        match status {
-            Some(200) => {}
-            Some(504) => return self.fall_back(host, vm, FallbackCause::Timeout, true),
-            _ => return self.fall_back(host, vm, FallbackCause::Unavailable, true),
-        }
-        let body = host.buffer(Buffer::CalloutBody, body_size).unwrap_or_default();
-        let Ok(mut answer) = codec::decode::<PredictResponse>(Format::MsgPack, &body) else {
-            return self.fall_back(host, vm, FallbackCause::BadAnswer, true);
+        let answer = match status {
+            Some(200) => {
+                let body = host.buffer(Buffer::CalloutBody, body_size).unwrap_or_default();
+                codec::decode::<PredictResponse>(Format::MsgPack, &body).map_err(|_| FallbackCause::BadAnswer)
+            }
+            Some(504) => Err(FallbackCause::Timeout),
+            _ => Err(FallbackCause::Unavailable),
+        };
+        self.on_answer(host, vm, answer)
+    }
+
+    /// This request's share of a coalesced predict call (`Vm::on_predictions_answer`, or a
+    /// failure to send or wait for it); ignored unless it is waiting for one.
+    pub fn on_coalesced_answer(
+        &mut self,
+        host: &mut dyn Host,
+        vm: &mut Vm,
+        answer: Result<PredictResponse, FallbackCause>,
+    ) -> Step {
+        let Some(since_ns) = self.coalesced_ns.take() else { return Step::Continue };
+        host.record(Event::PredictorCallMs(host.now_ns().saturating_sub(since_ns) / 1_000_000));
+        self.on_answer(host, vm, answer)
+    }
+
+    /// Decides on the predictor's answer for this request (or falls back without one).
+    fn on_answer(&mut self, host: &mut dyn Host, vm: &mut Vm, answer: Result<PredictResponse, FallbackCause>) -> Step {
+        let mut answer = match answer {
+            Ok(answer) => answer,
+            Err(cause) => return self.fall_back(host, vm, cause, true),
         };
         // An address or state out of the contract's bounds: the answer is not to be trusted.
         let sane = answer.endpoints.iter().enumerate().all(|(i, e)| e.check(&format!("endpoints[{i}]")).is_ok());
@@ -314,6 +345,10 @@ impl Flow {
         if let Some(c) = &self.choice {
             vm.placed.ended(&c.endpoint);
         }
+        // Ended while waiting for a coalesced call: it leaves the batch still to be sent.
+        if self.coalesced_ns.take().is_some() {
+            vm.predictions.forget(self.context);
+        }
         // Ended while the predictor held it in its queue: Envoy does not cancel the call,
         // so the predictor is told, or the request would keep its place until its deadline.
         if self.offered_wait && self.callout.take().is_some() {
@@ -414,6 +449,18 @@ impl Flow {
             request_id: self.request_id.clone(),
             request: self.features.clone(),
             flow,
+        };
+        // Answered at once: it may share a call with the requests around it.
+        let predict = if predict.flow.is_none() && config.batch_predictions && self.context != 0 {
+            match vm.predictions.join(host, self.context, predict) {
+                Ok(()) => {
+                    self.coalesced_ns = Some(host.now_ns());
+                    return Step::Pause;
+                }
+                Err(predict) => *predict,
+            }
+        } else {
+            predict
         };
         let Ok(bytes) = codec::encode(Format::MsgPack, &predict) else {
             return self.fall_back(host, vm, FallbackCause::CallFailed, false);

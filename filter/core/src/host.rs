@@ -46,6 +46,11 @@ pub enum Level {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostError(pub u32);
 
+impl HostError {
+    /// proxy-wasm's status for a call the host does not implement.
+    pub const UNIMPLEMENTED: u32 = 12;
+}
+
 /// Why the filter could not route by prediction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallbackCause {
@@ -115,6 +120,10 @@ pub enum Event {
     },
     /// What the outbox counted since the last tick.
     Outbox(Counts),
+    /// A coalesced predict call went out carrying `requests` requests.
+    CoalescedCall {
+        requests: usize,
+    },
 }
 
 /// The host calls the filter makes.
@@ -150,6 +159,14 @@ pub trait Host {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, HostError>;
+
+    /// Asks the host to call the VM's root context back soon, outside this callback
+    /// (`Vm::on_wake`: the coalesced predict calls go from there, `coalesce`). `Err` when
+    /// the host cannot; the caller then does the work itself. Hosts without it (the unit
+    /// tests' by default) keep one call per request.
+    fn wake(&mut self) -> Result<(), HostError> {
+        Err(HostError(HostError::UNIMPLEMENTED))
+    }
 
     fn log(&mut self, level: Level, message: &str);
 

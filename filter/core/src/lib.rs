@@ -6,6 +6,7 @@
 //! they return. Every decision is here; the host is reached only through the
 //! trait, so all of it is unit-tested natively and under wasm32 (`tests`).
 
+pub mod coalesce;
 pub mod config;
 pub mod fallback;
 pub mod flow;

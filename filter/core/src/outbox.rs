@@ -65,6 +65,16 @@ pub enum Batch {
     Observations(Vec<(u64, Report)>),
 }
 
+impl Batch {
+    /// The highest dispatch sequence number in it (0: none).
+    pub fn last_seq(&self) -> u64 {
+        match self {
+            Batch::Dispatches(items) => items.iter().map(|(s, _)| *s).max().unwrap_or(0),
+            Batch::Observations(_) => 0,
+        }
+    }
+}
+
 /// Counts for the filter's stats, taken (and reset) by [`Outbox::take_counts`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -137,20 +147,32 @@ impl Outbox {
 
     /// The next dispatch batch and its encoded body, if any is queued.
     pub fn next_dispatches(&mut self) -> Option<(Batch, Vec<u8>)> {
-        let (items, oversized) = take_fitting(&mut self.dispatches, self.max_batch, self.max_batch_bytes, |_| true);
+        let (batch, body) = self.take_dispatches(self.max_batch_bytes)?;
+        encoded(&body).map(|bytes| (batch, bytes))
+    }
+
+    /// The next report batch: only observations whose dispatch was delivered (or that had none).
+    pub fn next_reports(&mut self) -> Option<(Batch, Vec<u8>)> {
+        let (batch, body) = self.take_reports(self.max_batch_bytes, 0)?;
+        encoded(&body).map(|bytes| (batch, bytes))
+    }
+
+    /// The next dispatch batch within `max_bytes` encoded, as the message it goes in.
+    pub fn take_dispatches(&mut self, max_bytes: usize) -> Option<(Batch, DispatchBatch)> {
+        let (items, oversized) = take_fitting(&mut self.dispatches, self.max_batch, max_bytes, |_| true);
         self.counts.oversized += oversized;
         if items.is_empty() {
             return None;
         }
         let body = DispatchBatch { dispatches: items.iter().map(|(_, d)| d.clone()).collect() };
-        encoded(&body).map(|bytes| (Batch::Dispatches(items), bytes))
+        Some((Batch::Dispatches(items), body))
     }
 
-    /// The next report batch: only observations whose dispatch was delivered (or that had none).
-    pub fn next_reports(&mut self) -> Option<(Batch, Vec<u8>)> {
-        let done = self.done_through;
-        let (items, oversized) =
-            take_fitting(&mut self.observations, self.max_batch, self.max_batch_bytes, |seq| seq <= done);
+    /// The next report batch within `max_bytes`: reports whose dispatch was delivered, or
+    /// goes ahead of them in the same call (sequence numbers through `riding`, 0: none).
+    pub fn take_reports(&mut self, max_bytes: usize, riding: u64) -> Option<(Batch, ReportBatch)> {
+        let done = self.done_through.max(riding);
+        let (items, oversized) = take_fitting(&mut self.observations, self.max_batch, max_bytes, |seq| seq <= done);
         self.counts.oversized += oversized;
         if items.is_empty() {
             return None;
@@ -163,7 +185,7 @@ impl Outbox {
                 Report::Observation(o) => body.observations.push((**o).clone()),
             }
         }
-        encoded(&body).map(|bytes| (Batch::Observations(items), bytes))
+        Some((Batch::Observations(items), body))
     }
 
     /// Applies how a batch's call ended.

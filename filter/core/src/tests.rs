@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use headroom_protocol::{
-    codec, paths, DispatchBatch, EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, Format, PredictRequest,
-    PredictResponse, ReportBatch, RouteSource,
+    codec, paths, DispatchBatch, EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, Format, PredictBatch,
+    PredictBatchResponse, PredictRequest, PredictResponse, ReportBatch, RouteSource,
 };
 
 use crate::flow::{Flow, Step};
@@ -49,6 +49,9 @@ struct FakeHost {
     calls: Vec<Call>,
     events: Vec<Event>,
     logs: Vec<(Level, String)>,
+    /// The host can wake the root (`Host::wake`): predict calls are coalesced.
+    can_wake: bool,
+    wakes: u32,
 }
 
 impl Host for FakeHost {
@@ -97,6 +100,14 @@ impl Host for FakeHost {
             timeout,
         });
         Ok(token)
+    }
+
+    fn wake(&mut self) -> Result<(), HostError> {
+        if !self.can_wake {
+            return Err(HostError(HostError::UNIMPLEMENTED));
+        }
+        self.wakes += 1;
+        Ok(())
     }
 
     fn log(&mut self, level: Level, message: &str) {
@@ -707,4 +718,259 @@ fn the_first_token_is_reported_as_it_passes_and_not_when_switched_off() {
             assert!(firsts.is_empty());
         }
     }
+}
+
+/// The answer of a coalesced call: one prediction per request, each preferring `best`.
+fn batch_answer(best: &[&str]) -> Vec<u8> {
+    let answers = best
+        .iter()
+        .map(|b| {
+            let other = if *b == "10.0.0.1:8000" { "10.0.0.2:8000" } else { "10.0.0.1:8000" };
+            let one = predictions(&[(b, Some(100.0)), (other, Some(5000.0))]);
+            codec::decode::<PredictResponse>(Format::MsgPack, &one).unwrap()
+        })
+        .collect();
+    codec::encode(Format::MsgPack, &PredictBatchResponse { answers }).unwrap()
+}
+
+/// The requests a coalesced call carried.
+fn carried(call: &Call) -> Vec<String> {
+    assert_eq!(call.header(":path"), Some(paths::PREDICT_BATCH));
+    let batch: PredictBatch = codec::decode(Format::MsgPack, &call.body).unwrap();
+    batch.requests.into_iter().map(|r| r.request_id).collect()
+}
+
+#[test]
+fn predict_calls_made_while_one_is_out_go_together_in_the_next() {
+    let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+    let mut vm = vm(r#"{"debug_headers":true}"#);
+    let (mut a, mut b, mut c) = (Flow::for_context(2), Flow::for_context(3), Flow::for_context(4));
+
+    // An idle worker: the request wakes the root, which sends its call at once, alone.
+    assert_eq!(send_request(&mut a, &mut host, &mut vm, &SLO, BODY), Step::Pause);
+    assert_eq!((host.wakes, host.calls.len()), (1, 0), "the call goes from the root, not the request");
+    assert!(vm.on_wake(&mut host).is_empty());
+    assert_eq!(carried(&host.calls[0]).len(), 1);
+
+    // While it is out, two more arrive: no wake-up, no call; they wait for the answer.
+    assert_eq!(send_request(&mut b, &mut host, &mut vm, &SLO, BODY), Step::Pause);
+    assert_eq!(send_request(&mut c, &mut host, &mut vm, &SLO, BODY), Step::Pause);
+    assert_eq!((host.wakes, host.calls.len()), (1, 1));
+
+    // The answer: a's share, and the next call sent with b and c together.
+    let body = batch_answer(&["10.0.0.2:8000"]);
+    let token = host.answer(200, &body);
+    let deliveries = vm.on_predictions_answer(&mut host, token, body.len()).unwrap();
+    assert_eq!(deliveries.len(), 1);
+    assert_eq!(host.calls.len(), 2);
+    assert_eq!(carried(&host.calls[1]).len(), 2, "b and c share one call");
+    let d = deliveries.into_iter().next().unwrap();
+    assert_eq!(d.context, 2);
+    assert_eq!(a.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+    assert!(host.has(Event::CoalescedCall { requests: 2 }));
+
+    // Each of the next answer's shares goes to its own request, in order.
+    let body = batch_answer(&["10.0.0.1:8000", "10.0.0.2:8000"]);
+    let token = host.answer(200, &body);
+    let deliveries = vm.on_predictions_answer(&mut host, token, body.len()).unwrap();
+    assert_eq!(deliveries.iter().map(|d| d.context).collect::<Vec<_>>(), [3, 4]);
+    assert_eq!(host.calls.len(), 2, "nothing left to send");
+    for ((d, flow), want) in deliveries.into_iter().zip([&mut b, &mut c]).zip(["10.0.0.1:8000", "10.0.0.2:8000"]) {
+        assert_eq!(flow.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
+        assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some(want));
+    }
+    // Both now placed by prediction; a share handed twice changes nothing.
+    assert_eq!(host.events.iter().filter(|e| **e == Event::Routed(RouteSource::PredictedPositive)).count(), 3);
+    assert_eq!(b.on_coalesced_answer(&mut host, &mut vm, Err(FallbackCause::Timeout)), Step::Continue);
+}
+
+#[test]
+fn a_coalesced_call_that_fails_sends_each_of_its_requests_to_the_fallback() {
+    for (status, body, cause) in [
+        (504, Vec::new(), FallbackCause::Timeout),
+        (503, Vec::new(), FallbackCause::Unavailable),
+        (200, b"not msgpack".to_vec(), FallbackCause::BadAnswer),
+        // One answer for two requests: which is whose cannot be known.
+        (200, batch_answer(&["10.0.0.1:8000"]), FallbackCause::BadAnswer),
+    ] {
+        let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+        let mut vm = vm("{}");
+        let (mut a, mut b) = (Flow::for_context(2), Flow::for_context(3));
+        send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+        send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
+        vm.on_wake(&mut host);
+        assert_eq!(carried(&host.calls[0]).len(), 2);
+        let token = host.answer(status, &body);
+        let deliveries = vm.on_predictions_answer(&mut host, token, body.len()).unwrap();
+        assert_eq!(deliveries.len(), 2, "{cause:?}");
+        for (d, flow) in deliveries.into_iter().zip([&mut a, &mut b]) {
+            assert_eq!(d.answer.as_ref().err(), Some(&cause));
+            assert_eq!(flow.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume, "{cause:?}");
+        }
+        assert_eq!(host.events.iter().filter(|e| **e == Event::Fallback(cause)).count(), 2, "{cause:?}");
+    }
+}
+
+#[test]
+fn a_request_that_ends_or_outwaits_the_call_ahead_of_it_is_not_left_waiting() {
+    let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+    let mut vm = vm(r#"{"predictor_timeout_ms":50}"#);
+    let (mut a, mut b, mut c) = (Flow::for_context(2), Flow::for_context(3), Flow::for_context(4));
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
+    send_request(&mut c, &mut host, &mut vm, &SLO, BODY);
+    // b's client leaves: it is not sent.
+    b.on_log(&mut host, &mut vm);
+    assert_eq!(vm.predictions.waiting(), 1);
+    // The call ahead hangs: at the tick past the timeout, c falls back rather than wait for it.
+    host.now_ns += 30 * MS;
+    assert!(vm.on_tick(&mut host).is_empty(), "not yet");
+    host.now_ns += 30 * MS;
+    let expired = vm.on_tick(&mut host);
+    assert_eq!(expired.iter().map(|d| d.context).collect::<Vec<_>>(), [4]);
+    let d = expired.into_iter().next().unwrap();
+    assert_eq!(c.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
+    assert!(host.has(Event::Fallback(FallbackCause::Timeout)));
+    // The hung call's answer still reaches a.
+    let body = batch_answer(&["10.0.0.1:8000"]);
+    let token = host.answer(200, &body);
+    let d = vm.on_predictions_answer(&mut host, token, body.len()).unwrap();
+    assert_eq!(d.iter().map(|d| d.context).collect::<Vec<_>>(), [2]);
+    assert_eq!(host.calls.iter().filter(|c| c.header(":path") == Some(paths::PREDICT_BATCH)).count(), 1);
+}
+
+#[test]
+fn requests_keep_their_own_call_when_the_host_cannot_wake_the_root_or_the_request_may_wait() {
+    // No wake-up: one /v1/predict per request, from the request, as before.
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    assert_eq!(send_request(&mut Flow::for_context(2), &mut host, &mut vm, &SLO, BODY), Step::Pause);
+    assert_eq!(host.calls[0].header(":path"), Some(paths::PREDICT));
+    assert_eq!(vm.predictions.waiting(), 0);
+
+    // Switched off.
+    let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+    let mut vm_off = self::vm(r#"{"batch_predictions":false}"#);
+    send_request(&mut Flow::for_context(2), &mut host, &mut vm_off, &SLO, BODY);
+    assert_eq!((host.wakes, host.calls[0].header(":path")), (0, Some(paths::PREDICT)));
+
+    // A request offered to wait in the flow-control queue is answered when it can go: alone.
+    let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+    let mut vm_flow = self::vm(r#"{"flow_control":true}"#);
+    send_request(&mut Flow::for_context(2), &mut host, &mut vm_flow, &SLO, BODY);
+    assert_eq!((host.wakes, host.calls[0].header(":path")), (0, Some(paths::PREDICT)));
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
+    assert!(asked.flow.is_some());
+}
+
+#[test]
+fn a_coalesced_call_that_cannot_start_falls_back_at_once_and_oversized_batches_split() {
+    let mut host = FakeHost { can_wake: true, refuse_calls: true, ..FakeHost::new() };
+    let mut vm = vm("{}");
+    let mut a = Flow::for_context(2);
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    let failed = vm.on_wake(&mut host);
+    assert_eq!(failed.len(), 1);
+    let d = failed.into_iter().next().unwrap();
+    assert_eq!(a.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
+    assert!(host.has(Event::Fallback(FallbackCause::CallFailed)));
+
+    // Long prompts: a batch over max_batch_bytes goes in parts, nothing dropped.
+    let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+    let mut vm = self::vm(r#"{"max_batch_bytes":4096}"#);
+    let long = format!(r#"{{"model":"m","prompt":"{}","max_tokens":4}}"#, "lorem ipsum dolor sit amet ".repeat(400));
+    let mut flows: Vec<Flow> = (2..6).map(Flow::for_context).collect();
+    for f in &mut flows {
+        send_request(f, &mut host, &mut vm, &SLO, &long);
+    }
+    let mut sent = 0;
+    vm.on_wake(&mut host);
+    while sent < host.calls.len() {
+        let call = host.calls[sent].clone();
+        sent += 1;
+        assert!(call.body.len() <= 4096 || carried(&call).len() == 1);
+        let n = carried(&call).len();
+        let body = batch_answer(&vec!["10.0.0.1:8000"; n]);
+        let token = host.answer(200, &body);
+        vm.on_predictions_answer(&mut host, token, body.len());
+    }
+    let total: usize = host.calls.iter().map(|c| carried(c).len()).sum();
+    assert_eq!(total, 4);
+    assert!(host.calls.len() > 1, "split");
+}
+
+#[test]
+fn what_the_worker_owes_rides_on_its_next_predict_call_and_goes_back_to_the_outbox_if_it_fails() {
+    let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+    let mut vm = vm("{}");
+    let mut a = Flow::for_context(2);
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    let a_id =
+        codec::decode::<PredictBatch>(Format::MsgPack, &host.calls[0].body).unwrap().requests[0].request_id.clone();
+    let body = batch_answer(&["10.0.0.1:8000"]);
+    let token = host.answer(200, &body);
+    let d = vm.on_predictions_answer(&mut host, token, body.len()).unwrap().pop().unwrap();
+    assert_eq!(a.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
+    host.upstream = Some("10.0.0.1:8000".into());
+    stream_response(&mut a, &mut host, &mut vm, 50);
+
+    // The next request's call carries a's dispatch, and a's first token and observation
+    // after it in the same call (the predictor applies dispatches first).
+    let mut b = Flow::for_context(3);
+    send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    let call = host.calls.last().unwrap().clone();
+    let carried: PredictBatch = codec::decode(Format::MsgPack, &call.body).unwrap();
+    assert_eq!(carried.dispatches.iter().map(|d| d.request_id.as_str()).collect::<Vec<_>>(), [a_id.as_str()]);
+    let reports = carried.reports.unwrap();
+    assert_eq!((reports.first_tokens.len(), reports.observations.len()), (1, 1));
+    assert_eq!(reports.observations[0].request_id, a_id);
+
+    // While it is out, the tick sends no dispatch or report batch of its own.
+    let before = host.calls.len();
+    vm.on_tick(&mut host);
+    assert_eq!(host.calls.len(), before);
+
+    // It fails: b falls back, and what rode goes back to the outbox and is sent again.
+    let token = host.answer(503, b"");
+    let d = vm.on_predictions_answer(&mut host, token, 0).unwrap().pop().unwrap();
+    assert_eq!(b.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
+    deliver_all(&mut host, &mut vm, 200);
+    let dispatched: Vec<String> = batches::<DispatchBatch>(&host, paths::DISPATCH)
+        .into_iter()
+        .flat_map(|b| b.dispatches.into_iter().map(|d| d.request_id))
+        .collect();
+    assert_eq!(dispatched.first(), Some(&a_id), "a's dispatch first, then b's: {dispatched:?}");
+    assert_eq!(dispatched.len(), 2);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    assert_eq!(reported.iter().map(|r| r.observations.len()).sum::<usize>(), 1);
+}
+
+#[test]
+fn a_ride_delivered_lets_the_reports_waiting_for_it_go() {
+    let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
+    let mut vm = vm("{}");
+    let mut a = Flow::for_context(2);
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    let body = batch_answer(&["10.0.0.1:8000"]);
+    let token = host.answer(200, &body);
+    let d = vm.on_predictions_answer(&mut host, token, body.len()).unwrap().pop().unwrap();
+    a.on_coalesced_answer(&mut host, &mut vm, d.answer);
+    // b's call carries a's dispatch; a's report arrives while it is out.
+    let mut b = Flow::for_context(3);
+    send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    host.upstream = Some("10.0.0.1:8000".into());
+    stream_response(&mut a, &mut host, &mut vm, 50);
+    let token = host.answer(200, &body);
+    vm.on_predictions_answer(&mut host, token, body.len());
+    // Delivered: the tick sends a's report, which no longer waits for its dispatch.
+    vm.on_tick(&mut host);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    assert_eq!(reported.iter().map(|r| r.observations.len()).sum::<usize>(), 1);
+    assert!(batches::<DispatchBatch>(&host, paths::DISPATCH).is_empty(), "a's dispatch went with b's call only");
 }

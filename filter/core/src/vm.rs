@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use headroom_protocol::{codec, paths};
 
+use crate::coalesce::{Coalescer, Delivery, Ride};
 use crate::fallback::StateCache;
 use crate::host::{Event, Host, Level, Map};
 use crate::outbox::{Batch, Outbox, Outcome};
@@ -56,6 +57,8 @@ pub struct Vm {
     pub placed: Placed,
     /// Dispatches and observations waiting for the tick.
     pub outbox: Outbox,
+    /// Predict calls coalesced per round trip (`coalesce`).
+    pub predictions: Coalescer,
     /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
     vm_nonce: u64,
     next_request: u64,
@@ -65,6 +68,8 @@ pub struct Vm {
     authorization: Option<String>,
     /// Batch calls under way: token -> (cluster called, batch).
     sending: HashMap<u32, (String, Batch)>,
+    /// Batches riding on coalesced predict calls under way, by the call's token.
+    riding: HashMap<u32, Vec<Batch>>,
 }
 
 impl Vm {
@@ -77,11 +82,13 @@ impl Vm {
             states: StateCache::default(),
             placed: Placed::default(),
             outbox: Outbox::new(config.max_queued, config.max_batch, config.max_batch_bytes),
+            predictions: Coalescer::default(),
             vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
             next_request: 0,
             shards: Shards::new(config.predictor_clusters(), &config.pool),
             authorization: authorization(&config),
             sending: HashMap::new(),
+            riding: HashMap::new(),
             config,
         }
     }
@@ -105,17 +112,7 @@ impl Vm {
 
     /// The headers of a call to the predictor: `path`, the body's format, the token.
     pub fn call_headers<'a>(&'a self, path: &'a str) -> Vec<(&'a str, &'a str)> {
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", path),
-            (":authority", self.config.predictor_authority.as_str()),
-            ("content-type", codec::MSGPACK),
-            ("accept", codec::MSGPACK),
-        ];
-        if let Some(auth) = &self.authorization {
-            headers.push(("authorization", auth.as_str()));
-        }
-        headers
+        call_headers(&self.config, self.authorization.as_deref(), path)
     }
 
     /// The predictor cluster to call now.
@@ -136,8 +133,7 @@ impl Vm {
     /// Sends what the outbox has ready: one dispatch batch and one report batch at most
     /// under way at a time (dispatch batches must complete in order, `outbox` module).
     pub fn flush(&mut self, host: &mut dyn Host) {
-        let sending_dispatches = self.sending.values().any(|(_, b)| matches!(b, Batch::Dispatches(_)));
-        let sending_reports = self.sending.values().any(|(_, b)| matches!(b, Batch::Observations(_)));
+        let (sending_dispatches, sending_reports) = self.under_way();
         let cluster = self.predictor_cluster(host.now_ms());
         let mut ready = Vec::new();
         if !sending_dispatches {
@@ -160,6 +156,89 @@ impl Vm {
         host.record(Event::Outbox(self.outbox.take_counts()));
     }
 
+    /// The root's wake-up arrived (`Host::wake`): the coalesced predict calls waiting go.
+    pub fn on_wake(&mut self, host: &mut dyn Host) -> Vec<Delivery> {
+        self.predictions.woke();
+        self.send_predictions(host)
+    }
+
+    /// The flush tick: the outbox goes; coalesced requests whose call never went (the one
+    /// ahead of them hangs) fall back; any left waiting go (a wake-up the host lost).
+    pub fn on_tick(&mut self, host: &mut dyn Host) -> Vec<Delivery> {
+        self.flush(host);
+        let mut deliveries = self.predictions.expire(host.now_ms(), self.config.predictor_timeout_ms);
+        deliveries.extend(self.send_predictions(host));
+        deliveries
+    }
+
+    /// Whether a dispatch batch and a report batch are under way, alone or riding: each
+    /// kind completes in order, one batch at a time (`outbox`).
+    fn under_way(&self) -> (bool, bool) {
+        let batches = self.sending.values().map(|(_, b)| b).chain(self.riding.values().flatten());
+        batches.fold((false, false), |(d, r), b| match b {
+            Batch::Dispatches(_) => (true, r),
+            Batch::Observations(_) => (d, true),
+        })
+    }
+
+    /// Sends the coalesced predict calls waiting, if none is out; what could not be sent
+    /// comes back as failed. The outbox's dispatches and reports ride along (a quarter of
+    /// `max_batch_bytes` each), unless a batch of their kind is already under way.
+    pub fn send_predictions(&mut self, host: &mut dyn Host) -> Vec<Delivery> {
+        if !self.predictions.ready() {
+            return Vec::new();
+        }
+        let (dispatching, reporting) = self.under_way();
+        let budget = self.config.max_batch_bytes / 4;
+        let dispatches = if dispatching { None } else { self.outbox.take_dispatches(budget) };
+        let riding_through = dispatches.as_ref().map_or(0, |(b, _)| b.last_seq());
+        let reports = if reporting { None } else { self.outbox.take_reports(budget, riding_through) };
+        let (mut riders, mut ride) = (Vec::new(), Ride::default());
+        if let Some((batch, message)) = dispatches {
+            riders.push(batch);
+            ride.dispatches = message.dispatches;
+        }
+        if let Some((batch, message)) = reports {
+            riders.push(batch);
+            ride.reports = Some(message);
+        }
+        let cluster = self.predictor_cluster(host.now_ms());
+        let headers = call_headers(&self.config, self.authorization.as_deref(), paths::PREDICT_BATCH);
+        let timeout = Duration::from_millis(self.config.predictor_timeout_ms);
+        let (failed, token) =
+            self.predictions.send(host, &cluster, &headers, timeout, self.config.max_batch_bytes, ride);
+        if !failed.is_empty() {
+            self.record_call(host, &cluster, None);
+        }
+        match token {
+            Some(token) if !riders.is_empty() => {
+                self.riding.insert(token, riders);
+            }
+            Some(_) => {}
+            None => riders.into_iter().for_each(|b| self.outbox.sent(b, Outcome::Failed)),
+        }
+        failed
+    }
+
+    /// The answer to a coalesced predict call `token`: each request's share, and then the
+    /// next call sent (before those requests resume, while the host still runs the root's
+    /// callback). `None` when `token` is not such a call.
+    pub fn on_predictions_answer(
+        &mut self,
+        host: &mut dyn Host,
+        token: u32,
+        body_size: usize,
+    ) -> Option<Vec<Delivery>> {
+        let (cluster, status, mut deliveries) = self.predictions.answered(host, token, body_size)?;
+        self.record_call(host, &cluster, status);
+        let outcome = Outcome::of(status);
+        for batch in self.riding.remove(&token).unwrap_or_default() {
+            self.outbox.sent(batch, outcome);
+        }
+        deliveries.extend(self.send_predictions(host));
+        Some(deliveries)
+    }
+
     /// The answer to batch call `token` arrived (its `:status` in the callout headers).
     pub fn on_batch_answer(&mut self, host: &mut dyn Host, token: u32) {
         let Some((cluster, batch)) = self.sending.remove(&token) else { return };
@@ -173,6 +252,24 @@ impl Vm {
             self.flush(host);
         }
     }
+}
+
+fn call_headers<'a>(
+    config: &'a FilterConfig,
+    authorization: Option<&'a str>,
+    path: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", config.predictor_authority.as_str()),
+        ("content-type", codec::MSGPACK),
+        ("accept", codec::MSGPACK),
+    ];
+    if let Some(auth) = authorization {
+        headers.push(("authorization", auth));
+    }
+    headers
 }
 
 fn authorization(config: &FilterConfig) -> Option<String> {

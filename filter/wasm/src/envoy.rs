@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use headroom_filter_core::host::{Buffer, Event, Host, Level, Map};
+use headroom_filter_core::host::{Buffer, Event, Host, HostError, Level, Map};
 use proxy_wasm::types::{BufferType, MapType};
 
 use crate::host::{self, HostResult};
@@ -12,6 +12,8 @@ use crate::stats::Stats;
 /// The core's `Host` over Envoy, counting events in `stats`.
 pub struct Envoy<'a> {
     pub stats: &'a Stats,
+    /// The VM's wake-up queue, once registered (`Host::wake`).
+    pub wake: Option<u32>,
 }
 
 fn map_type(map: Map) -> MapType {
@@ -60,6 +62,13 @@ impl Host for Envoy<'_> {
         timeout: Duration,
     ) -> HostResult<u32> {
         host::http_call(cluster, headers, body, timeout)
+    }
+
+    fn wake(&mut self) -> HostResult<()> {
+        match self.wake {
+            Some(queue) => host::enqueue(queue, b"w"),
+            None => Err(HostError(HostError::UNIMPLEMENTED)),
+        }
     }
 
     fn log(&mut self, level: Level, message: &str) {

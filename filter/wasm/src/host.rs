@@ -64,6 +64,11 @@ extern "C" {
     fn proxy_define_metric(metric_type: u32, name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+    fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
+    fn proxy_enqueue_shared_queue(queue_id: u32, value_data: *const u8, value_size: usize) -> u32;
+    fn proxy_dequeue_shared_queue(queue_id: u32, return_value_data: *mut *mut u8, return_value_size: *mut usize)
+        -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
 }
 
 fn check(status: u32) -> HostResult<()> {
@@ -203,6 +208,39 @@ fn serialize_headers(headers: &[(&str, &str)]) -> Vec<u8> {
 pub fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> HostResult<u32> {
     proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
         .map_err(|status| HostError(status as u32))
+}
+
+/// Registers (or takes over) the shared queue `name` for the calling root context: an
+/// enqueue then calls its `on_queue_ready` on this worker's thread, soon and outside the
+/// enqueuer's callback. Envoy keys queues by VM id and name, and the last to register a
+/// name receives it, so each VM registers a name of its own.
+pub fn register_queue(name: &str) -> HostResult<u32> {
+    let mut id = 0u32;
+    check(unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+/// Appends `value` to shared queue `queue` (wakes its root context).
+pub fn enqueue(queue: u32, value: &[u8]) -> HostResult<()> {
+    check(unsafe { proxy_enqueue_shared_queue(queue, value.as_ptr(), value.len()) })
+}
+
+/// Takes the oldest item of shared queue `queue`; `None` when it is empty.
+pub fn dequeue(queue: u32) -> HostResult<Option<Vec<u8>>> {
+    const EMPTY: u32 = 7;
+    let mut data = std::ptr::null_mut();
+    let mut size = 0usize;
+    match unsafe { proxy_dequeue_shared_queue(queue, &mut data, &mut size) } {
+        OK => Ok(Some(unsafe { take_host_buffer(data, size) }.unwrap_or_default())),
+        EMPTY => Ok(None),
+        status => Err(HostError(status)),
+    }
+}
+
+/// Makes `context` the one later host calls act on (a request's headers, its resume);
+/// `Err` when it no longer exists.
+pub fn set_effective_context(context: u32) -> HostResult<()> {
+    check(unsafe { proxy_set_effective_context(context) })
 }
 
 /// Kinds of Envoy stats.

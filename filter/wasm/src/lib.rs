@@ -2,7 +2,7 @@
 //!
 //! Nothing here decides anything. `host` binds the ABI; `envoy` implements the
 //! core's `Host` trait over it; `root` forwards the VM's callbacks (configure, tick, batch
-//! answers) to `core::vm::Vm`; `request` forwards each stream's callbacks to
+//! answers, wake-ups, coalesced predict calls handed to their requests) to `core::vm::Vm`; `request` forwards each stream's callbacks to
 //! `core::flow::Flow` and carries out the step it returns; `stats` maps the core's
 //! events to Envoy stats.
 
@@ -14,5 +14,5 @@ mod stats;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> { Box::new(root::Root::default()) });
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn proxy_wasm::traits::RootContext> { Box::new(root::Root::new(context_id)) });
 }}

@@ -1,21 +1,23 @@
-//! The root context: forwards the VM's callbacks (configure, tick, batch answers)
-//! to `headroom_filter_core::vm::Vm` and creates a `Request` per stream.
+//! The root context: forwards the VM's callbacks (configure, tick, wake-ups, answers to
+//! its own calls) to `headroom_filter_core::vm::Vm`, creates a `Request` per stream, and
+//! hands each request its share of a coalesced predict call.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
+use headroom_filter_core::coalesce::Delivery;
 use headroom_filter_core::host::Level;
 use headroom_filter_core::vm::Vm;
 use headroom_filter_core::FilterConfig;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 
-use crate::envoy::Envoy;
 use crate::host;
-use crate::request::{Request, SharedVm};
+use crate::request::{carry_out, Request, Shared};
 use crate::stats::Stats;
 
 /// The VM's linear memory (what it holds from the host, never returned: the high-water mark).
@@ -30,17 +32,60 @@ fn linear_memory_bytes() -> u64 {
     }
 }
 
-#[derive(Default)]
 pub struct Root {
+    /// The host's id of this root context.
+    context: u32,
     /// Set by the first successful `on_configure`.
-    vm: Option<(SharedVm, Rc<Stats>)>,
+    shared: Option<Rc<Shared>>,
+}
+
+impl Root {
+    pub fn new(context: u32) -> Root {
+        Root { context, shared: None }
+    }
+
+    /// Hands each request its share of a coalesced predict call and carries out what its
+    /// flow returns, on that request's context; then acts as the root again.
+    fn deliver(&self, shared: &Shared, deliveries: Vec<Delivery>) {
+        if deliveries.is_empty() {
+            return;
+        }
+        for Delivery { context, answer } in deliveries {
+            // Gone (its client left, its stream ended): nothing waits for this share.
+            let Some(flow) = shared.flows.borrow().get(&context).and_then(Weak::upgrade) else { continue };
+            if host::set_effective_context(context).is_err() {
+                continue;
+            }
+            let step = {
+                let (Ok(mut flow), Ok(mut vm)) = (flow.try_borrow_mut(), shared.vm.try_borrow_mut()) else {
+                    host::log(Level::Error, "headroom: a request's state was in use when its prediction came");
+                    continue;
+                };
+                flow.on_coalesced_answer(&mut shared.envoy(), &mut vm, answer)
+            };
+            carry_out(step);
+        }
+        if host::set_effective_context(self.context).is_err() {
+            host::log(Level::Warn, "headroom: could not return to the root context");
+        }
+    }
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, token_id: u32, _: usize, _: usize, _: usize) {
-        if let Some((vm, stats)) = &self.vm {
-            vm.borrow_mut().on_batch_answer(&mut Envoy { stats }, token_id);
-        }
+    fn on_http_call_response(&mut self, token_id: u32, _: usize, body_size: usize, _: usize) {
+        let Some(shared) = self.shared.clone() else { return };
+        let deliveries = {
+            let mut vm = shared.vm.borrow_mut();
+            let mut envoy = shared.envoy();
+            match vm.on_predictions_answer(&mut envoy, token_id, body_size) {
+                Some(deliveries) => deliveries,
+                None => {
+                    vm.on_batch_answer(&mut envoy, token_id);
+                    return;
+                }
+            }
+        };
+        self.deliver(&shared, deliveries);
     }
 }
 
@@ -58,27 +103,51 @@ impl RootContext for Root {
             host::log(Level::Error, "headroom: could not set the flush tick");
             return false;
         }
-        match &self.vm {
-            Some((vm, _)) => vm.borrow_mut().reconfigure(config),
+        match &self.shared {
+            Some(shared) => shared.vm.borrow_mut().reconfigure(config),
             None => {
                 let seed = RandomState::new().hash_one(host::now_ns());
-                self.vm = Some((Rc::new(RefCell::new(Vm::new(config, seed))), Rc::new(Stats::define())));
+                // A name of this VM's own: the last VM to register a name receives its wake-ups.
+                let wake = match host::register_queue(&format!("headroom.wake.{seed:016x}")) {
+                    Ok(queue) => Some(queue),
+                    Err(e) => {
+                        host::log(
+                            Level::Warn,
+                            &format!("headroom: no wake-up queue ({e:?}): one predict call per request"),
+                        );
+                        None
+                    }
+                };
+                self.shared = Some(Rc::new(Shared {
+                    vm: RefCell::new(Vm::new(config, seed)),
+                    stats: Stats::define(),
+                    wake: Cell::new(wake),
+                    flows: RefCell::new(HashMap::new()),
+                }));
             }
         }
         host::log(Level::Info, "headroom: configured");
         true
     }
 
-    fn on_tick(&mut self) {
-        if let Some((vm, stats)) = &self.vm {
-            vm.borrow_mut().flush(&mut Envoy { stats });
-            stats.vm_memory(linear_memory_bytes());
-        }
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        let Some(shared) = self.shared.clone() else { return };
+        // The items only say "wake up"; drained so the queue does not grow.
+        while let Ok(Some(_)) = host::dequeue(queue_id) {}
+        let deliveries = shared.vm.borrow_mut().on_wake(&mut shared.envoy());
+        self.deliver(&shared, deliveries);
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let (vm, stats) = self.vm.clone()?;
-        Some(Box::new(Request::new(vm, stats)))
+    fn on_tick(&mut self) {
+        let Some(shared) = self.shared.clone() else { return };
+        let deliveries = shared.vm.borrow_mut().on_tick(&mut shared.envoy());
+        shared.stats.vm_memory(linear_memory_bytes());
+        self.deliver(&shared, deliveries);
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let shared = self.shared.clone()?;
+        Some(Box::new(Request::new(context_id, shared)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -31,6 +31,8 @@ pub struct Stats {
     /// Per flow outcome, in [`FlowOutcome::ALL`] order.
     flow: [Option<u32>; 6],
     flow_wait_ms: Option<u32>,
+    coalesced_calls: Option<u32>,
+    coalesced_requests: Option<u32>,
     /// Linear memory of all of the plugin's VMs together (each adds its own changes).
     vm_memory: Option<u32>,
     /// This VM's share of `vm_memory` so far.
@@ -63,6 +65,8 @@ impl Stats {
             slo_violation_tpot: counter("slo_violation.tpot"),
             flow: FlowOutcome::ALL.map(|o| counter(&format!("flow.{}", o.name()))),
             flow_wait_ms: host::define_metric(MetricKind::Histogram, "headroom.flow.wait_ms"),
+            coalesced_calls: counter("predict_calls.coalesced"),
+            coalesced_requests: counter("predict_calls.coalesced_requests"),
             vm_memory: host::define_metric(MetricKind::Gauge, "headroom.vm_memory_bytes"),
             vm_memory_seen: std::cell::Cell::new(0),
         }
@@ -105,6 +109,10 @@ impl Stats {
                 }
             }
             Event::Outbox(counts) => self.outbox(counts),
+            Event::CoalescedCall { requests } => {
+                Self::inc(self.coalesced_calls, 1);
+                Self::inc(self.coalesced_requests, requests as u64);
+            }
         }
     }
 
