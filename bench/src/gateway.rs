@@ -9,7 +9,10 @@
 //!   Envoy, Envoy + headroom without SLO headers, Envoy + headroom with SLO routing). The
 //!   filter's cost is a headroom path's percentile minus plain Envoy's.
 //! - **Throughput**: a closed loop of N connections for S seconds on each Envoy path, in
-//!   alternating rounds, with the CPU each process used.
+//!   alternating rounds, with the CPU each process used; at each N asked (8 and 32 by
+//!   default). A path's rate is the highest it sustains at any N: a worker with more requests
+//!   open coalesces more of their predict calls (`filter/core/src/coalesce.rs`), which plain
+//!   Envoy has no counterpart of.
 //! - **Streaming**: a second stack whose servers run slowly enough that each token leaves as
 //!   its own chunk, as a real server's decode steps send them; a closed loop of streamed
 //!   completions on plain Envoy and on headroom, and Envoy's CPU per streamed token. The
@@ -39,9 +42,9 @@ pub struct GatewayOptions {
     /// Interleaved latency rounds.
     #[arg(long, default_value_t = 8)]
     pub rounds: usize,
-    /// Closed-loop connections.
-    #[arg(long, default_value_t = 8)]
-    pub connections: usize,
+    /// Closed-loop connections, a comma-separated list: each count is measured.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
+    pub connections: Vec<usize>,
     /// Seconds per closed-loop run.
     #[arg(long, default_value_t = 8.0)]
     pub seconds: f64,
@@ -120,6 +123,9 @@ pub struct LatencyRow {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ThroughputRow {
     pub path: String,
+    /// Closed-loop connections.
+    #[serde(default)]
+    pub connections: usize,
     pub round: usize,
     pub requests_per_s: f64,
     pub errors: usize,
@@ -148,7 +154,7 @@ pub struct StreamRow {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GatewayResults {
     pub command: String,
-    pub connections: usize,
+    pub connections: Vec<usize>,
     pub seconds: f64,
     pub latency: Vec<LatencyRow>,
     pub throughput: Vec<ThroughputRow>,
@@ -157,8 +163,12 @@ pub struct GatewayResults {
     /// The filter's added latency (headroom with SLO routing minus plain Envoy).
     pub filter_added_p50_ms: f64,
     pub filter_added_p99_ms: f64,
-    /// Headroom with SLO routing's throughput as a share of plain Envoy's (means over rounds).
+    /// Headroom with SLO routing's throughput as a share of plain Envoy's: each path's highest
+    /// rate at any connection count (means over rounds).
     pub throughput_share: f64,
+    /// The same share at each connection count.
+    #[serde(default)]
+    pub throughput_share_by_connections: Vec<(usize, f64)>,
     /// Tokens per streamed completion in the streaming phase (0: not run).
     #[serde(default)]
     pub stream_tokens: u32,
@@ -172,7 +182,10 @@ pub struct GatewayResults {
 /// Runs the measurement, prints the tables and writes `gateway.md` and `gateway.json` under `out`.
 pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResults> {
     anyhow::ensure!(opts.requests > 0 && opts.rounds > 0, "--requests and --rounds must be > 0");
-    anyhow::ensure!(opts.connections > 0 && opts.seconds > 0.0, "--connections and --seconds must be > 0");
+    anyhow::ensure!(
+        !opts.connections.is_empty() && opts.connections.iter().all(|&n| n > 0) && opts.seconds > 0.0,
+        "--connections and --seconds must be > 0"
+    );
     anyhow::ensure!(
         opts.stream_tokens == 0 || (opts.stream_connections > 0 && opts.stream_time_scale > 0.0),
         "--stream-connections and --stream-time-scale must be > 0 (or --stream-tokens 0 to skip streaming)"
@@ -243,16 +256,19 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
         .collect();
 
     println!(
-        "throughput: {} connections, {} s per run, {} rounds",
+        "throughput: {:?} connections, {} s per run, {} rounds",
         opts.connections, opts.seconds, opts.throughput_rounds
     );
     let mut throughput = Vec::new();
-    for round in 0..opts.throughput_rounds {
+    for (&connections, round) in
+        opts.connections.iter().flat_map(|n| std::iter::repeat(n).zip(0..opts.throughput_rounds))
+    {
         for way in [Way::PlainEnvoy, Way::Headroom, Way::HeadroomSlo] {
             let (addr, req) = target(way);
-            let l = measured_loop(&stack, way, addr, &req, opts.connections, opts.seconds);
+            let l = measured_loop(&stack, way, addr, &req, connections, opts.seconds);
             let row = ThroughputRow {
                 path: way.name().to_string(),
+                connections,
                 round,
                 requests_per_s: l.ok as f64 / l.wall_s,
                 errors: l.failed,
@@ -260,7 +276,7 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
                 predictor_cores: l.cores[1],
                 simulator_cores: l.cores[2],
             };
-            println!("  {:<34} {:>8.0} req/s", row.path, row.requests_per_s);
+            println!("  {:<34} {:>3} connections {:>8.0} req/s", row.path, connections, row.requests_per_s);
             throughput.push(row);
         }
     }
@@ -272,14 +288,20 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
     let (Some(plain_row), Some(slo_row)) = (row(Way::PlainEnvoy), row(Way::HeadroomSlo)) else {
         anyhow::bail!("a latency row is missing");
     };
-    let mean_rate = |way: Way| mean(throughput.iter().filter(|t| t.path == way.name()).map(|t| t.requests_per_s));
+    let mean_rate = |way: Way, n: usize| {
+        mean(throughput.iter().filter(|t| t.path == way.name() && t.connections == n).map(|t| t.requests_per_s))
+    };
+    let highest = |way: Way| opts.connections.iter().map(|&n| mean_rate(way, n)).fold(0.0, f64::max);
+    let throughput_share_by_connections =
+        opts.connections.iter().map(|&n| (n, mean_rate(Way::HeadroomSlo, n) / mean_rate(Way::PlainEnvoy, n))).collect();
     let results = GatewayResults {
         command: command.to_string(),
-        connections: opts.connections,
+        connections: opts.connections.clone(),
         seconds: opts.seconds,
         filter_added_p50_ms: (slo_row.p50_us - plain_row.p50_us) / 1000.0,
         filter_added_p99_ms: (slo_row.p99_us - plain_row.p99_us) / 1000.0,
-        throughput_share: mean_rate(Way::HeadroomSlo) / mean_rate(Way::PlainEnvoy),
+        throughput_share: highest(Way::HeadroomSlo) / highest(Way::PlainEnvoy),
+        throughput_share_by_connections,
         latency,
         throughput,
         predict_handler_us,
@@ -473,18 +495,19 @@ pub fn report(r: &GatewayResults) -> String {
     let _ = writeln!(
         s,
         "\nThe filter's cost (headroom with SLO routing minus plain Envoy): **{:.3} ms p50, {:.3} ms p99** \
-         (targets <= 0.5 and <= 2). predictor-svc's own time per `/v1/predict`: {:.0} us.\n",
+         (targets <= 0.5 and <= 2). predictor-svc's own time per predict call: {:.0} us.\n",
         r.filter_added_p50_ms, r.filter_added_p99_ms, r.predict_handler_us
     );
-    let _ = writeln!(s, "## Throughput (closed loop, {} connections, {} s per run)\n", r.connections, r.seconds);
+    let _ = writeln!(s, "## Throughput (closed loop, {} s per run)\n", r.seconds);
     let cores = |c: f64| format!("{c:.2}");
     table(
         &mut s,
-        &["path", "round", "req/s", "errors", "Envoy cores", "predictor cores", "simulator cores"],
+        &["path", "connections", "round", "req/s", "errors", "Envoy cores", "predictor cores", "simulator cores"],
         r.throughput.iter().map(|t| {
             let (round, rate, errors) = (t.round.to_string(), format!("{:.0}", t.requests_per_s), t.errors.to_string());
             vec![
                 t.path.clone(),
+                t.connections.to_string(),
                 round,
                 rate,
                 errors,
@@ -494,10 +517,14 @@ pub fn report(r: &GatewayResults) -> String {
             ]
         }),
     );
+    let by_connections: Vec<String> =
+        r.throughput_share_by_connections.iter().map(|(n, share)| format!("{:.0}% at {n}", share * 100.0)).collect();
     let _ = writeln!(
         s,
-        "\nHeadroom with SLO routing sustains **{:.0}%** of plain Envoy's request rate (target >= 50%).",
-        r.throughput_share * 100.0
+        "\nHeadroom with SLO routing sustains **{:.0}%** of plain Envoy's request rate, each path's highest at any \
+         connection count (target >= 50%; {} connections).",
+        r.throughput_share * 100.0,
+        by_connections.join(", ")
     );
     if !r.stream.is_empty() {
         let _ = writeln!(
@@ -570,11 +597,12 @@ mod tests {
         };
         let r = GatewayResults {
             command: "headroom-bench gateway".into(),
-            connections: 8,
+            connections: vec![8],
             seconds: 8.0,
             latency: vec![latency("model server directly", 80.0), latency("plain Envoy", 320.0)],
             throughput: vec![ThroughputRow {
                 path: "plain Envoy".into(),
+                connections: 8,
                 round: 0,
                 requests_per_s: 6979.4,
                 errors: 0,
@@ -586,6 +614,7 @@ mod tests {
             filter_added_p50_ms: 0.687,
             filter_added_p99_ms: 3.911,
             throughput_share: 0.29,
+            throughput_share_by_connections: vec![(8, 0.29)],
             stream_tokens: 64,
             stream: vec![StreamRow {
                 path: "plain Envoy".into(),
@@ -604,10 +633,11 @@ mod tests {
             "| path | requests | errors | p50 ms | p99 ms | mean ms | added p50 ms | added p99 ms |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             "| plain Envoy | 10 | 0 | 0.320 | 0.900 | 0.300 | +0.240 | +0.000 |",
-            "| plain Envoy | 0 | 6979 | 0 | 1.19 | 0.01 | 0.45 |",
+            "| plain Envoy | 8 | 0 | 6979 | 0 | 1.19 | 0.01 | 0.45 |",
             "| plain Envoy | 1 | 314 | 20114 | 0 | 0.24 | 0.01 | 12.0 |",
             "**0.687 ms p50, 3.911 ms p99**",
             "sustains **29%**",
+            "29% at 8 connections",
             "**15.9 us per token**",
         ] {
             assert!(md.contains(line), "{line:?} missing:\n{md}");

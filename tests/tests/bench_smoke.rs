@@ -90,7 +90,7 @@ fn reduced_gateway_bench_measures_latency_throughput_and_streaming() {
     let (run_dir, out) = (base.join("run"), base.join("results"));
     let run = Command::new(&bin)
         .args(["--run-dir", run_dir.to_str().unwrap(), "gateway", "--requests", "20", "--rounds", "1"])
-        .args(["--connections", "2", "--seconds", "1", "--throughput-rounds", "1"])
+        .args(["--connections", "2,4", "--seconds", "1", "--throughput-rounds", "1"])
         .args(["--stream-tokens", "16", "--stream-connections", "4", "--out", out.to_str().unwrap()])
         .output()
         .unwrap();
@@ -99,7 +99,9 @@ fn reduced_gateway_bench_measures_latency_throughput_and_streaming() {
     let r: GatewayResults = serde_json::from_str(&std::fs::read_to_string(out.join("gateway.json")).unwrap()).unwrap();
     assert_eq!(r.latency.len(), 4);
     assert!(r.latency.iter().all(|l| l.errors == 0 && l.p50_us > 0.0), "{:?}", r.latency);
-    assert_eq!(r.throughput.len(), 3);
+    assert_eq!(r.throughput.len(), 6, "3 paths at 2 connection counts");
+    assert_eq!(r.throughput_share_by_connections.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [2, 4]);
+    assert!(r.throughput_share.is_finite() && r.throughput_share > 0.0);
     assert!(r.throughput.iter().all(|t| t.errors == 0 && t.requests_per_s > 0.0), "{:?}", r.throughput);
     assert_eq!((r.stream_tokens, r.stream.len()), (16, 2));
     for s in &r.stream {
