@@ -314,6 +314,11 @@ impl Pool {
         if self.finished.contains(&d.request_id) {
             return Applied::AlreadyFinished;
         }
+        // The same dispatch again (a batch whose call timed out after the predictor applied it,
+        // resent): the first stays, with its first-token state and its prefix match.
+        if self.in_flight.get(&d.request_id).is_some_and(|f| !f.reserved && f.endpoint == i) {
+            return Applied::Accepted;
+        }
         if self.in_flight.len() >= self.max_in_flight && !self.in_flight.contains_key(&d.request_id) {
             return Applied::PoolFull;
         }
@@ -582,6 +587,21 @@ mod tests {
         p.finish("r1", now);
         assert_eq!(p.dispatch(&dispatch("r1", "a:1", 10, None), now), Applied::AlreadyFinished);
         assert_eq!(p.in_flight_on("a:1"), 0);
+    }
+
+    #[test]
+    fn a_dispatch_sent_again_keeps_the_first() {
+        let mut p = pool();
+        let now = Instant::now();
+        let mut d = dispatch("r1", "a:1", 100, None);
+        d.request.prefix_hashes.clear(); // a resent prompt would otherwise find itself cached
+        p.dispatch(&d, now);
+        assert!(p.first_token("r1", "a:1", now));
+        // Resent after a call that timed out once the predictor had applied it.
+        assert_eq!(p.dispatch(&d, now), Applied::Accepted);
+        let s = p.states_for(&RequestFeatures::default(), now);
+        assert_eq!((s[0].in_flight, s[0].uncached_tokens_in_flight), (1, 0), "still past prefill, counted once");
+        assert_eq!(p.endpoints[0].prefill_rate(now), 100.0 / PREFILL_RATE_TAU.as_secs_f64(), "its prompt once");
     }
 
     #[test]

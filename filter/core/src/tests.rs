@@ -901,19 +901,25 @@ fn a_coalesced_call_that_cannot_start_falls_back_at_once_and_oversized_batches_s
     assert!(host.calls.len() > 1, "split");
 }
 
+/// An idle worker's request, placed by a coalesced call of its own; returns its request id.
+fn placed_alone(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm) -> String {
+    send_request(flow, host, vm, &SLO, BODY);
+    vm.on_wake(host);
+    let call = host.calls.last().unwrap();
+    let id = codec::decode::<PredictBatch>(Format::MsgPack, &call.body).unwrap().requests[0].request_id.clone();
+    let body = batch_answer(&["10.0.0.1:8000"]);
+    let token = host.answer(200, &body);
+    let d = vm.on_predictions_answer(host, token, body.len()).unwrap().pop().unwrap();
+    assert_eq!(flow.on_coalesced_answer(host, vm, d.answer), Step::Resume);
+    id
+}
+
 #[test]
 fn what_the_worker_owes_rides_on_its_next_predict_call_and_goes_back_to_the_outbox_if_it_fails() {
     let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
     let mut vm = vm("{}");
     let mut a = Flow::for_context(2);
-    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
-    vm.on_wake(&mut host);
-    let a_id =
-        codec::decode::<PredictBatch>(Format::MsgPack, &host.calls[0].body).unwrap().requests[0].request_id.clone();
-    let body = batch_answer(&["10.0.0.1:8000"]);
-    let token = host.answer(200, &body);
-    let d = vm.on_predictions_answer(&mut host, token, body.len()).unwrap().pop().unwrap();
-    assert_eq!(a.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
+    let a_id = placed_alone(&mut a, &mut host, &mut vm);
     host.upstream = Some("10.0.0.1:8000".into());
     stream_response(&mut a, &mut host, &mut vm, 50);
 
@@ -954,18 +960,14 @@ fn a_ride_delivered_lets_the_reports_waiting_for_it_go() {
     let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
     let mut vm = vm("{}");
     let mut a = Flow::for_context(2);
-    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
-    vm.on_wake(&mut host);
-    let body = batch_answer(&["10.0.0.1:8000"]);
-    let token = host.answer(200, &body);
-    let d = vm.on_predictions_answer(&mut host, token, body.len()).unwrap().pop().unwrap();
-    a.on_coalesced_answer(&mut host, &mut vm, d.answer);
+    placed_alone(&mut a, &mut host, &mut vm);
     // b's call carries a's dispatch; a's report arrives while it is out.
     let mut b = Flow::for_context(3);
     send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
     vm.on_wake(&mut host);
     host.upstream = Some("10.0.0.1:8000".into());
     stream_response(&mut a, &mut host, &mut vm, 50);
+    let body = batch_answer(&["10.0.0.1:8000"]);
     let token = host.answer(200, &body);
     vm.on_predictions_answer(&mut host, token, body.len());
     // Delivered: the tick sends a's report, which no longer waits for its dispatch.
