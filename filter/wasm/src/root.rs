@@ -10,6 +10,7 @@ use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use headroom_filter_core::coalesce::Delivery;
+use headroom_filter_core::flow::Step;
 use headroom_filter_core::host::Level;
 use headroom_filter_core::vm::Vm;
 use headroom_filter_core::FilterConfig;
@@ -58,7 +59,10 @@ impl Root {
             }
             let step = {
                 let (Ok(mut flow), Ok(mut vm)) = (flow.try_borrow_mut(), shared.vm.try_borrow_mut()) else {
+                    // Never expected (no callback of the request runs inside the root's); if it
+                    // happens, the request goes on unrouted (Envoy balances) rather than hang.
                     host::log(Level::Error, "headroom: a request's state was in use when its prediction came");
+                    carry_out(Step::Resume);
                     continue;
                 };
                 flow.on_coalesced_answer(&mut shared.envoy(), &mut vm, answer)
