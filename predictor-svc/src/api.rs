@@ -150,9 +150,8 @@ async fn predict_batch(
     if let Some(reports) = batch.reports.take() {
         service::report(&state, reports, started);
     }
-    let pools: Vec<String> = batch.requests.iter().map(|r| r.pool.clone()).collect();
-    let answers = service::predict_batch(&state, batch.requests, started).map_err(|i| {
-        ApiError::field(StatusCode::NOT_FOUND, &format!("requests[{i}].pool"), format!("no pool named {:?}", pools[i]))
+    let answers = service::predict_batch(&state, batch.requests, started).map_err(|(i, pool)| {
+        ApiError::field(StatusCode::NOT_FOUND, &format!("requests[{i}].pool"), format!("no pool named {pool:?}"))
     })?;
     state.metrics.predicted(started.elapsed().as_secs_f64());
     Ok(reply(&headers, format, &PredictBatchResponse { answers }))

@@ -18,8 +18,12 @@ pub fn predict(state: &AppState, req: PredictRequest, now: Instant) -> Option<Pr
 }
 
 /// [`predict`] for each request, the model run once over all their rows (one call into
-/// ONNX Runtime for the whole batch). `Err(i)`: `reqs[i]` names no known pool.
-pub fn predict_batch(state: &AppState, reqs: Vec<PredictRequest>, now: Instant) -> Result<Vec<PredictResponse>, usize> {
+/// ONNX Runtime for the whole batch). `Err((i, pool))`: `reqs[i]` names no known pool.
+pub fn predict_batch(
+    state: &AppState,
+    reqs: Vec<PredictRequest>,
+    now: Instant,
+) -> Result<Vec<PredictResponse>, (usize, String)> {
     let stale_ms = state.config.stale_after_ms;
     let mut pending = Vec::with_capacity(reqs.len());
     let mut rows: Vec<features::Row> = Vec::new();
@@ -30,7 +34,7 @@ pub fn predict_batch(state: &AppState, reqs: Vec<PredictRequest>, now: Instant) 
                 let addresses: Vec<String> = pool.endpoints.iter().map(|e| e.address.clone()).collect();
                 (addresses, pool.states_for(&req.request, now))
             })
-            .ok_or(i)?;
+            .ok_or_else(|| (i, req.pool.clone()))?;
         // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
         let fresh: Vec<usize> =
             (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();

@@ -24,7 +24,7 @@ use headroom_protocol::{
     codec, Dispatch, Format, PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse, ReportBatch,
 };
 
-use crate::host::{Buffer, Event, FallbackCause, Host, Map};
+use crate::host::{callout_status, predictor_answer, Event, FallbackCause, Host};
 
 /// At most this many requests per call: past it the call's body and its answer grow
 /// (every endpoint's state per request) while the saving per request hardly does.
@@ -97,11 +97,6 @@ impl Coalescer {
     /// Requests waiting for a call.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
-    }
-
-    /// Whether `token` is one of these calls.
-    pub fn owns(&self, token: u32) -> bool {
-        self.calls.contains_key(&token)
     }
 
     /// The root's wake-up arrived.
@@ -184,17 +179,15 @@ impl Coalescer {
         body_size: usize,
     ) -> Option<(String, Option<u16>, Vec<Delivery>)> {
         let call = self.calls.remove(&token)?;
-        let status = host.header(Map::CalloutHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
-        let answers = match status {
-            Some(200) => host
-                .buffer(Buffer::CalloutBody, body_size)
-                .and_then(|body| codec::decode::<PredictBatchResponse>(Format::MsgPack, &body).ok())
-                .filter(|b| b.answers.len() == call.members.len())
-                .map(|b| b.answers)
-                .ok_or(FallbackCause::BadAnswer),
-            Some(504) => Err(FallbackCause::Timeout),
-            _ => Err(FallbackCause::Unavailable),
-        };
+        let status = callout_status(host);
+        // One answer per request, or which is whose cannot be known.
+        let answers = predictor_answer::<PredictBatchResponse>(host, status, body_size).and_then(|b| {
+            if b.answers.len() == call.members.len() {
+                Ok(b.answers)
+            } else {
+                Err(FallbackCause::BadAnswer)
+            }
+        });
         let deliveries = match answers {
             Ok(answers) => call
                 .members

@@ -24,7 +24,7 @@ use headroom_protocol::{
 };
 
 use crate::config::FilterConfig;
-use crate::host::{Buffer, Event, FallbackCause, Host, Level, Map};
+use crate::host::{callout_status, predictor_answer, Buffer, Event, FallbackCause, Host, Level, Map};
 use crate::vm::Vm;
 use crate::{error_json, fallback, headers as hints, policy};
 
@@ -186,17 +186,10 @@ impl Flow {
     /// The answer to the filter's call `token` arrived (`:status` in the callout headers).
     pub fn on_callout_answer(&mut self, host: &mut dyn Host, vm: &mut Vm, token: u32, body_size: usize) -> Step {
         let Some(callout) = self.callout.take_if(|c| c.token == token) else { return Step::Continue };
-        let status = host.header(Map::CalloutHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
+        let status = callout_status(host);
         vm.record_call(host, &callout.cluster, status);
         host.record(Event::PredictorCallMs(host.now_ns().saturating_sub(callout.started_ns) / 1_000_000));
-        let answer = match status {
-            Some(200) => {
-                let body = host.buffer(Buffer::CalloutBody, body_size).unwrap_or_default();
-                codec::decode::<PredictResponse>(Format::MsgPack, &body).map_err(|_| FallbackCause::BadAnswer)
-            }
-            Some(504) => Err(FallbackCause::Timeout),
-            _ => Err(FallbackCause::Unavailable),
-        };
+        let answer = predictor_answer::<PredictResponse>(host, status, body_size);
         self.on_answer(host, vm, answer)
     }
 

@@ -13,7 +13,8 @@
 
 use std::time::Duration;
 
-use headroom_protocol::{FlowOutcome, RouteSource};
+use headroom_protocol::{codec, FlowOutcome, Format, RouteSource};
+use serde::de::DeserializeOwned;
 
 use crate::outbox::Counts;
 
@@ -124,6 +125,29 @@ pub enum Event {
     CoalescedCall {
         requests: usize,
     },
+}
+
+/// The `:status` of the answer to one of the filter's own calls (`None`: no answer).
+pub fn callout_status(host: &dyn Host) -> Option<u16> {
+    host.header(Map::CalloutHeaders, ":status").and_then(|s| s.parse::<u16>().ok())
+}
+
+/// What an answer of the predictor with `status` gives: its body (`body_size` bytes) decoded
+/// as `T` on a 200, else why the request falls back (a 504 is Envoy's timeout; any other
+/// status or none, the predictor unavailable; a 200 that does not decode, a bad answer).
+pub fn predictor_answer<T: DeserializeOwned>(
+    host: &dyn Host,
+    status: Option<u16>,
+    body_size: usize,
+) -> Result<T, FallbackCause> {
+    match status {
+        Some(200) => host
+            .buffer(Buffer::CalloutBody, body_size)
+            .and_then(|body| codec::decode::<T>(Format::MsgPack, &body).ok())
+            .ok_or(FallbackCause::BadAnswer),
+        Some(504) => Err(FallbackCause::Timeout),
+        _ => Err(FallbackCause::Unavailable),
+    }
 }
 
 /// The host calls the filter makes.

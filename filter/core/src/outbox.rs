@@ -69,7 +69,7 @@ impl Batch {
     /// The highest dispatch sequence number in it (0: none).
     pub fn last_seq(&self) -> u64 {
         match self {
-            Batch::Dispatches(items) => items.iter().map(|(s, _)| *s).max().unwrap_or(0),
+            Batch::Dispatches(items) => last_seq(items),
             Batch::Observations(_) => 0,
         }
     }
@@ -212,9 +212,7 @@ impl Outbox {
     }
 
     fn dispatched_through(&mut self, items: &[(u64, Dispatch)]) {
-        if let Some(last) = items.iter().map(|(s, _)| *s).max() {
-            self.done_through = self.done_through.max(last);
-        }
+        self.done_through = self.done_through.max(last_seq(items));
     }
 
     /// Counts since the last call, queue overflow included.
@@ -223,6 +221,11 @@ impl Outbox {
         c.dropped = self.dispatches.take_dropped() + self.observations.take_dropped();
         c
     }
+}
+
+/// The highest sequence number among `items` (0: none).
+fn last_seq<T>(items: &[(u64, T)]) -> u64 {
+    items.iter().map(|(s, _)| *s).max().unwrap_or(0)
 }
 
 fn encoded<T: Serialize>(body: &T) -> Option<Vec<u8>> {

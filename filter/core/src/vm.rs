@@ -10,7 +10,7 @@ use headroom_protocol::{codec, paths};
 
 use crate::coalesce::{Coalescer, Delivery, Ride};
 use crate::fallback::StateCache;
-use crate::host::{Event, Host, Level, Map};
+use crate::host::{callout_status, Event, Host, Level};
 use crate::outbox::{Batch, Outbox, Outcome};
 use crate::rng::Rng;
 use crate::shards::Shards;
@@ -242,7 +242,7 @@ impl Vm {
     /// The answer to batch call `token` arrived (its `:status` in the callout headers).
     pub fn on_batch_answer(&mut self, host: &mut dyn Host, token: u32) {
         let Some((cluster, batch)) = self.sending.remove(&token) else { return };
-        let status = host.header(Map::CalloutHeaders, ":status").and_then(|s| s.parse::<u16>().ok());
+        let status = callout_status(host);
         let outcome = Outcome::of(status);
         let delivered_dispatches = outcome != Outcome::Failed && matches!(batch, Batch::Dispatches(_));
         self.record_call(host, &cluster, status);

@@ -2,9 +2,9 @@
 //!
 //! Nothing here decides anything. `host` binds the ABI; `envoy` implements the
 //! core's `Host` trait over it; `root` forwards the VM's callbacks (configure, tick, batch
-//! answers, wake-ups, coalesced predict calls handed to their requests) to `core::vm::Vm`; `request` forwards each stream's callbacks to
-//! `core::flow::Flow` and carries out the step it returns; `stats` maps the core's
-//! events to Envoy stats.
+//! answers, wake-ups) to `core::vm::Vm` and hands each request its share of a coalesced
+//! predict call; `request` forwards each stream's callbacks to `core::flow::Flow` and
+//! carries out the step it returns; `stats` maps the core's events to Envoy stats.
 
 mod envoy;
 mod host;

@@ -1,7 +1,7 @@
 //! One HTTP stream: forwards Envoy's callbacks to `headroom_filter_core::flow::Flow`
 //! and carries out the step it returns.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 
@@ -20,8 +20,8 @@ use crate::stats::Stats;
 pub struct Shared {
     pub vm: RefCell<Vm>,
     pub stats: Stats,
-    /// The VM's wake-up queue, once the root registered it (`Host::wake`).
-    pub wake: Cell<Option<u32>>,
+    /// The VM's wake-up queue, when the root could register one (`Host::wake`).
+    pub wake: Option<u32>,
     /// Every live stream's flow by context id: where the root hands a request its share of
     /// a coalesced predict call.
     pub flows: RefCell<HashMap<u32, Weak<RefCell<Flow>>>>,
@@ -29,7 +29,7 @@ pub struct Shared {
 
 impl Shared {
     pub fn envoy(&self) -> Envoy<'_> {
-        Envoy { stats: &self.stats, wake: self.wake.get() }
+        Envoy { stats: &self.stats, wake: self.wake }
     }
 }
 

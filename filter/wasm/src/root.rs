@@ -2,7 +2,7 @@
 //! its own calls) to `headroom_filter_core::vm::Vm`, creates a `Request` per stream, and
 //! hands each request its share of a coalesced predict call.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -125,7 +125,7 @@ impl RootContext for Root {
                 self.shared = Some(Rc::new(Shared {
                     vm: RefCell::new(Vm::new(config, seed)),
                     stats: Stats::define(),
-                    wake: Cell::new(wake),
+                    wake,
                     flows: RefCell::new(HashMap::new()),
                 }));
             }
