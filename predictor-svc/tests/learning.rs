@@ -203,6 +203,28 @@ fn drift_seen_before_min_samples_of_the_new_regime_retrains_on_the_newest_and_se
 }
 
 #[test]
+fn a_drift_round_that_reaches_back_is_judged_on_the_new_regime_alone() {
+    // 40% held out, so that the new regime's 100 requests hold about 40 out: enough to
+    // judge on. min_samples 200: the round reaches back into the old regime for ~140
+    // more training samples, and its stretch holds ~90 old held-out ones.
+    let store = ModelStore::open(ModelConfig { holdout_percent: 40, min_samples: 200, ..config(true, 1.5) }).unwrap();
+    feed(&store, 0, 2000, 1.2, (50, 3000), 2);
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    feed(&store, 10_000, 100, 2.4, (50, 3000), 2);
+    assert!(store.drift().drifting, "the live error is far past the held-out error");
+    let stale = mape(&store, 2.4, (50, 3000), 2);
+    // Judged on the whole stretch, the old model (right on the old samples, by
+    // construction) wins and the fleet keeps being served the old numbers.
+    let outcome = store.train_if_due();
+    assert!(
+        matches!(&outcome, TrainOutcome::Activated(info) if info.trained_on_drift && info.holdout_samples >= 20),
+        "judged on the new regime, and replaced: {outcome:?}"
+    );
+    let fresh = mape(&store, 2.4, (50, 3000), 2);
+    assert!(fresh < stale, "the new model moved toward the new fleet: {stale:.3} -> {fresh:.3}");
+}
+
+#[test]
 fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
     let coverage = |rate: f64| {
         let store = ModelStore::open(ModelConfig {

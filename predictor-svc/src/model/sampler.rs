@@ -85,6 +85,21 @@ pub const RECENT_TRAIN: usize = 1000;
 /// Newest held-out samples kept in arrival order.
 pub const RECENT_HOLDOUT: usize = 250;
 
+/// What a drift round learns from and is judged on ([`Samples::recent_stretch`]).
+#[derive(Debug, Clone, Default)]
+pub struct Stretch {
+    /// Training-side samples of the stretch.
+    pub train: Vec<Sample>,
+    /// Held-out samples of the same stretch: what the held-out reservoir keeps after it.
+    pub holdout: Vec<Sample>,
+    /// The held-out samples of the new regime alone (filed from `from` on), which
+    /// judge the candidate. Where the stretch reaches back, its older samples belong to
+    /// the regime drift says is over, on which the active model is right by
+    /// construction: judged on them, a model that learnt the new regime loses to one
+    /// that has not.
+    pub judge: Vec<Sample>,
+}
+
 /// The training and held-out reservoirs, and how many samples arrived since the last training.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Samples {
@@ -184,8 +199,7 @@ impl Samples {
     /// target. A round can then fit as soon as drift is seen, on the newest traffic,
     /// instead of waiting for `min` samples of the new regime, during which the normal
     /// cadence is stalled too (and for good, if the traffic stops).
-    /// (training side, held-out side), the same stretch of arrivals on each.
-    pub fn recent_stretch(&self, from: u64, min: usize) -> (Vec<Sample>, Vec<Sample>) {
+    pub fn recent_stretch(&self, from: u64, min: usize) -> Stretch {
         let (mut ttft, mut tpot) = (0, 0);
         let mut start = from;
         for (n, s) in self.recent_train.iter().rev() {
@@ -196,9 +210,14 @@ impl Samples {
             tpot += usize::from(s.tpot_ms.is_some());
             start = start.min(*n);
         }
-        let newer =
-            |q: &VecDeque<(u64, Sample)>| q.iter().filter(|(n, _)| *n >= start).map(|(_, s)| s.clone()).collect();
-        (newer(&self.recent_train), newer(&self.recent_holdout))
+        let since = |q: &VecDeque<(u64, Sample)>, start: u64| {
+            q.iter().filter(|(n, _)| *n >= start).map(|(_, s)| s.clone()).collect()
+        };
+        Stretch {
+            train: since(&self.recent_train, start),
+            holdout: since(&self.recent_holdout, start),
+            judge: since(&self.recent_holdout, from),
+        }
     }
 
     /// Forgets the reservoirs for these samples (a finished regime): both sides refilled
@@ -262,11 +281,24 @@ mod tests {
             s.push(&format!("r{i}"), x);
         }
         // Enough since `from`: exactly the stretch.
-        assert_eq!(s.recent_stretch(60, 10).0.len(), 40);
+        assert_eq!(s.recent_stretch(60, 10).train.len(), 40);
         // Too few since `from` (5): back to the newest 20 with a TPOT, 40 samples in all.
-        assert_eq!(s.recent_stretch(95, 20).0.len(), 40);
+        assert_eq!(s.recent_stretch(95, 20).train.len(), 40);
         // More asked for than kept: every recent sample.
-        assert_eq!(s.recent_stretch(99, 1000).0.len(), 100);
+        assert_eq!(s.recent_stretch(99, 1000).train.len(), 100);
+    }
+
+    #[test]
+    fn a_stretch_that_reaches_back_is_judged_on_the_new_regime_alone() {
+        let mut s = Samples::new(1000, 50);
+        (0..200).for_each(|i| s.push(&format!("r{i}"), sample(0.0, 0.1, 0.0)));
+        let stretch = s.recent_stretch(190, 40);
+        let held_out_since = |from: usize| (from..200).filter(|i| s.side(&format!("r{i}")) < 50).count();
+        assert!(stretch.train.len() >= 40, "reached back for the training side");
+        let from_stretch_start = 200 - (stretch.train.len() + stretch.holdout.len());
+        assert_eq!(stretch.holdout.len(), held_out_since(from_stretch_start), "the held-out side of the stretch");
+        assert_eq!(stretch.judge.len(), held_out_since(190), "judged on what came since `from` only");
+        assert!(stretch.judge.len() < stretch.holdout.len());
     }
 
     #[test]

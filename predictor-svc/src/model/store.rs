@@ -287,7 +287,9 @@ impl ModelStore {
 
     fn train(&self) -> TrainOutcome {
         let drifting = self.drift().drifting;
-        let (train, holdout, taken, filed): (Vec<Sample>, Vec<Sample>, usize, u64) = {
+        // `judge` scores the candidate; `refill`, on drift, is the stretch the reservoirs
+        // keep after it.
+        let (train, judge, refill, taken, filed): (Vec<Sample>, Vec<Sample>, Option<Vec<Sample>>, usize, u64) = {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
             if drifting {
                 // Nothing arrived since the last round: the same data would give the same model.
@@ -296,10 +298,9 @@ impl ModelStore {
                 }
                 // Forget the finished regime: train on what arrived since the active
                 // model's data was taken (or the newest `min_samples`, if fewer did),
-                // judge on the held-out samples of that stretch.
-                let (train, holdout) =
-                    s.recent_stretch(self.active_from.load(Ordering::SeqCst), self.config.min_samples);
-                (train, holdout, s.new_since_training, s.filed)
+                // judge on the held-out samples of the new regime alone.
+                let stretch = s.recent_stretch(self.active_from.load(Ordering::SeqCst), self.config.min_samples);
+                (stretch.train, stretch.judge, Some(stretch.holdout), s.new_since_training, s.filed)
             } else {
                 if s.new_since_training < self.config.min_new_samples {
                     return TrainOutcome::Skipped;
@@ -307,6 +308,7 @@ impl ModelStore {
                 (
                     s.train.samples().cloned().collect(),
                     s.holdout.samples().cloned().collect(),
+                    None,
                     s.new_since_training,
                     s.filed,
                 )
@@ -318,9 +320,9 @@ impl ModelStore {
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).trained_on(taken);
 
         let objective = self.config.objective();
-        let candidate = training::score(&holdout, objective, |r| fitted.predict(r));
-        let current = self.score_active(&holdout, objective);
-        if training::worse(&candidate, &current, holdout.len(), self.config.keep_margin) {
+        let candidate = training::score(&judge, objective, |r| fitted.predict(r));
+        let current = self.score_active(&judge, objective);
+        if training::worse(&candidate, &current, judge.len(), self.config.keep_margin) {
             tracing::info!(
                 candidate = candidate.error,
                 active = current.error,
@@ -329,11 +331,10 @@ impl ModelStore {
             self.persist_samples();
             return TrainOutcome::KeptActive { candidate_error: candidate.error, active_error: current.error };
         }
-        let (info, bytes) =
-            training::export(&fitted, self.registry.next_version(), objective, &candidate, holdout.len());
+        let (info, bytes) = training::export(&fitted, self.registry.next_version(), objective, &candidate, judge.len());
         let info = ModelInfo { trained_on_drift: drifting, ..info };
         if drifting {
-            tracing::info!(train = train.len(), holdout = holdout.len(), "model drifted; trained on the samples since");
+            tracing::info!(train = train.len(), judged_on = judge.len(), "model drifted; trained on the samples since");
         }
         let outcome = match OnnxModel::load(&bytes) {
             Ok(model) => {
@@ -344,7 +345,7 @@ impl ModelStore {
                 let replaces_prior = self.registry.active().is_none();
                 self.registry.install(model, info.clone(), bytes);
                 self.active_from.store(filed, Ordering::SeqCst);
-                if drifting {
+                if let Some(holdout) = refill {
                     // A new regime: the reservoirs and the live correction of the old one go.
                     self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout);
                 }
