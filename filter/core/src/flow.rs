@@ -90,8 +90,9 @@ pub struct Flow {
     offered_wait: bool,
     /// How it left the predictor's flow-control queue and after how long, when it waited there.
     queued: Option<(FlowOutcome, f64)>,
-    /// The host's id of this stream's context: a coalesced call's answer is handed to it by id.
-    context: u32,
+    /// The host's id of this stream's context: a coalesced call's answer is handed to it
+    /// by id. `None`: its predict calls are its own.
+    context: Option<u32>,
     /// Waiting for its share of a coalesced predict call (`coalesce`), since this time (ns).
     coalesced_ns: Option<u64>,
 }
@@ -104,7 +105,7 @@ impl Flow {
 
     /// The stream of host context `context`: its predict call may be coalesced with others.
     pub fn for_context(context: u32) -> Flow {
-        Flow { context, ..Flow::default() }
+        Flow { context: Some(context), ..Flow::default() }
     }
 
     /// The request's headers arrived.
@@ -339,8 +340,8 @@ impl Flow {
             vm.placed.ended(&c.endpoint);
         }
         // Ended while waiting for a coalesced call: it leaves the batch still to be sent.
-        if self.coalesced_ns.take().is_some() {
-            vm.predictions.forget(self.context);
+        if let (Some(_), Some(context)) = (self.coalesced_ns.take(), self.context) {
+            vm.predictions.forget(context);
         }
         // Ended while the predictor held it in its queue: Envoy does not cancel the call,
         // so the predictor is told, or the request would keep its place until its deadline.
@@ -444,8 +445,9 @@ impl Flow {
             flow,
         };
         // Answered at once: it may share a call with the requests around it.
-        let predict = if predict.flow.is_none() && config.batch_predictions && self.context != 0 {
-            match vm.predictions.join(host, self.context, predict) {
+        let coalesce = self.context.filter(|_| predict.flow.is_none() && config.batch_predictions);
+        let predict = if let Some(context) = coalesce {
+            match vm.predictions.join(host, context, predict) {
                 Ok(()) => {
                     self.coalesced_ns = Some(host.now_ns());
                     return Step::Pause;
