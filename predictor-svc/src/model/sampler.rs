@@ -220,6 +220,12 @@ impl Samples {
         }
     }
 
+    /// The feature rows of the newest `n` held-out samples: today's traffic, which
+    /// neither a candidate nor the active model trained on.
+    pub fn newest_held_out_rows(&self, n: usize) -> Vec<Row> {
+        self.recent_holdout.iter().rev().take(n).map(|(_, s)| s.row).collect()
+    }
+
     /// Forgets the reservoirs for these samples (a finished regime): both sides refilled
     /// from them under the current caps.
     pub fn refill(&mut self, train: Vec<Sample>, holdout: Vec<Sample>) {

@@ -24,7 +24,7 @@ use headroom_protocol::{limits, EndpointState, Observation, RequestFeatures, Rou
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 
-use super::calibration::{Calibration, CalibrationView};
+use super::calibration::{self, Calibration, CalibrationView};
 use super::features::{self, Row};
 use super::gbdt::Objective;
 use super::persistence::{self, sha256_hex, DataDir};
@@ -38,6 +38,9 @@ use crate::config::ModelConfig;
 pub use super::prior::ANALYTIC_PRIOR as PRIOR;
 pub use super::registry::ModelInfo;
 pub use super::training::TrainOutcome;
+
+/// Newest held-out rows on which a new model's level is compared with the old one's.
+const NEWEST_FOR_LEVEL: usize = 200;
 
 /// Observations the drift check looks at.
 pub const DRIFT_WINDOW: usize = 100;
@@ -92,6 +95,21 @@ pub struct DriftView {
     /// The active model's error over the last [`DRIFT_WINDOW`] observations (TTFT, TPOT).
     pub live_mape_ttft: Option<f64>,
     pub live_mape_tpot: Option<f64>,
+}
+
+/// What one training round works from, copied from the samples under one lock.
+struct Round {
+    train: Vec<Sample>,
+    /// Scores the candidate against the active model.
+    judge: Vec<Sample>,
+    /// On drift: the held-out samples the reservoirs keep after it.
+    refill: Option<Vec<Sample>>,
+    /// The newest held-out rows, on which a new model's level is compared with the old one's.
+    newest: Vec<Row>,
+    /// New samples counted when copied (`Samples::trained_on`).
+    taken: usize,
+    /// `Samples::filed` when copied: where the new model's data ends.
+    filed: u64,
 }
 
 pub struct ModelStore {
@@ -287,10 +305,10 @@ impl ModelStore {
 
     fn train(&self) -> TrainOutcome {
         let drifting = self.drift().drifting;
-        // `judge` scores the candidate; `refill`, on drift, is the stretch the reservoirs
-        // keep after it.
-        let (train, judge, refill, taken, filed): (Vec<Sample>, Vec<Sample>, Option<Vec<Sample>>, usize, u64) = {
+        let Round { train, judge, refill, newest, taken, filed } = {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+            let newest = s.newest_held_out_rows(NEWEST_FOR_LEVEL);
+            let (taken, filed) = (s.new_since_training, s.filed);
             if drifting {
                 // Nothing arrived since the last round: the same data would give the same model.
                 if s.new_since_training == 0 {
@@ -300,18 +318,26 @@ impl ModelStore {
                 // model's data was taken (or the newest `min_samples`, if fewer did),
                 // judge on the held-out samples of the new regime alone.
                 let stretch = s.recent_stretch(self.active_from.load(Ordering::SeqCst), self.config.min_samples);
-                (stretch.train, stretch.judge, Some(stretch.holdout), s.new_since_training, s.filed)
+                Round {
+                    train: stretch.train,
+                    judge: stretch.judge,
+                    refill: Some(stretch.holdout),
+                    newest,
+                    taken,
+                    filed,
+                }
             } else {
                 if s.new_since_training < self.config.min_new_samples {
                     return TrainOutcome::Skipped;
                 }
-                (
-                    s.train.samples().cloned().collect(),
-                    s.holdout.samples().cloned().collect(),
-                    None,
-                    s.new_since_training,
-                    s.filed,
-                )
+                Round {
+                    train: s.train.samples().cloned().collect(),
+                    judge: s.holdout.samples().cloned().collect(),
+                    refill: None,
+                    newest,
+                    taken,
+                    filed,
+                }
             }
         };
         let Some(fitted) = training::fit(&train, &self.config) else {
@@ -343,6 +369,13 @@ impl ModelStore {
                     data.write_model(&info, &bytes);
                 }
                 let replaces_prior = self.registry.active().is_none();
+                // How the new model's level differs from the one it replaces, on today's
+                // traffic: what the live correction must allow for (`calibration`).
+                let level = (!drifting && !replaces_prior).then(|| {
+                    let new: Vec<_> = newest.iter().map(|r| fitted.predict(r)).collect();
+                    let classes: Vec<f32> = newest.iter().map(|r| r[features::HARDWARE_CLASS]).collect();
+                    calibration::log_ratios(&classes, &new, &self.predict_raw(&newest).0)
+                });
                 self.registry.install(model, info.clone(), bytes);
                 self.active_from.store(filed, Ordering::SeqCst);
                 if let Some(holdout) = refill {
@@ -352,9 +385,12 @@ impl ModelStore {
                 // The correction and the drift window carry over from one trained model to
                 // the next: they follow each other every few seconds, faster than either
                 // would settle if restarted, and share most of their samples and so their
-                // bias. The prior's bias says nothing of the first model's.
-                if drifting || replaces_prior {
-                    self.calibration.lock().unwrap_or_else(|p| p.into_inner()).reset(Instant::now());
+                // bias; the correction allows for the new model's level. The prior's bias
+                // says nothing of the first model's, nor the old regime's of the new one's.
+                let mut calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
+                match level {
+                    Some(level) => calibration.model_replaced(&level, Instant::now()),
+                    None => calibration.reset(Instant::now()),
                 }
                 TrainOutcome::Activated(Box::new(info))
             }
