@@ -44,6 +44,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use headroom_protocol::stats::quantile;
 use serde::Serialize;
 
 /// Most hardware classes corrected separately; higher ones share the last slot.
@@ -111,11 +112,7 @@ impl Calibration {
 
     /// `log_shift + level`: what the history records.
     fn served_level(&self) -> Shifts {
-        let mut out = self.log_shift;
-        for (row, level) in out.iter_mut().zip(&self.level) {
-            row.iter_mut().zip(level).for_each(|(s, l)| *s += l);
-        }
-        out
+        sum(self.log_shift, &self.level)
     }
 
     /// The served (TTFT, TPOT) for a raw prediction on an endpoint of `class`.
@@ -161,9 +158,7 @@ impl Calibration {
     /// new model's raw predictions over the old one's ([`log_ratios`]). The factors
     /// stay; reports served before now are judged against the new model's level.
     pub fn model_replaced(&mut self, log_ratio: &Shifts, now: Instant) {
-        for (level, ratio) in self.level.iter_mut().zip(log_ratio) {
-            level.iter_mut().zip(ratio).for_each(|(l, r)| *l += r);
-        }
+        self.level = sum(self.level, log_ratio);
         self.history.push_back((now, self.served_level()));
     }
 
@@ -211,20 +206,20 @@ pub fn log_ratios(classes: &[f32], new: &[(f64, f64)], old: &[(f64, f64)]) -> Sh
                 by_class[slot(*class)].push(r);
             }
         }
-        let overall = median(&mut all).unwrap_or(0.0);
-        for (c, ratios) in by_class.iter_mut().enumerate() {
-            target[c] = median(ratios).unwrap_or(overall);
+        let overall = quantile(&all, 0.5).unwrap_or(0.0);
+        for (c, ratios) in by_class.iter().enumerate() {
+            target[c] = quantile(ratios, 0.5).unwrap_or(overall);
         }
     }
     out
 }
 
-fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
+/// `a + b`, element by element.
+fn sum(mut a: Shifts, b: &Shifts) -> Shifts {
+    for (row, add) in a.iter_mut().zip(b) {
+        row.iter_mut().zip(add).for_each(|(x, y)| *x += y);
     }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
+    a
 }
 
 #[cfg(test)]
@@ -332,7 +327,7 @@ mod tests {
             if i >= 2_000 {
                 this_second.push(served);
                 if this_second.len() == 100 {
-                    per_second.push(median(&mut this_second).unwrap_or(0.0));
+                    per_second.push(quantile(&this_second, 0.5).unwrap_or(0.0));
                     this_second.clear();
                 }
             }

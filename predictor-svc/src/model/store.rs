@@ -307,8 +307,6 @@ impl ModelStore {
         let drifting = self.drift().drifting;
         let Round { train, judge, refill, newest, taken, filed } = {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-            let newest = s.newest_held_out_rows(NEWEST_FOR_LEVEL);
-            let (taken, filed) = (s.new_since_training, s.filed);
             if drifting {
                 // Nothing arrived since the last round: the same data would give the same model.
                 if s.new_since_training == 0 {
@@ -322,9 +320,9 @@ impl ModelStore {
                     train: stretch.train,
                     judge: stretch.judge,
                     refill: Some(stretch.holdout),
-                    newest,
-                    taken,
-                    filed,
+                    newest: s.newest_held_out_rows(NEWEST_FOR_LEVEL),
+                    taken: s.new_since_training,
+                    filed: s.filed,
                 }
             } else {
                 if s.new_since_training < self.config.min_new_samples {
@@ -334,9 +332,9 @@ impl ModelStore {
                     train: s.train.samples().cloned().collect(),
                     judge: s.holdout.samples().cloned().collect(),
                     refill: None,
-                    newest,
-                    taken,
-                    filed,
+                    newest: s.newest_held_out_rows(NEWEST_FOR_LEVEL),
+                    taken: s.new_since_training,
+                    filed: s.filed,
                 }
             }
         };
