@@ -68,9 +68,16 @@ pub struct DataDir {
 }
 
 impl DataDir {
-    /// `failures` counts failed writes (shared with the metrics).
-    pub fn new(dir: PathBuf, keep_versions: usize, failures: Counter) -> DataDir {
-        DataDir { dir, keep_versions: keep_versions.max(1) as u64, lock: Mutex::new(()), failures }
+    /// `failures` counts failed writes (shared with the metrics). The directory is
+    /// created now, so a data dir that cannot be written is in the log (and the metric)
+    /// from the start, not at the first training round minutes later; the predictor
+    /// serves on from memory either way.
+    pub fn open(dir: PathBuf, keep_versions: usize, failures: Counter) -> DataDir {
+        let data = DataDir { dir, keep_versions: keep_versions.max(1) as u64, lock: Mutex::new(()), failures };
+        if let Err(e) = std::fs::create_dir_all(&data.dir) {
+            data.failed("anything (cannot create the directory)", &e);
+        }
+        data
     }
 
     fn models(&self) -> PathBuf {

@@ -148,7 +148,7 @@ impl ModelStore {
             prior: AnalyticPrior::default(),
             registry: Registry::new(config.keep_versions),
             training: AtomicBool::new(false),
-            data: config.data_dir.clone().map(|d| DataDir::new(d, config.keep_versions, persist_failures.clone())),
+            data: config.data_dir.clone().map(|d| DataDir::open(d, config.keep_versions, persist_failures.clone())),
             persist_failures,
             config,
         };
