@@ -16,6 +16,19 @@ pub struct EngineMetrics {
     pub running: u32,
     pub waiting: u32,
     pub kv_usage: f64,
+    /// vLLM's inter-token latency histogram as read (cumulative); `None` when the server
+    /// exposes none.
+    pub decode: Option<DecodeCounter>,
+}
+
+/// The cumulative sum and count of a server's inter-token latency histogram: the time
+/// between consecutive output tokens of each request, summed over every token it made.
+/// Between two scrapes, the sum's growth over the count's is the mean time between tokens
+/// of what was decoded meanwhile: the step time the server runs at now.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DecodeCounter {
+    pub sum_s: f64,
+    pub tokens: f64,
 }
 
 /// A request dispatched to an endpoint and not yet reported.
@@ -85,8 +98,14 @@ pub struct Endpoint {
     /// Hardware class id (0: unknown), a model feature.
     pub hardware_class: u32,
     prefix: PrefixCache,
-    /// Moving average of the TPOT reports observed there.
+    /// The time between tokens it runs at now: from its inter-token latency histogram
+    /// between scrapes where it exposes one, else a moving average of the TPOTs reported
+    /// there (which arrive when requests end, seconds after the steps they describe).
     recent_tpot_ms: Option<f64>,
+    /// The histogram as of the start of the window being measured.
+    decode_from: Option<(DecodeCounter, Instant)>,
+    /// When the histogram last moved `recent_tpot_ms`: reports do not, while it does.
+    decode_seen_at: Option<Instant>,
     /// Uncached prompt tokens dispatched there per second, decaying with [`PREFILL_RATE_TAU`],
     /// as of `prefill_rate_at`.
     prefill_rate: f64,
@@ -95,6 +114,18 @@ pub struct Endpoint {
 
 /// Weight of the newest TPOT report in an endpoint's moving average.
 const RECENT_TPOT_WEIGHT: f64 = 0.2;
+/// Time constant of the step time read from the histogram: long enough to average over
+/// the steps that carry a prefill chunk and those that do not (tens of steps at real
+/// speed), short enough to follow a batch that fills within seconds.
+const DECODE_TAU: Duration = Duration::from_secs(1);
+/// Tokens a window of the histogram must hold before it says anything: fewer (a nearly
+/// idle server) are a step or two, noise.
+const DECODE_MIN_TOKENS: f64 = 32.0;
+/// A window that takes longer to reach [`DECODE_MIN_TOKENS`] describes no "now": it is
+/// dropped and the next one starts.
+const DECODE_MAX_WINDOW: Duration = Duration::from_secs(5);
+/// While the histogram moved `recent_tpot_ms` this recently, reports leave it alone.
+const DECODE_FRESH: Duration = Duration::from_secs(10);
 /// Time constant of an endpoint's recent prefill rate.
 const PREFILL_RATE_TAU: Duration = Duration::from_secs(5);
 
@@ -106,7 +137,63 @@ impl Endpoint {
     pub fn unreachable(&mut self) {
         self.metrics = None;
         self.scraped_at = None;
+        self.decode_from = None;
         self.prefix.shrink_to(0);
+    }
+
+    /// Files a successful scrape read at `now`.
+    pub fn scraped(&mut self, m: EngineMetrics, now: Instant) {
+        self.metrics = Some(m);
+        self.scraped_at = Some(now);
+        self.fold_decode(m.decode, now);
+    }
+
+    /// Moves `recent_tpot_ms` towards the mean time between tokens decoded since the
+    /// window began, once the window holds [`DECODE_MIN_TOKENS`]. A histogram that went
+    /// backwards (the server restarted) or a window too old starts a new window.
+    fn fold_decode(&mut self, now_counter: Option<DecodeCounter>, now: Instant) {
+        let Some(c) = now_counter else {
+            self.decode_from = None;
+            return;
+        };
+        let Some((from, at)) = self.decode_from else {
+            self.decode_from = Some((c, now));
+            return;
+        };
+        let (tokens, sum_s) = (c.tokens - from.tokens, c.sum_s - from.sum_s);
+        let span = now.saturating_duration_since(at);
+        if tokens < 0.0 || sum_s < 0.0 || span > DECODE_MAX_WINDOW {
+            self.decode_from = Some((c, now));
+            return;
+        }
+        if tokens < DECODE_MIN_TOKENS {
+            return;
+        }
+        self.decode_from = Some((c, now));
+        let step_ms = sum_s / tokens * 1000.0;
+        if !(step_ms.is_finite() && step_ms > 0.0) {
+            return;
+        }
+        let w = 1.0 - (-span.as_secs_f64() / DECODE_TAU.as_secs_f64()).exp();
+        self.recent_tpot_ms = Some(match self.decode_seen_at.and(self.recent_tpot_ms) {
+            Some(avg) => (1.0 - w) * avg + w * step_ms,
+            // The first reading replaces what reports said.
+            None => step_ms,
+        });
+        self.decode_seen_at = Some(now);
+    }
+
+    /// A TPOT reported for a request served there, at `now`: moves `recent_tpot_ms`
+    /// unless the histogram does.
+    fn reported_tpot(&mut self, tpot_ms: f64, now: Instant) {
+        if self.decode_seen_at.is_some_and(|t| now.saturating_duration_since(t) < DECODE_FRESH) {
+            return;
+        }
+        self.decode_seen_at = None;
+        if tpot_ms.is_finite() && tpot_ms > 0.0 {
+            let w = RECENT_TPOT_WEIGHT;
+            self.recent_tpot_ms = Some(self.recent_tpot_ms.map_or(tpot_ms, |avg| (1.0 - w) * avg + w * tpot_ms));
+        }
     }
 
     /// The recent prefill rate decayed to `now`.
@@ -277,6 +364,8 @@ impl Pool {
                         hardware_class: class,
                         prefix: PrefixCache::new(self.prefix_blocks),
                         recent_tpot_ms: None,
+                        decode_from: None,
+                        decode_seen_at: None,
                         prefill_rate: 0.0,
                         prefill_rate_at: None,
                     }
@@ -350,13 +439,10 @@ impl Pool {
         }
     }
 
-    /// A TPOT observed at `endpoint` (a report of a request dispatched there).
-    pub fn observed_tpot(&mut self, endpoint: &str, tpot_ms: f64) {
+    /// A TPOT observed at `endpoint` at `now` (a report of a request dispatched there).
+    pub fn observed_tpot(&mut self, endpoint: &str, tpot_ms: f64, now: Instant) {
         let Some(e) = self.index_of(endpoint).and_then(|i| self.endpoints.get_mut(i)) else { return };
-        if tpot_ms.is_finite() && tpot_ms > 0.0 {
-            let w = RECENT_TPOT_WEIGHT;
-            e.recent_tpot_ms = Some(e.recent_tpot_ms.map_or(tpot_ms, |avg| (1.0 - w) * avg + w * tpot_ms));
-        }
+        e.reported_tpot(tpot_ms, now);
     }
 
     /// A tracked request's first token passed the gateway at `endpoint`: it is past
@@ -625,7 +711,7 @@ mod tests {
     fn an_unreachable_server_loses_its_state_and_its_remembered_prefixes() {
         let mut p = pool();
         let now = Instant::now();
-        p.endpoints[0].metrics = Some(EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1 });
+        p.endpoints[0].metrics = Some(EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, decode: None });
         p.endpoints[0].scraped_at = Some(now);
         p.dispatch(&dispatch("r1", "a:1", 100, None), now);
         let req = RequestFeatures { prefix_hashes: vec![1, 2], ..Default::default() };
@@ -677,7 +763,7 @@ mod tests {
         let addresses: Vec<&str> = p.endpoints.iter().map(|e| e.address.as_str()).collect();
         assert_eq!(addresses, ["s:1", "k:1", "k:2"], "static first, duplicates once");
         assert_eq!(p.endpoints[1].hardware_class, 2);
-        p.endpoints[2].metrics = Some(EngineMetrics { running: 4, waiting: 0, kv_usage: 0.5 });
+        p.endpoints[2].metrics = Some(EngineMetrics { running: 4, waiting: 0, kv_usage: 0.5, decode: None });
         p.dispatch(&dispatch("on-k1", "k:1", 10, None), now);
         p.dispatch(&dispatch("on-k2", "k:2", 10, None), now);
         p.dispatch(&dispatch("on-s1", "s:1", 10, None), now);
@@ -695,6 +781,58 @@ mod tests {
         // A second source adds to the first.
         let change = p.set_discovered(1, vec![("k:3".into(), 1)]);
         assert_eq!((change.added, p.endpoints.len()), (1, 3));
+    }
+
+    /// A scrape of `a:1` whose histogram holds `tokens` tokens decoded in `sum_s`.
+    fn scrape(p: &mut Pool, sum_s: f64, tokens: f64, at: Instant) {
+        let decode = Some(DecodeCounter { sum_s, tokens });
+        p.endpoints[0].scraped(EngineMetrics { decode, ..Default::default() }, at);
+    }
+
+    fn recent_tpot(p: &Pool, at: Instant) -> Option<f64> {
+        p.states_for(&RequestFeatures::default(), at)[0].recent_tpot_ms
+    }
+
+    #[test]
+    fn the_step_time_comes_from_the_histogram_between_scrapes_not_from_late_reports() {
+        let mut p = pool();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        p.observed_tpot("a:1", 40.0, t0);
+        assert_eq!(recent_tpot(&p, t0), Some(40.0), "reports serve a server without the histogram");
+        scrape(&mut p, 100.0, 10_000.0, at(0));
+        assert_eq!(recent_tpot(&p, at(0)), Some(40.0), "one reading is no window");
+        // 200 tokens at 20 ms each: the first reading replaces what reports said.
+        scrape(&mut p, 104.0, 10_200.0, at(200));
+        assert_eq!(recent_tpot(&p, at(200)), Some(20.0));
+        // A report of a request that decoded long ago does not move it while the histogram does.
+        p.observed_tpot("a:1", 80.0, at(250));
+        assert_eq!(recent_tpot(&p, at(250)), Some(20.0));
+        // Too few tokens say nothing yet; the window grows until they are enough.
+        scrape(&mut p, 104.3, 10_210.0, at(400));
+        assert_eq!(recent_tpot(&p, at(400)), Some(20.0));
+        // The batch slowed to 50 ms a token: the estimate follows within a few seconds
+        // (time constant DECODE_TAU, 1 s).
+        let mut t = 400;
+        let (mut sum, mut tokens) = (104.3, 10_210.0);
+        while t < 3400 {
+            t += 200;
+            (sum, tokens) = (sum + 5.0, tokens + 100.0);
+            scrape(&mut p, sum, tokens, at(t));
+        }
+        let now = recent_tpot(&p, at(t)).unwrap();
+        assert!((now - 50.0).abs() < 2.0, "{now}");
+        // A restarted server's histogram starts over: a new window, not a negative one.
+        scrape(&mut p, 1.0, 50.0, at(t + 200));
+        scrape(&mut p, 1.6, 80.0, at(t + 400));
+        assert_eq!(recent_tpot(&p, at(t + 400)), Some(now), "30 tokens: nothing yet");
+        scrape(&mut p, 2.0, 100.0, at(t + 600));
+        let restarted = recent_tpot(&p, at(t + 600)).unwrap();
+        assert!(restarted < now && restarted > 20.0, "{restarted}");
+        // Once the histogram has been quiet for a while, reports move it again.
+        p.observed_tpot("a:1", 30.0, at(t + 600) + DECODE_FRESH);
+        let reported = recent_tpot(&p, at(t + 600) + DECODE_FRESH).unwrap();
+        assert!((reported - (0.8 * restarted + 0.2 * 30.0)).abs() < 1e-9, "{reported}");
     }
 
     #[test]

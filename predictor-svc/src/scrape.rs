@@ -6,15 +6,21 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use crate::pool::EngineMetrics;
+use crate::pool::{DecodeCounter, EngineMetrics};
 use crate::state::AppState;
 
 /// Reads the engine metrics from Prometheus text. Series of one name are
 /// summed (one per model/engine) except KV usage, of which the highest is kept.
-/// `None` when no known series is present.
+/// The inter-token latency histogram is `vllm:inter_token_latency_seconds`, or on
+/// servers that predate it `vllm:time_per_output_token_seconds` (the same observations;
+/// newer servers that expose both are read from the first). `None` when no known series
+/// is present.
 pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
     let mut m = EngineMetrics::default();
     let mut seen = false;
+    // (sum, count, seen) of each histogram name.
+    let mut itl = (0.0, 0.0, false);
+    let mut tpot = (0.0, 0.0, false);
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
@@ -36,10 +42,16 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
             "vllm:num_requests_running" => m.running = m.running.saturating_add(value as u32),
             "vllm:num_requests_waiting" => m.waiting = m.waiting.saturating_add(value as u32),
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => m.kv_usage = m.kv_usage.max(value.min(1.0)),
+            "vllm:inter_token_latency_seconds_sum" => (itl.0, itl.2) = (itl.0 + value, true),
+            "vllm:inter_token_latency_seconds_count" => (itl.1, itl.2) = (itl.1 + value, true),
+            "vllm:time_per_output_token_seconds_sum" => (tpot.0, tpot.2) = (tpot.0 + value, true),
+            "vllm:time_per_output_token_seconds_count" => (tpot.1, tpot.2) = (tpot.1 + value, true),
             _ => continue,
         }
         seen = true;
     }
+    let histogram = if itl.2 { Some(itl) } else { Some(tpot).filter(|t| t.2) };
+    m.decode = histogram.map(|(sum_s, tokens, _)| DecodeCounter { sum_s, tokens });
     seen.then_some(m)
 }
 
@@ -134,10 +146,7 @@ fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetr
     state.pools.with(pool, |p| {
         let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) else { return };
         match result {
-            Ok(m) => {
-                e.metrics = Some(*m);
-                e.scraped_at = Some(now);
-            }
+            Ok(m) => e.scraped(*m, now),
             Err(err) => {
                 if err.unreachable {
                     e.unreachable();
@@ -213,7 +222,10 @@ mod tests {
             vllm:num_requests_waiting{model_name=\"m\"} 7\n\
             vllm:kv_cache_usage_perc{model_name=\"m\"} 0.42\n\
             vllm:prompt_tokens_total{model_name=\"m\"} 1e6\n";
-        assert_eq!(parse_engine_metrics(text), Some(EngineMetrics { running: 5, waiting: 7, kv_usage: 0.42 }));
+        assert_eq!(
+            parse_engine_metrics(text),
+            Some(EngineMetrics { running: 5, waiting: 7, kv_usage: 0.42, decode: None })
+        );
     }
 
     #[test]
@@ -224,8 +236,27 @@ mod tests {
     }
 
     #[test]
+    fn the_inter_token_histogram_is_read_under_either_name_once() {
+        let itl = "vllm:inter_token_latency_seconds_bucket{le=\"0.01\",model_name=\"m\"} 3\n\
+            vllm:inter_token_latency_seconds_sum{model_name=\"m\",engine=\"0\"} 1.5\n\
+            vllm:inter_token_latency_seconds_sum{model_name=\"m\",engine=\"1\"} 0.5\n\
+            vllm:inter_token_latency_seconds_count{model_name=\"m\",engine=\"0\"} 60\n\
+            vllm:inter_token_latency_seconds_count{model_name=\"m\",engine=\"1\"} 40\n";
+        let decode = |text: &str| parse_engine_metrics(text).and_then(|m| m.decode);
+        assert_eq!(decode(itl), Some(DecodeCounter { sum_s: 2.0, tokens: 100.0 }), "summed over engines");
+        let older = "vllm:time_per_output_token_seconds_sum 3\nvllm:time_per_output_token_seconds_count 150\n";
+        assert_eq!(decode(older), Some(DecodeCounter { sum_s: 3.0, tokens: 150.0 }));
+        let both = format!("{itl}{older}");
+        assert_eq!(decode(&both), Some(DecodeCounter { sum_s: 2.0, tokens: 100.0 }), "the same tokens, counted once");
+        assert_eq!(decode("vllm:num_requests_running 1\n"), None);
+    }
+
+    #[test]
     fn huge_values_saturate() {
         let text = "vllm:num_requests_running 1e300\nvllm:num_requests_running 5e9\nvllm:kv_cache_usage_perc 7\n";
-        assert_eq!(parse_engine_metrics(text), Some(EngineMetrics { running: u32::MAX, waiting: 0, kv_usage: 1.0 }));
+        assert_eq!(
+            parse_engine_metrics(text),
+            Some(EngineMetrics { running: u32::MAX, waiting: 0, kv_usage: 1.0, decode: None })
+        );
     }
 }

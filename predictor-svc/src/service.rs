@@ -114,7 +114,7 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
         let finished = state.pools.with(&o.pool, |p| {
             let tracked = p.finish(&o.request_id, now);
             if let Some(tpot) = tpot.filter(|_| tracked.as_deref() == Some(o.endpoint.as_str())) {
-                p.observed_tpot(&o.endpoint, tpot);
+                p.observed_tpot(&o.endpoint, tpot, now);
             }
             tracked
         });

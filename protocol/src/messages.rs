@@ -156,7 +156,9 @@ pub struct EndpointState {
     /// The endpoint's hardware class from the pool configuration (0: unknown).
     #[serde(default)]
     pub hardware_class: u32,
-    /// TPOT recently observed there (moving average of the last reports; `None`: none yet).
+    /// The time between tokens it runs at now: from its inter-token latency histogram
+    /// between scrapes, or where it has none, a moving average of the TPOTs reported there
+    /// (`None`: neither yet).
     #[serde(default)]
     pub recent_tpot_ms: Option<f64>,
     /// Uncached prompt tokens dispatched there per second, recently (decaying over
