@@ -183,6 +183,10 @@ pub struct BenchOptions {
     pub rates: Option<Vec<f64>>,
     /// Seconds of measured traffic per rate.
     pub step_s: f64,
+    /// Seconds of the same rate's traffic sent before each measured step and not counted,
+    /// so the step measures a fleet at that load rather than one filling up from empty
+    /// (decode-heavy answers last longer than a 15 s step; docs/benchmark.md). 0: none.
+    pub lead_in_s: f64,
     /// Seconds of warm-up traffic (another seed, lowest rate) before headroom is measured.
     pub warmup_s: f64,
     /// Hardware profile per simulated server, for every workload (`None`: [`default_fleet`]).
@@ -217,6 +221,9 @@ pub struct RouterRun {
 pub struct WorkloadRun {
     pub workload: String,
     pub step_s: f64,
+    /// [`BenchOptions::lead_in_s`] (0 in results written before it existed).
+    #[serde(default)]
+    pub lead_in_s: f64,
     pub servers: usize,
     /// Hardware profile per server (empty in results written before it was recorded:
     /// the run's `profiles`).
@@ -302,6 +309,22 @@ pub fn to_wall(mut specs: Vec<workload::RequestSpec>, scale: f64) -> Vec<workloa
         s.class.tpot_ms = s.class.tpot_ms.map(|x| x / scale);
     }
     specs
+}
+
+/// The outcomes of the requests sent after the first `lead_in_s` seconds, their times
+/// counted from the end of the lead-in: the measured step.
+pub fn after_lead_in(outcomes: Vec<runner::Outcome>, lead_in_s: f64) -> Vec<runner::Outcome> {
+    if lead_in_s <= 0.0 {
+        return outcomes;
+    }
+    outcomes
+        .into_iter()
+        .filter(|o| o.at_s >= lead_in_s)
+        .map(|mut o| {
+            o.at_s -= lead_in_s;
+            o
+        })
+        .collect()
 }
 
 /// Wall-time outcomes back in engine time (SLO checks are unchanged: both sides scale).
@@ -415,12 +438,11 @@ impl<'a> Bench<'a> {
     /// and keeps every request's outcome under `requests/`.
     fn measure(&self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
         let (opts, name) = (self.opts, self.contender.name);
-        let work = to_wall(
-            workload::as_run(requests(self.workload, seed, rate, opts.step_s, self.window)?, run),
-            self.time_scale,
-        );
+        let sent = requests(self.workload, seed, rate, opts.lead_in_s + opts.step_s, self.window)?;
+        let work = to_wall(workload::as_run(sent, run), self.time_scale);
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
         let outcomes = to_engine(self.runtime.block_on(runner::run(&self.target, &work))?, self.time_scale);
+        let outcomes = after_lead_in(outcomes, opts.lead_in_s);
         let mut s = Summary::of(&outcomes, opts.step_s);
         s.gateway_overflow = overflow_before.zip(self.stack.gateway_overflow()).map(|(a, b)| b.saturating_sub(a));
         s.host_cpu_busy = cpu_before.zip(host::CpuTimes::now()).and_then(|(a, b)| b.busy_since(&a));
@@ -581,6 +603,7 @@ fn repeat(
 /// and the per-request JSON lines under `opts.out`.
 pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     anyhow::ensure!(opts.step_s > 0.0, "--step must be > 0");
+    anyhow::ensure!(opts.lead_in_s >= 0.0 && opts.lead_in_s.is_finite(), "--lead-in must be >= 0");
     anyhow::ensure!(opts.time_scale.is_none_or(|t| t > 0.0 && t <= 1.0), "--time-scale must be within (0, 1]");
     std::fs::create_dir_all(opts.out.join("requests"))?;
     let contenders = contenders(opts)?;
@@ -595,12 +618,18 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
         requests(name, 11, rates[0], 1.0, 1)?; // an unknown workload fails before any stack starts
         let time_scale = opts.time_scale.unwrap_or_else(|| default_time_scale(name));
-        println!("workload {name}: rates {rates:?} req/s, {} s per rate, simulator at {time_scale}x", opts.step_s);
+        let lead =
+            if opts.lead_in_s > 0.0 { format!(" after {} s not counted", opts.lead_in_s) } else { String::new() };
+        println!(
+            "workload {name}: rates {rates:?} req/s, {} s per rate{lead}, simulator at {time_scale}x",
+            opts.step_s
+        );
         let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet(name));
         let ladder = Ladder::new(&rates, opts.step_s, fleet.clone(), time_scale);
         let mut w = WorkloadRun {
             workload: name.clone(),
             step_s: opts.step_s,
+            lead_in_s: opts.lead_in_s,
             servers: fleet.len(),
             profiles: fleet,
             trace_window: (name == "azure").then_some(ladder.window),
@@ -688,5 +717,11 @@ mod tests {
             (Some(100.0), Some(30.0)),
             "predictions are wall time too"
         );
+        // A lead-in of 0.5 s (engine time): the request sent at 1.0 s is measured, at 0.5 s
+        // into the step; one sent during the lead-in is not.
+        let early = runner::Outcome { at_s: 0.2, index: 1, ..o.clone() };
+        let measured = after_lead_in(vec![early, o.clone()], 0.5);
+        assert_eq!(measured.iter().map(|o| (o.index, o.at_s)).collect::<Vec<_>>(), [(0, 0.5)]);
+        assert_eq!(after_lead_in(vec![o.clone()], 0.0)[0].at_s, 1.0, "no lead-in: untouched");
     }
 }

@@ -31,6 +31,10 @@ enum Cmd {
         /// Seconds of measured traffic per router and rate.
         #[arg(long, default_value_t = 15.0)]
         step: f64,
+        /// Seconds of each rate's traffic sent before its measured step and not counted, so the
+        /// step measures the fleet at that load, not filling up from empty (decode-heavy workloads).
+        #[arg(long, default_value_t = 0.0)]
+        lead_in: f64,
         /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.
         #[arg(long, default_value_t = 20.0)]
         warmup: f64,
@@ -135,7 +139,7 @@ fn main() -> anyhow::Result<()> {
             headroom_bench::gateway::run(&opts, command.trim())?;
             println!("report: {}", opts.out.join("gateway.md").display());
         }
-        Cmd::Run { workloads, rates, step, warmup, servers, time_scale, routers, seeds, out } => {
+        Cmd::Run { workloads, rates, step, lead_in, warmup, servers, time_scale, routers, seeds, out } => {
             let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
             let rates = rates
                 .map(|r| {
@@ -148,6 +152,7 @@ fn main() -> anyhow::Result<()> {
                 workloads: list(&workloads),
                 rates,
                 step_s: step,
+                lead_in_s: lead_in,
                 warmup_s: warmup,
                 profiles: servers.as_deref().map(list),
                 time_scale,

@@ -587,6 +587,13 @@ fn provenance(w: &WorkloadRun, results: &BenchResults) -> String {
             "Simulator speed: {scale}x real time (so that this 2-core host stays out of the result; rates and latencies are in simulated time)."
         );
     }
+    if w.lead_in_s > 0.0 {
+        let _ = writeln!(
+            s,
+            "Each rate's step was measured after {} s of the same traffic that was not counted (`--lead-in`): the fleet at that load, not filling up.",
+            w.lead_in_s
+        );
+    }
     let command = w.command.as_deref().unwrap_or(&results.command);
     if command != results.command {
         let _ = writeln!(s, "Measured by another run than the header's: `{command}`.");
@@ -682,6 +689,7 @@ mod tests {
         WorkloadRun {
             workload: "mixed".into(),
             step_s: 10.0,
+            lead_in_s: 0.0,
             servers: 2,
             profiles: vec!["h100".into(), "a100".into()],
             trace_window: None,
@@ -863,5 +871,9 @@ mod tests {
         assert!(!md.contains("another run"), "one run: {md}");
         let shared = md.split("## shared-prefix").nth(1).unwrap_or_default();
         assert!(shared.contains("Simulator speed: 0.5x"), "said in its own section: {md}");
+        assert!(!md.contains("--lead-in"), "no lead-in, not mentioned: {md}");
+        let led = WorkloadRun { lead_in_s: 30.0, ..workload() };
+        let md = markdown(&one_run(vec![led]));
+        assert!(md.contains("after 30 s of the same traffic that was not counted"), "{md}");
     }
 }
