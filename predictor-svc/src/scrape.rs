@@ -18,9 +18,9 @@ use crate::state::AppState;
 pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
     let mut m = EngineMetrics::default();
     let mut seen = false;
-    // (sum, count, seen) of each histogram name.
-    let mut itl = (0.0, 0.0, false);
-    let mut tpot = (0.0, 0.0, false);
+    // Each histogram name's series, summed; `None` while none was seen.
+    let mut itl: Option<DecodeCounter> = None;
+    let mut tpot: Option<DecodeCounter> = None;
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
@@ -42,16 +42,15 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
             "vllm:num_requests_running" => m.running = m.running.saturating_add(value as u32),
             "vllm:num_requests_waiting" => m.waiting = m.waiting.saturating_add(value as u32),
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => m.kv_usage = m.kv_usage.max(value.min(1.0)),
-            "vllm:inter_token_latency_seconds_sum" => (itl.0, itl.2) = (itl.0 + value, true),
-            "vllm:inter_token_latency_seconds_count" => (itl.1, itl.2) = (itl.1 + value, true),
-            "vllm:time_per_output_token_seconds_sum" => (tpot.0, tpot.2) = (tpot.0 + value, true),
-            "vllm:time_per_output_token_seconds_count" => (tpot.1, tpot.2) = (tpot.1 + value, true),
+            "vllm:inter_token_latency_seconds_sum" => itl.get_or_insert_default().sum_s += value,
+            "vllm:inter_token_latency_seconds_count" => itl.get_or_insert_default().tokens += value,
+            "vllm:time_per_output_token_seconds_sum" => tpot.get_or_insert_default().sum_s += value,
+            "vllm:time_per_output_token_seconds_count" => tpot.get_or_insert_default().tokens += value,
             _ => continue,
         }
         seen = true;
     }
-    let histogram = if itl.2 { Some(itl) } else { Some(tpot).filter(|t| t.2) };
-    m.decode = histogram.map(|(sum_s, tokens, _)| DecodeCounter { sum_s, tokens });
+    m.decode = itl.or(tpot);
     seen.then_some(m)
 }
 

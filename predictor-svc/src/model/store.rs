@@ -307,7 +307,7 @@ impl ModelStore {
         let drifting = self.drift().drifting;
         let Round { train, judge, refill, newest, taken, filed } = {
             let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-            if drifting {
+            let (train, judge, refill) = if drifting {
                 // Nothing arrived since the last round: the same data would give the same model.
                 if s.new_since_training == 0 {
                     return TrainOutcome::Skipped;
@@ -316,26 +316,20 @@ impl ModelStore {
                 // model's data was taken (or the newest `min_samples`, if fewer did),
                 // judge on the held-out samples of the new regime alone.
                 let stretch = s.recent_stretch(self.active_from.load(Ordering::SeqCst), self.config.min_samples);
-                Round {
-                    train: stretch.train,
-                    judge: stretch.judge,
-                    refill: Some(stretch.holdout),
-                    newest: s.newest_held_out_rows(NEWEST_FOR_LEVEL),
-                    taken: s.new_since_training,
-                    filed: s.filed,
-                }
+                (stretch.train, stretch.judge, Some(stretch.holdout))
             } else {
                 if s.new_since_training < self.config.min_new_samples {
                     return TrainOutcome::Skipped;
                 }
-                Round {
-                    train: s.train.samples().cloned().collect(),
-                    judge: s.holdout.samples().cloned().collect(),
-                    refill: None,
-                    newest: s.newest_held_out_rows(NEWEST_FOR_LEVEL),
-                    taken: s.new_since_training,
-                    filed: s.filed,
-                }
+                (s.train.samples().cloned().collect(), s.holdout.samples().cloned().collect(), None)
+            };
+            Round {
+                train,
+                judge,
+                refill,
+                newest: s.newest_held_out_rows(NEWEST_FOR_LEVEL),
+                taken: s.new_since_training,
+                filed: s.filed,
             }
         };
         let Some(fitted) = training::fit(&train, &self.config) else {
