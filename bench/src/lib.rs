@@ -61,6 +61,16 @@ pub struct Contender {
 /// a third of the workloads' tightest TTFT SLO (interactive, 400 ms).
 pub const FLOW_HORIZON_MS: f64 = 150.0;
 
+/// How long the filter waits for the predictor's answer before the fallback places the
+/// request (engine time): the filter's default, 50 ms. Set like the SLOs, in wall time
+/// divided by the time scale: on a slowed run the client's latencies are scaled back to
+/// engine time, so a request that waited 100 ms of wall time for its prediction at 0.15x
+/// lost 15 ms. Left at 50 ms of wall time, the timeout sent requests to the fallback
+/// whenever this host's Envoy, metering thousands of slowed streams, answered late
+/// (docs/performance.md, "Streaming"): the host's CPU in the result, which the slowed
+/// run is there to keep out.
+pub const PREDICTOR_TIMEOUT_MS: f64 = 50.0;
+
 /// Headroom's SLO routing with the filter's defaults; the other headroom contenders are it
 /// with one setting changed.
 const PREDICTED: Contender = Contender {
@@ -133,9 +143,9 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // 2-6k-token prompts: an A100 alone takes ~0.5 s for 6k tokens, beyond the 400 ms
         // interactive TTFT, so routers that ignore hardware miss SLOs even at light load.
         "long-short" => vec![20.0, 35.0, 50.0, 65.0, 80.0, 100.0],
-        // Measured with Envoy's connection caps lifted (docs/benchmark.md): least request
-        // falls under 90% near 320 req/s, with 3,700 streams open.
-        "short-long" => vec![170.0, 240.0, 320.0, 400.0, 480.0, 560.0],
+        // Sustained, after the lead-in (`default_lead_in`): least request falls under 90%
+        // between 200 and 240 req/s. Measured from empty, the cliff looked near 320-400.
+        "short-long" => vec![120.0, 160.0, 200.0, 240.0, 280.0, 320.0],
         // Measured at 0.25x without Envoy's connection caps (docs/benchmark.md): every router
         // falls under 90% between 120 and 140 req/s.
         "azure" => vec![80.0, 100.0, 120.0, 140.0, 160.0, 180.0],
@@ -166,6 +176,22 @@ pub fn default_time_scale(workload: &str) -> f64 {
     }
 }
 
+/// Seconds of each rate's traffic a workload sends before its measured step, not counted,
+/// unless `--lead-in` says otherwise. Every step starts on an empty fleet, so a step shorter
+/// than the requests it sends measures the fleet filling up, not the load it can hold.
+/// `short-long`'s answers (300-800 tokens) decode for 8-20 s near its cliff, longer than
+/// most of a 15 s step: measured from empty, 320 req/s looked held (95-99%) while held for
+/// 45 s every router fell to 41-45%. The other workloads' requests end within a few seconds
+/// below their cliffs; on `mixed` a 20 s lead-in left every router's 90% crossing where it
+/// was (139.9 against 138.8 req/s for least request, docs/benchmark.md), so they need none
+/// and keep their time.
+pub fn default_lead_in(workload: &str) -> f64 {
+    match workload {
+        "short-long" => 20.0,
+        _ => 0.0,
+    }
+}
+
 /// The fleet a workload runs on unless `--servers` says otherwise: 6 H100 + 2 A100, and for
 /// `hetero` half A100 (where the GPU classes differ most, prediction should matter most).
 pub fn default_fleet(workload: &str) -> Vec<String> {
@@ -184,9 +210,8 @@ pub struct BenchOptions {
     /// Seconds of measured traffic per rate.
     pub step_s: f64,
     /// Seconds of the same rate's traffic sent before each measured step and not counted,
-    /// so the step measures a fleet at that load rather than one filling up from empty
-    /// (decode-heavy answers last longer than a 15 s step; docs/benchmark.md). 0: none.
-    pub lead_in_s: f64,
+    /// for every workload (`None`: each workload's [`default_lead_in`]).
+    pub lead_in_s: Option<f64>,
     /// Seconds of warm-up traffic (another seed, lowest rate) before headroom is measured.
     pub warmup_s: f64,
     /// Hardware profile per simulated server, for every workload (`None`: [`default_fleet`]).
@@ -382,6 +407,8 @@ struct Bench<'a> {
     window: usize,
     /// The simulator's speed for this workload (the ladder's).
     time_scale: f64,
+    /// Seconds of each rate's traffic before its measured step (the ladder's).
+    lead_in_s: f64,
     target: runner::Target,
     runtime: tokio::runtime::Runtime,
     stack: Stack,
@@ -397,18 +424,9 @@ impl<'a> Bench<'a> {
         ladder: &Ladder,
         warmup_rate: f64,
     ) -> anyhow::Result<Bench<'a>> {
-        let (window, time_scale) = (ladder.window, ladder.time_scale);
+        let (window, time_scale, lead_in_s) = (ladder.window, ladder.time_scale, ladder.lead_in_s);
         let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
-        let mut plugin = Map::new();
-        if contender.router == Router::Headroom {
-            plugin.insert("strategy".into(), contender.strategy.into());
-            // Without SLO routing the filter places by this profile.
-            plugin.insert("default_profile".into(), contender.default_profile.into());
-            plugin.insert("flow_control".into(), contender.flow_control.into());
-            // Wall time, like the SLOs the clients send (divided by the time scale).
-            let horizon = (FLOW_HORIZON_MS / time_scale).round();
-            plugin.insert("flow_dispatch_horizon_ms".into(), serde_json::json!(horizon as u64));
-        }
+        let plugin = if contender.router == Router::Headroom { plugin(contender, time_scale) } else { Map::new() };
         let stack = Stack::start(StackOptions {
             run_dir: opts.run_dir.clone(),
             profiles: ladder.fleet.clone(),
@@ -426,7 +444,7 @@ impl<'a> Bench<'a> {
             timeout: std::time::Duration::from_secs_f64(120.0 / time_scale),
         };
         let runtime = tokio::runtime::Runtime::new()?;
-        let bench = Bench { opts, contender, workload, window, time_scale, target, runtime, stack };
+        let bench = Bench { opts, contender, workload, window, time_scale, lead_in_s, target, runtime, stack };
         if contender.router == Router::Headroom && opts.warmup_s > 0.0 {
             let warm = requests(workload, WARMUP_SEED, warmup_rate, opts.warmup_s, window)?;
             bench.runtime.block_on(runner::run(&bench.target, &to_wall(workload::as_run(warm, 0), time_scale)))?;
@@ -438,11 +456,11 @@ impl<'a> Bench<'a> {
     /// and keeps every request's outcome under `requests/`.
     fn measure(&self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
         let (opts, name) = (self.opts, self.contender.name);
-        let sent = requests(self.workload, seed, rate, opts.lead_in_s + opts.step_s, self.window)?;
+        let sent = requests(self.workload, seed, rate, self.lead_in_s + opts.step_s, self.window)?;
         let work = to_wall(workload::as_run(sent, run), self.time_scale);
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
         let outcomes = to_engine(self.runtime.block_on(runner::run(&self.target, &work))?, self.time_scale);
-        let outcomes = after_lead_in(outcomes, opts.lead_in_s);
+        let outcomes = after_lead_in(outcomes, self.lead_in_s);
         let mut s = Summary::of(&outcomes, opts.step_s);
         s.gateway_overflow = overflow_before.zip(self.stack.gateway_overflow()).map(|(a, b)| b.saturating_sub(a));
         s.host_cpu_busy = cpu_before.zip(host::CpuTimes::now()).and_then(|(a, b)| b.busy_since(&a));
@@ -510,20 +528,36 @@ pub fn recompute(out: &Path, results: &mut BenchResults) -> anyhow::Result<usize
     Ok(done)
 }
 
+/// The headroom filter's settings for `contender` on a simulator at `time_scale`. Its
+/// durations are wall time, like the SLOs the clients send: engine time divided by the
+/// time scale.
+fn plugin(contender: &Contender, time_scale: f64) -> Map<String, serde_json::Value> {
+    let wall_ms = |engine_ms: f64| serde_json::json!((engine_ms / time_scale).round() as u64);
+    let mut plugin = Map::new();
+    plugin.insert("strategy".into(), contender.strategy.into());
+    // Without SLO routing the filter places by this profile.
+    plugin.insert("default_profile".into(), contender.default_profile.into());
+    plugin.insert("flow_control".into(), contender.flow_control.into());
+    plugin.insert("flow_dispatch_horizon_ms".into(), wall_ms(FLOW_HORIZON_MS));
+    plugin.insert("predictor_timeout_ms".into(), wall_ms(PREDICTOR_TIMEOUT_MS));
+    plugin
+}
+
 /// One workload's rate ladder as every router runs it: each rate with its step number
 /// (1.., which picks the traffic's prompt text, so no rate finds another's prompts cached),
-/// the trace window every rate replays, the fleet and the simulator's speed.
+/// the trace window every rate replays, the fleet, the simulator's speed and the lead-in.
 struct Ladder {
     steps: Vec<(u32, f64)>,
     window: usize,
     fleet: Vec<String>,
     time_scale: f64,
+    lead_in_s: f64,
 }
 
 impl Ladder {
-    fn new(rates: &[f64], step_s: f64, fleet: Vec<String>, time_scale: f64) -> Ladder {
+    fn new(rates: &[f64], step_s: f64, fleet: Vec<String>, time_scale: f64, lead_in_s: f64) -> Ladder {
         let steps = (1..).zip(rates.iter().copied()).collect();
-        Ladder { steps, window: trace_window(rates, step_s), fleet, time_scale }
+        Ladder { steps, window: trace_window(rates, step_s), fleet, time_scale, lead_in_s }
     }
 
     /// A fresh stack for `c`, warmed up at the ladder's lowest rate.
@@ -603,7 +637,7 @@ fn repeat(
 /// and the per-request JSON lines under `opts.out`.
 pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     anyhow::ensure!(opts.step_s > 0.0, "--step must be > 0");
-    anyhow::ensure!(opts.lead_in_s >= 0.0 && opts.lead_in_s.is_finite(), "--lead-in must be >= 0");
+    anyhow::ensure!(opts.lead_in_s.is_none_or(|l| l >= 0.0 && l.is_finite()), "--lead-in must be >= 0");
     anyhow::ensure!(opts.time_scale.is_none_or(|t| t > 0.0 && t <= 1.0), "--time-scale must be within (0, 1]");
     std::fs::create_dir_all(opts.out.join("requests"))?;
     let contenders = contenders(opts)?;
@@ -618,18 +652,18 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
         requests(name, 11, rates[0], 1.0, 1)?; // an unknown workload fails before any stack starts
         let time_scale = opts.time_scale.unwrap_or_else(|| default_time_scale(name));
-        let lead =
-            if opts.lead_in_s > 0.0 { format!(" after {} s not counted", opts.lead_in_s) } else { String::new() };
+        let lead_in_s = opts.lead_in_s.unwrap_or_else(|| default_lead_in(name));
+        let lead = if lead_in_s > 0.0 { format!(" after {lead_in_s} s not counted") } else { String::new() };
         println!(
             "workload {name}: rates {rates:?} req/s, {} s per rate{lead}, simulator at {time_scale}x",
             opts.step_s
         );
         let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet(name));
-        let ladder = Ladder::new(&rates, opts.step_s, fleet.clone(), time_scale);
+        let ladder = Ladder::new(&rates, opts.step_s, fleet.clone(), time_scale, lead_in_s);
         let mut w = WorkloadRun {
             workload: name.clone(),
             step_s: opts.step_s,
-            lead_in_s: opts.lead_in_s,
+            lead_in_s,
             servers: fleet.len(),
             profiles: fleet,
             trace_window: (name == "azure").then_some(ladder.window),
@@ -673,6 +707,20 @@ pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slowed_run_gives_the_filter_its_durations_in_wall_time() {
+        let predicted = CONTENDERS.iter().find(|c| c.name == "headroom predicted").unwrap();
+        let real = plugin(predicted, 1.0);
+        assert_eq!(
+            (real["predictor_timeout_ms"].as_u64(), real["flow_dispatch_horizon_ms"].as_u64()),
+            (Some(50), Some(150))
+        );
+        // At 0.15x an engine millisecond lasts 6.7 wall milliseconds, for the callout too.
+        let slowed = plugin(predicted, 0.15);
+        assert_eq!(slowed["predictor_timeout_ms"].as_u64(), Some(333));
+        assert_eq!(slowed["flow_dispatch_horizon_ms"].as_u64(), Some(1000));
+    }
 
     #[test]
     fn engine_time_scales_every_latency_back_including_the_predictions() {

@@ -32,9 +32,10 @@ enum Cmd {
         #[arg(long, default_value_t = 15.0)]
         step: f64,
         /// Seconds of each rate's traffic sent before its measured step and not counted, so the
-        /// step measures the fleet at that load, not filling up from empty (decode-heavy workloads).
-        #[arg(long, default_value_t = 0.0)]
-        lead_in: f64,
+        /// step measures the fleet at that load, not filling up from empty, for every workload.
+        /// Default: 20 for short-long, whose answers outlast most of a step, 0 for the others.
+        #[arg(long)]
+        lead_in: Option<f64>,
         /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.
         #[arg(long, default_value_t = 20.0)]
         warmup: f64,

@@ -46,6 +46,7 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     assert!(repeated.iter().all(|r| !r.is_empty()), "every router repeats the cliff's rates: {repeated:?}");
     assert_eq!(mixed.profiles, vec!["h100", "h100", "a100"]);
     assert_eq!(mixed.time_scale, Some(1.0), "mixed runs at real time by default");
+    assert_eq!(mixed.lead_in_s, 0.0, "mixed's requests end within its steps: no lead-in by default");
     assert!(mixed.command.as_deref().is_some_and(|c| c.contains("--workloads mixed")), "{:?}", mixed.command);
     let ratios = mixed.ratios.clone().expect("results.json carries the headline ratios");
     assert!(ratios.capacity_within_noise.is_some(), "a tie or not, from the seeds: {ratios:?}");
