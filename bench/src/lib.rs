@@ -162,9 +162,9 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
 /// saturates near 300 requests or about 80,000 streamed tokens per wall second, and then its
 /// CPU, not the routing, sets the latencies (each measurement records the host's CPU, and the
 /// report names points over [`host::BUSY`]). `shared-prefix`, whose ladder reaches 350 req/s,
-/// runs at half speed; `short-long` streams 300-800 tokens per request to 5,000-6,500 open
-/// streams at 400-480 req/s and runs at 0.15x (at 400 req/s the host stayed under 50% busy;
-/// 560 req/s has not been measured at this speed). `azure`'s answers stream many tokens too,
+/// runs at half speed; `short-long` streams 300-800 tokens per request to thousands of open
+/// streams and runs at 0.15x (over its ladder of 120-320 req/s the host was 43-81% busy, Envoy
+/// using about one of its cores to meter the streams). `azure`'s answers stream many tokens too,
 /// which Envoy meters one by one: at half speed 2-9% of the predictor's callouts still timed
 /// out, at 0.25x under 1% (the host at most 51% busy).
 pub fn default_time_scale(workload: &str) -> f64 {
@@ -246,7 +246,8 @@ pub struct RouterRun {
 pub struct WorkloadRun {
     pub workload: String,
     pub step_s: f64,
-    /// [`BenchOptions::lead_in_s`] (0 in results written before it existed).
+    /// The lead-in this workload was measured with: [`BenchOptions::lead_in_s`], else its
+    /// [`default_lead_in`] (0 in results written before it existed).
     #[serde(default)]
     pub lead_in_s: f64,
     pub servers: usize,
