@@ -200,6 +200,14 @@ fn drift_seen_before_min_samples_of_the_new_regime_retrains_on_the_newest_and_se
     // the traffic stops, training settles (a round that could not fit left them pending).
     assert_eq!(store.samples_since_training(), 0);
     assert_eq!(store.train_if_due(), TrainOutcome::Skipped);
+    // The live errors were the old model's, and went with it: the new model is judged on its
+    // own, and against no held-out figure of a handful (kept, they set drift off round after
+    // round: a run saw 24 drift rounds, each throwing the live correction away).
+    assert_eq!(store.drift().live_mape_ttft, None, "the old model's errors judge the new one");
+    feed(&store, 20_000, 100, 2.4, (50, 3000), 2);
+    let drift = store.drift();
+    assert!(!drift.drifting, "one shift, one drift round: {drift:?}");
+    assert!(drift.live_mape_ttft.is_some_and(|e| e < 0.75 * stale), "its own errors: {drift:?}");
 }
 
 #[test]

@@ -29,7 +29,9 @@ pub struct ModelInfo {
     pub holdout_coverage_ttft: Option<f64>,
     pub holdout_coverage_tpot: Option<f64>,
     /// The held-out errors as drift judges them (TTFT, TPOT; `training::ErrorSpread`).
-    /// Absent in models saved before 2026-11-26: drift does not judge those.
+    /// Absent when judged on too few to tell (`training::MIN_HOLDOUT_TO_COMPARE`), as a
+    /// drift round's model may be, and in models saved before 2026-11-26: drift does not
+    /// judge those; the next round's model, judged on the refilled reservoir, restores it.
     #[serde(default)]
     pub holdout_drift: [Option<ErrorSpread>; 2],
     pub train_ms: u64,

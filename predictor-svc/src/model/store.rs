@@ -66,6 +66,11 @@ impl LiveErrors {
         q.push_back(ape);
     }
 
+    /// Forgets the errors: they were another model's.
+    fn clear(&mut self) {
+        self.recent.iter_mut().for_each(VecDeque::clear);
+    }
+
     /// Per target, once [`DRIFT_MIN`] are in: the mean error, and the errors as drift
     /// judges them.
     fn judged(&mut self) -> [Option<(f64, ErrorSpread)>; 2] {
@@ -371,8 +376,11 @@ impl ModelStore {
                 self.registry.install(model, info.clone(), bytes);
                 self.active_from.store(filed, Ordering::SeqCst);
                 if let Some(holdout) = refill {
-                    // A new regime: the reservoirs and the live correction of the old one go.
+                    // A new regime: the reservoirs, the live correction and the live errors of
+                    // the old one go. The old model's errors are what set drift off: kept,
+                    // they judged the new model drifting at once, round after round.
                     self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout);
+                    self.live.lock().unwrap_or_else(|p| p.into_inner()).clear();
                 }
                 // The correction and the drift window carry over from one trained model to
                 // the next: they follow each other every few seconds, faster than either

@@ -142,10 +142,13 @@ impl ErrorSpread {
     /// An error counts at most this much (100%).
     pub const CAP: f64 = 1.0;
 
-    /// `None` under two errors.
+    /// `None` under [`MIN_HOLDOUT_TO_COMPARE`] errors: the mean and spread of a handful say
+    /// too little to judge drift against. (A drift round's model judged on 0-15 held-out
+    /// samples, its figure noise, set drift off again and again: 24 rounds in bursts in a
+    /// 20-minute run, each resetting the live correction, the predictions running away.)
     pub fn of(ape: &[f64]) -> Option<ErrorSpread> {
         let n = ape.len();
-        if n < 2 {
+        if n < MIN_HOLDOUT_TO_COMPARE {
             return None;
         }
         let capped = || ape.iter().map(|e| e.min(Self::CAP));
@@ -228,5 +231,13 @@ mod tests {
         assert!(!worse(&slightly, &active, 100, 0.05));
         assert!(worse(&clearly, &active, 100, 0.05));
         assert!(!worse(&clearly, &active, MIN_HOLDOUT_TO_COMPARE - 1, 0.05), "too few to tell");
+    }
+
+    #[test]
+    fn drift_has_no_held_out_figure_from_too_few_errors() {
+        let errors = [0.1, 0.3].repeat(MIN_HOLDOUT_TO_COMPARE / 2);
+        assert_eq!(ErrorSpread::of(&errors[1..]), None, "a handful says too little");
+        let spread = ErrorSpread::of(&errors).unwrap();
+        assert!((spread.capped_mape - 0.2).abs() < 1e-12 && spread.standard_error > 0.0);
     }
 }
