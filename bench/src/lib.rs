@@ -178,7 +178,10 @@ pub fn default_time_scale(workload: &str) -> f64 {
 
 /// Seconds of each rate's traffic a workload sends before its measured step, not counted,
 /// unless `--lead-in` says otherwise. Every step starts on an empty fleet, so a step shorter
-/// than the requests it sends measures the fleet filling up, not the load it can hold.
+/// than the requests it sends measures the fleet filling up, not the load it can hold. After
+/// a lead-in the traffic also goes on past the step until its last request has ended
+/// (`Bench::traffic`): without that, the answers sent in its last seconds decoded in a fleet
+/// draining once the traffic stopped (short-long at 240 req/s: 22 ms per token against 31).
 /// `short-long`'s answers (300-800 tokens) decode for 8-20 s near its cliff, longer than
 /// most of a 15 s step: measured from empty, 320 req/s looked held (95-99%) while held for
 /// 45 s every router fell to 41-45%. The other workloads' requests end within a few seconds
@@ -250,6 +253,11 @@ pub struct WorkloadRun {
     /// [`default_lead_in`] (0 in results written before it existed).
     #[serde(default)]
     pub lead_in_s: f64,
+    /// Whether the same traffic went on past each step until the step's requests had all
+    /// ended (`runner::run_with_trailing`): with every lead-in since 2026-11-26 (night);
+    /// false in results written before, whose last requests decoded in a draining fleet.
+    #[serde(default)]
+    pub load_held_after: bool,
     pub servers: usize,
     /// Hardware profile per server (empty in results written before it was recorded:
     /// the run's `profiles`).
@@ -322,6 +330,29 @@ fn requests(
         _ => workload::by_name(name, seed, rate, duration, 1.0),
     };
     generated.map_err(anyhow::Error::msg)
+}
+
+/// Engine seconds a request may last (the clients' timeout) and so the traffic kept on
+/// after a step: the runner stops sending it once the step's last request has ended.
+const LONGEST_REQUEST_S: f64 = 120.0;
+
+/// A step's traffic at `rate` from `seed`, `(lead_in_s, step_s)` long, and how many of its
+/// requests are the lead-in's and the step's. After a lead-in the same traffic goes on past
+/// the step, as long as a request may last, for the runner to send until the step's last
+/// request has ended (`runner::run_with_trailing`): a sustained load holds on both sides.
+fn step_traffic(
+    workload: &str,
+    seed: u64,
+    rate: f64,
+    (lead_in_s, step_s): (f64, f64),
+    window: usize,
+) -> anyhow::Result<(Vec<workload::RequestSpec>, usize)> {
+    let end = lead_in_s + step_s;
+    let after = if lead_in_s > 0.0 { LONGEST_REQUEST_S } else { 0.0 };
+    let mut sent = requests(workload, seed, rate, end + after, window)?;
+    sent.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let measured = sent.partition_point(|s| s.at_s < end);
+    Ok((sent, measured))
 }
 
 /// Engine-time requests as sent on a simulator running `scale` times real time.
@@ -442,7 +473,7 @@ impl<'a> Bench<'a> {
             model: "sim-llama-8b".into(),
             slo_headers: true,
             prediction_based: contender.prediction_based,
-            timeout: std::time::Duration::from_secs_f64(120.0 / time_scale),
+            timeout: std::time::Duration::from_secs_f64(LONGEST_REQUEST_S / time_scale),
         };
         let runtime = tokio::runtime::Runtime::new()?;
         let bench = Bench { opts, contender, workload, window, time_scale, lead_in_s, target, runtime, stack };
@@ -457,10 +488,12 @@ impl<'a> Bench<'a> {
     /// and keeps every request's outcome under `requests/`.
     fn measure(&self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
         let (opts, name) = (self.opts, self.contender.name);
-        let sent = requests(self.workload, seed, rate, self.lead_in_s + opts.step_s, self.window)?;
+        let (lead_in, step) = (self.lead_in_s, opts.step_s);
+        let (sent, measured) = step_traffic(self.workload, seed, rate, (lead_in, step), self.window)?;
         let work = to_wall(workload::as_run(sent, run), self.time_scale);
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
-        let outcomes = to_engine(self.runtime.block_on(runner::run(&self.target, &work))?, self.time_scale);
+        let outcomes = runner::run_with_trailing(&self.target, &work, measured);
+        let outcomes = to_engine(self.runtime.block_on(outcomes)?, self.time_scale);
         let outcomes = after_lead_in(outcomes, self.lead_in_s);
         let mut s = Summary::of(&outcomes, opts.step_s);
         s.gateway_overflow = overflow_before.zip(self.stack.gateway_overflow()).map(|(a, b)| b.saturating_sub(a));
@@ -665,6 +698,7 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
             workload: name.clone(),
             step_s: opts.step_s,
             lead_in_s,
+            load_held_after: lead_in_s > 0.0,
             servers: fleet.len(),
             profiles: fleet,
             trace_window: (name == "azure").then_some(ladder.window),
@@ -708,6 +742,19 @@ pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_a_lead_in_the_traffic_goes_on_past_the_step_and_the_step_is_unchanged() {
+        let step = |lead_in: f64| step_traffic("short-long", 1, 100.0, (lead_in, 15.0), 1).unwrap();
+        let (held, measured) = step(20.0);
+        let plain = requests("short-long", 1, 100.0, 35.0, 1).unwrap();
+        assert_eq!(held[..measured], plain[..], "the lead-in's and the step's requests, as without the tail");
+        assert!(held[measured..].iter().all(|s| s.at_s >= 35.0), "the rest come after the step");
+        let after = held.last().map_or(0.0, |s| s.at_s) - 35.0;
+        assert!(after > LONGEST_REQUEST_S - 1.0, "as long as a request may last: {after:.1} s");
+        let (alone, measured) = step(0.0);
+        assert_eq!((alone.len(), measured), (requests("short-long", 1, 100.0, 15.0, 1).unwrap().len(), alone.len()));
+    }
 
     #[test]
     fn a_slowed_run_gives_the_filter_its_durations_in_wall_time() {

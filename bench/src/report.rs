@@ -590,8 +590,13 @@ fn provenance(w: &WorkloadRun, results: &BenchResults) -> String {
     if w.lead_in_s > 0.0 {
         let _ = writeln!(
             s,
-            "Each rate's step was measured after {} s of the same traffic that was not counted (`--lead-in`): the fleet at that load, not filling up.",
-            w.lead_in_s
+            "Each rate's step was measured after {} s of the same traffic that was not counted (`--lead-in`): the fleet at that load, not filling up.{}",
+            w.lead_in_s,
+            if w.load_held_after {
+                " The traffic went on after the step until its last request had ended: every measured request decoded in a fleet at that load, not draining."
+            } else {
+                ""
+            }
         );
     }
     let command = w.command.as_deref().unwrap_or(&results.command);
@@ -690,6 +695,7 @@ mod tests {
             workload: "mixed".into(),
             step_s: 10.0,
             lead_in_s: 0.0,
+            load_held_after: false,
             servers: 2,
             profiles: vec!["h100".into(), "a100".into()],
             trace_window: None,
@@ -875,5 +881,8 @@ mod tests {
         let led = WorkloadRun { lead_in_s: 30.0, ..workload() };
         let md = markdown(&one_run(vec![led]));
         assert!(md.contains("after 30 s of the same traffic that was not counted"), "{md}");
+        assert!(!md.contains("went on after the step"), "results from before the load was held after: {md}");
+        let held = WorkloadRun { lead_in_s: 30.0, load_held_after: true, ..workload() };
+        assert!(markdown(&one_run(vec![held])).contains("went on after the step until its last request had ended"));
     }
 }

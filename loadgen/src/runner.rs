@@ -105,20 +105,51 @@ impl Outcome {
 
 /// Sends every request of `workload` at its time (open loop) and waits for all.
 pub async fn run(target: &Target, workload: &[RequestSpec]) -> anyhow::Result<Vec<Outcome>> {
+    run_with_trailing(target, workload, workload.len()).await
+}
+
+/// [`run`] for the first `measured` requests of `workload`; the rest only keep the load on
+/// while any of those is unfinished: each is sent at its time until the last measured
+/// request has ended, then the ones still running are dropped, and none is returned. So
+/// the last measured requests decode in a fleet as loaded as the first ones did, not in
+/// one draining after the traffic stops (on short-long, the answers sent in a step's
+/// last seconds decoded at 22 ms per token against 31 ms at its start).
+pub async fn run_with_trailing(
+    target: &Target,
+    workload: &[RequestSpec],
+    measured: usize,
+) -> anyhow::Result<Vec<Outcome>> {
     let client = reqwest::Client::builder().timeout(target.timeout).pool_max_idle_per_host(256).build()?;
     let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(workload.len());
+    let measured = measured.min(workload.len());
+    let mut tasks = Vec::with_capacity(measured);
+    let mut trailing = tokio::task::JoinSet::new();
+    // How many measured requests have ended.
+    let (ended, mut all_ended) = tokio::sync::watch::channel(0usize);
     for (index, spec) in workload.iter().enumerate() {
-        tokio::time::sleep_until(start + Duration::from_secs_f64(spec.at_s)).await;
-        let client = client.clone();
-        let target = target.clone();
-        let spec = spec.clone();
-        tasks.push(tokio::spawn(async move { send_one(&client, &target, index, &spec).await }));
+        let due = start + Duration::from_secs_f64(spec.at_s);
+        let (client, target, spec) = (client.clone(), target.clone(), spec.clone());
+        if index < measured {
+            tokio::time::sleep_until(due).await;
+            let ended = ended.clone();
+            tasks.push(tokio::spawn(async move {
+                let outcome = send_one(&client, &target, index, &spec).await;
+                ended.send_modify(|n| *n += 1);
+                outcome
+            }));
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(due) => {}
+            _ = all_ended.wait_for(|n| *n >= measured) => break,
+        }
+        trailing.spawn(async move { send_one(&client, &target, index, &spec).await });
     }
     let mut out = Vec::with_capacity(tasks.len());
     for t in tasks {
         out.push(t.await?);
     }
+    trailing.shutdown().await;
     Ok(out)
 }
 
@@ -203,4 +234,104 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
     outcome.tpot_ms = m.tpot_ms;
     outcome.output_tokens = m.output_tokens;
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    // Test code: a failed unwrap is a failed test.
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::workload::SloClass;
+
+    /// A server on 127.0.0.1 answering every request after `delay`; counts what it received.
+    async fn slow_server(delay: Duration) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let received = Arc::new(AtomicUsize::new(0));
+        let count = received.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // One request: headers, then content-length bytes of body.
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match conn.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        while buf.len() < end + 4 + length {
+                            match conn.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.drain(..end + 4 + length);
+                        count.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(delay).await;
+                        let body = r#"{"choices":[{"text":"x"}]}"#;
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if conn.write_all(response.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, received)
+    }
+
+    fn at(at_s: f64) -> RequestSpec {
+        RequestSpec {
+            at_s,
+            prompt_tokens: 10,
+            max_tokens: 1,
+            stream: false,
+            class: SloClass::batch(),
+            shared_prefix: None,
+            run: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_trailing_traffic_keeps_the_load_on_until_the_measured_requests_end_and_no_longer() {
+        let (url, received) = slow_server(Duration::from_millis(400)).await;
+        let target = Target { timeout: Duration::from_secs(10), ..Target::slo_routed(url) };
+        // Three measured requests at once, each answered 400 ms later; then one every 100 ms for 3 s.
+        let workload: Vec<RequestSpec> = (0..3).map(|_| at(0.0)).chain((1..=30).map(|k| at(0.1 * k as f64))).collect();
+        let started = Instant::now();
+        let outcomes = run_with_trailing(&target, &workload, 3).await.unwrap();
+        let took = started.elapsed();
+        assert_eq!(outcomes.len(), 3, "only the measured requests are returned");
+        assert!(outcomes.iter().all(|o| o.status == 200 && o.index < 3), "{outcomes:?}");
+        // The trailing requests due while the measured ones ran were sent (about 4), none after.
+        let sent = received.load(Ordering::SeqCst);
+        assert!((5..=10).contains(&sent), "the load held while they ran, and stopped: {sent} received");
+        assert!(took < Duration::from_millis(1500), "did not wait for the trailing requests: {took:?}");
+
+        // With every request measured, `run` sends and waits for all.
+        let (url, received) = slow_server(Duration::from_millis(100)).await;
+        let target = Target { timeout: Duration::from_secs(10), ..Target::slo_routed(url) };
+        let outcomes = run(&target, &workload).await.unwrap();
+        assert_eq!((outcomes.len(), received.load(Ordering::SeqCst)), (33, 33));
+    }
 }
