@@ -180,7 +180,7 @@ pub fn default_time_scale(workload: &str) -> f64 {
 /// unless `--lead-in` says otherwise. Every step starts on an empty fleet, so a step shorter
 /// than the requests it sends measures the fleet filling up, not the load it can hold. After
 /// a lead-in the traffic also goes on past the step until its last request has ended
-/// (`Bench::traffic`): without that, the answers sent in its last seconds decoded in a fleet
+/// (`step_traffic`): without that, the answers sent in its last seconds decoded in a fleet
 /// draining once the traffic stopped (short-long at 240 req/s: 22 ms per token against 31).
 /// `short-long`'s answers (300-800 tokens) decode for 8-20 s near its cliff, longer than
 /// most of a 15 s step: measured from empty, 320 req/s looked held (95-99%) while held for
