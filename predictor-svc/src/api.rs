@@ -27,6 +27,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let guarded = Router::new()
         .route(paths::PREDICT, post(predict))
         .route(paths::PREDICT_BATCH, post(predict_batch))
+        .route(headroom_protocol::stream::PATH, post(crate::stream::predict_stream))
         .route(paths::DISPATCH, post(dispatch))
         .route(paths::REPORT, post(report))
         .route("/v1/observations", get(observations))
@@ -60,12 +61,12 @@ pub fn guard(routes: Router, state: Arc<AppState>) -> Router {
 /// An API error: status plus the JSON body naming the field at fault.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
-    body: ErrorBody,
+    pub status: StatusCode,
+    pub body: ErrorBody,
 }
 
 impl ApiError {
-    fn field(status: StatusCode, field: &str, message: impl Into<String>) -> Self {
+    pub fn field(status: StatusCode, field: &str, message: impl Into<String>) -> Self {
         ApiError { status, body: ErrorBody::field(field, message) }
     }
 }
@@ -134,27 +135,38 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
 
 /// Several requests' predictions in one call, answered at once (a gateway worker's
 /// requests that arrived while its previous call was out; none may wait in the flow queue).
-/// The dispatches and reports riding along are applied first, as `/v1/dispatch` and
-/// `/v1/report` would, so the predictions see them.
 async fn predict_batch(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let (mut batch, format): (PredictBatch, Format) = decode_body(&headers, &body)?;
-    batch.check().map_err(|e| invalid(&state, paths::PREDICT_BATCH, e))?;
+    let (batch, format): (PredictBatch, Format) = decode_body(&headers, &body)?;
+    let answer = answer_batch(&state, batch, paths::PREDICT_BATCH, started)?;
+    Ok(reply(&headers, format, &answer))
+}
+
+/// What `/v1/predict/batch` and each message of the predict stream (`crate::stream`) answer.
+/// The dispatches and reports riding along are applied first, as `/v1/dispatch` and
+/// `/v1/report` would, so the predictions see them. `route` labels a refused batch's count.
+pub fn answer_batch(
+    state: &AppState,
+    mut batch: PredictBatch,
+    route: &str,
+    started: Instant,
+) -> Result<PredictBatchResponse, ApiError> {
+    batch.check().map_err(|e| invalid(state, route, e))?;
     if !batch.dispatches.is_empty() {
-        service::dispatch(&state, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, started);
+        service::dispatch(state, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, started);
     }
     if let Some(reports) = batch.reports.take() {
-        service::report(&state, reports, started);
+        service::report(state, reports, started);
     }
-    let answers = service::predict_batch(&state, batch.requests, started).map_err(|(i, pool)| {
+    let answers = service::predict_batch(state, batch.requests, started).map_err(|(i, pool)| {
         ApiError::field(StatusCode::NOT_FOUND, &format!("requests[{i}].pool"), format!("no pool named {pool:?}"))
     })?;
     state.metrics.predicted(started.elapsed().as_secs_f64());
-    Ok(reply(&headers, format, &PredictBatchResponse { answers }))
+    Ok(PredictBatchResponse { answers })
 }
 
 /// How long past the longest wait a queued call waits for `flow::run` before answering

@@ -6,7 +6,7 @@
 //! `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, the
 //! analytic prior, training, ONNX export and inference, the model store);
 //! `service` (what each route does), `flow` (the flow-control queue), `auth` (the token guarding what teaches the
-//! model), `api` (HTTP: decode, call `service`, encode), `metrics` (Prometheus),
+//! model), `api` (HTTP: decode, call `service`, encode), `stream` (the predict stream, gRPC over HTTP/2), `metrics` (Prometheus),
 //! `state` (what handlers share).
 
 pub mod api;
@@ -21,6 +21,7 @@ pub mod pool;
 pub mod scrape;
 pub mod service;
 pub mod state;
+pub mod stream;
 
 use std::sync::Arc;
 
@@ -36,6 +37,18 @@ pub async fn serve(
     let expiry = tokio::spawn(scrape::expire(state.clone()));
     let trainer = tokio::spawn(train_loop(state.clone()));
     let flows = tokio::spawn(flow::run(state.clone()));
+    let closing = state.clone();
+    let shutdown = async move {
+        shutdown.await;
+        closing.closing.send_replace(true);
+    };
+    // Small answers, each written at once: Nagle's algorithm would hold a stream's answer
+    // back until the previous one is acknowledged.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY not set: {e}");
+        }
+    });
     let result = axum::serve(listener, api::router(state.clone())).with_graceful_shutdown(shutdown).await;
     scraper.abort();
     expiry.abort();

@@ -25,6 +25,9 @@ pub struct AppState {
     pub scraped_once: AtomicBool,
     /// The token guarded routes require (`crate::auth`); `None`: they are open.
     pub token: Option<String>,
+    /// Set when the service begins to shut down: open predict streams end then (`crate::stream`),
+    /// since a graceful shutdown waits for every stream and the gateway never ends its own.
+    pub closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -40,6 +43,7 @@ impl AppState {
             scraped_once: AtomicBool::new(false),
             flows: Flows::new(config.flow.clone()),
             token: config.auth_token()?,
+            closing: tokio::sync::watch::Sender::new(false),
             config,
         })
     }

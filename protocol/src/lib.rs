@@ -17,13 +17,14 @@ pub mod meter;
 pub mod openai;
 pub mod prefix;
 pub mod stats;
+pub mod stream;
 pub mod tokens;
 
 pub use codec::{decode, encode, CodecError, Format};
 pub use limits::Invalid;
 pub use messages::*;
 
-/// Versioned HTTP paths served by predictor-svc.
+/// Versioned HTTP paths served by predictor-svc (and the predict stream's, [`stream::PATH`]).
 pub mod paths {
     /// `POST`: [`crate::PredictRequest`] -> [`crate::PredictResponse`].
     pub const PREDICT: &str = "/v1/predict";
