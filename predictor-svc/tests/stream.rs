@@ -3,7 +3,7 @@
 //! broken framing, and the service's shutdown ending the streams it holds open.
 
 // Test code: a failed unwrap is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
