@@ -255,6 +255,10 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
 /// One cluster per predictor replica. Like the Istio manifests' predictor clusters, they lift
 /// Envoy's default circuit breakers (1024 per cluster): every inference request makes one
 /// callout, and under flow control a waiting request holds its callout open until released.
+/// The predictor clusters speak HTTP/2 (h2c): the filter's predict stream is gRPC
+/// (`headroom_protocol::stream`), and its other calls share the connection.
+const PREDICTOR_HTTP2: &str = "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {}}\n";
+
 fn predictor_clusters(predictors: &[SocketAddr]) -> String {
     predictors
         .iter()
@@ -262,7 +266,7 @@ fn predictor_clusters(predictors: &[SocketAddr]) -> String {
         .map(|(i, p)| {
             let name = StackState::predictor_cluster(i, predictors.len());
             format!(
-                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{PREDICTOR_HTTP2}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
                 p.ip(),
                 p.port()
             )

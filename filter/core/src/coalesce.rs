@@ -14,17 +14,32 @@
 //! request its share ([`Delivery`]), which the adapter passes to that request's
 //! [`crate::flow::Flow::on_coalesced_answer`].
 //!
+//! A call goes on the VM's predict stream when one is open (`crate::stream`), else as an
+//! HTTP call to `/v1/predict/batch`; [`Coalescer::send`] is given the way by the VM.
+//!
 //! Requests that may wait in the predictor's flow-control queue are never coalesced: each
 //! is answered when it can go, so they keep their own call.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
 
+use headroom_protocol::stream::StreamAnswer;
 use headroom_protocol::{
     codec, Dispatch, Format, PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse, ReportBatch,
 };
 
-use crate::host::{callout_status, predictor_answer, Event, FallbackCause, Host};
+use crate::host::{callout_status, predictor_answer, Buffer, Event, FallbackCause, Host};
+
+/// Each member's share of a call's answers: one answer per request, in order, or which is
+/// whose cannot be known and every member falls back.
+fn share(members: Vec<u32>, answers: Result<Vec<PredictResponse>, FallbackCause>) -> Vec<Delivery> {
+    match answers {
+        Ok(answers) if answers.len() == members.len() => {
+            members.into_iter().zip(answers).map(|(context, answer)| Delivery { context, answer: Ok(answer) }).collect()
+        }
+        Ok(_) => share(members, Err(FallbackCause::BadAnswer)),
+        Err(cause) => members.into_iter().map(|context| Delivery { context, answer: Err(cause) }).collect(),
+    }
+}
 
 /// At most this many requests per call: past it the call's body and its answer grow
 /// (every endpoint's state per request) while the saving per request hardly does.
@@ -52,18 +67,33 @@ struct Waiting {
     since_ms: u64,
 }
 
+/// How a call went, and the handle its answer comes back by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallId {
+    /// An HTTP call: its token (the answer arrives in the root's callout callback; Envoy
+    /// enforces its timeout).
+    Http(u32),
+    /// A message on the predict stream with this token (answers come in order, and one call
+    /// is out at a time, so the stream's next answer is this call's; the VM times it).
+    Stream(u32),
+}
+
+/// Sends one call's body; the cluster it went to and its handle, or why it could not go.
+pub type Transport<'a> = dyn FnMut(&mut dyn Host, &[u8]) -> Result<(String, CallId), FallbackCause> + 'a;
+
 /// A call under way.
 #[derive(Debug)]
 struct Call {
     cluster: String,
     members: Vec<u32>,
+    since_ms: u64,
 }
 
 /// The coalesced predict calls of one VM.
 #[derive(Debug, Default)]
 pub struct Coalescer {
     waiting: VecDeque<Waiting>,
-    calls: HashMap<u32, Call>,
+    calls: HashMap<CallId, Call>,
     /// A wake-up is on its way to the root context.
     woken: bool,
 }
@@ -109,22 +139,20 @@ impl Coalescer {
         self.calls.is_empty() && !self.waiting.is_empty()
     }
 
-    /// Sends the waiting requests to `cluster`, when no call is out: one call at a time, so
+    /// Sends the waiting requests by `transport`, when no call is out: one call at a time, so
     /// that what arrives during a round trip goes together in the next. `ride` goes in the
-    /// first call. Returns what could not be sent, delivered as failed, and the token of
-    /// the call that carries `ride` (`None`: it was not sent).
+    /// first call. Returns what could not be sent, delivered as failed, and the call that
+    /// carries `ride` (`None`: it was not sent).
     pub fn send(
         &mut self,
         host: &mut dyn Host,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        timeout: Duration,
         max_bytes: usize,
         ride: Ride,
-    ) -> (Vec<Delivery>, Option<u32>) {
+        transport: &mut Transport<'_>,
+    ) -> (Vec<Delivery>, Option<CallId>) {
         let mut failed = Vec::new();
         let mut ride = Some(ride);
-        let mut ride_token = None;
+        let mut ride_call = None;
         while self.calls.is_empty() && !self.waiting.is_empty() {
             let mut batch = PredictBatch::default();
             let carries_ride = ride.is_some();
@@ -150,15 +178,14 @@ impl Coalescer {
                 }
                 body = codec::encode(Format::MsgPack, &batch);
             }
-            let sent = body.map_err(|_| FallbackCause::CallFailed).and_then(|body| {
-                host.http_call(cluster, headers, &body, timeout).map_err(|_| FallbackCause::CallFailed)
-            });
+            let sent = body.map_err(|_| FallbackCause::CallFailed).and_then(|body| transport(host, &body));
             match sent {
-                Ok(token) => {
-                    host.record(Event::CoalescedCall { requests: members.len() });
-                    self.calls.insert(token, Call { cluster: cluster.to_string(), members });
+                Ok((cluster, call)) => {
+                    let stream = matches!(call, CallId::Stream(_));
+                    host.record(Event::CoalescedCall { requests: members.len(), stream });
+                    self.calls.insert(call, Call { cluster, members, since_ms: host.now_ms() });
                     if carries_ride {
-                        ride_token = Some(token);
+                        ride_call = Some(call);
                     }
                 }
                 Err(cause) => {
@@ -166,38 +193,59 @@ impl Coalescer {
                 }
             }
         }
-        (failed, ride_token)
+        (failed, ride_call)
     }
 
-    /// The answer to call `token` (its `:status` in the callout headers, `body_size` bytes of
-    /// body): each member's share, and the cluster called with the status it answered, for
-    /// the replica's health. `None` when `token` is not one of these calls.
+    /// The answer to HTTP call `token` (its `:status` in the callout headers, `body_size`
+    /// bytes of body): each member's share, and the cluster called with the status it
+    /// answered, for the replica's health. `None` when `token` is not one of these calls.
     pub fn answered(
         &mut self,
         host: &dyn Host,
         token: u32,
         body_size: usize,
     ) -> Option<(String, Option<u16>, Vec<Delivery>)> {
-        let call = self.calls.remove(&token)?;
+        let call = self.calls.remove(&CallId::Http(token))?;
         let status = callout_status(host);
-        // One answer per request, or which is whose cannot be known.
-        let answers = predictor_answer::<PredictBatchResponse>(host, status, body_size).and_then(|b| {
-            if b.answers.len() == call.members.len() {
-                Ok(b.answers)
-            } else {
-                Err(FallbackCause::BadAnswer)
-            }
-        });
-        let deliveries = match answers {
-            Ok(answers) => call
-                .members
-                .into_iter()
-                .zip(answers)
-                .map(|(context, answer)| Delivery { context, answer: Ok(answer) })
-                .collect(),
-            Err(cause) => call.members.into_iter().map(|context| Delivery { context, answer: Err(cause) }).collect(),
+        let answers = predictor_answer::<PredictBatchResponse>(host, status, body_size).map(|b| b.answers);
+        Some((call.cluster, status, share(call.members, answers)))
+    }
+
+    /// The message that arrived on stream `token` (`message_size` bytes, a [`StreamAnswer`]):
+    /// the answer to the call out on it, as [`Coalescer::answered`]. `None` when no call is
+    /// out on that stream.
+    pub fn answered_on_stream(
+        &mut self,
+        host: &dyn Host,
+        token: u32,
+        message_size: usize,
+    ) -> Option<(String, Option<u16>, Vec<Delivery>)> {
+        let call = self.calls.remove(&CallId::Stream(token))?;
+        let answer = host
+            .buffer(Buffer::StreamMessage, message_size)
+            .and_then(|bytes| codec::decode::<StreamAnswer>(Format::MsgPack, &bytes).ok());
+        let (status, answers) = match answer {
+            Some(a) if a.status == 200 => (Some(200), Ok(a.answers)),
+            Some(a) => (Some(a.status), Err(FallbackCause::Unavailable)),
+            None => (Some(200), Err(FallbackCause::BadAnswer)),
         };
-        Some((call.cluster, status, deliveries))
+        Some((call.cluster, status, share(call.members, answers)))
+    }
+
+    /// Ends call `call` without an answer (its stream closed, or its answer is overdue):
+    /// each member falls back for `cause`. `None` when no such call is out.
+    pub fn fail(&mut self, call: CallId, cause: FallbackCause) -> Option<(String, Vec<Delivery>)> {
+        let call_out = self.calls.remove(&call)?;
+        Some((call_out.cluster, share(call_out.members, Err(cause))))
+    }
+
+    /// The call out on a stream whose answer is `timeout_ms` overdue: Envoy times HTTP
+    /// calls, not stream messages.
+    pub fn overdue_on_stream(&self, now_ms: u64, timeout_ms: u64) -> Option<CallId> {
+        self.calls
+            .iter()
+            .find(|(id, c)| matches!(id, CallId::Stream(_)) && now_ms.saturating_sub(c.since_ms) >= timeout_ms)
+            .map(|(id, _)| *id)
     }
 
     /// Requests that waited `timeout_ms` without being sent (the call ahead of them hangs):

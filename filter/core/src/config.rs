@@ -101,6 +101,9 @@ pub struct FilterConfig {
     /// Coalesce a worker's predict calls: while one is out, the requests that arrive go
     /// together in the next (`coalesce`, docs/performance.md). Off: one call per request.
     pub batch_predictions: bool,
+    /// Send the coalesced batches on one gRPC stream per worker to the predictor (`stream`),
+    /// HTTP calls while it is not open. Needs the predictor cluster to speak HTTP/2.
+    pub predict_stream: bool,
     /// Endpoint state older than this is not used by the fallback.
     pub fallback_state_max_age_ms: u64,
     /// At most this many prefix blocks are hashed per request.
@@ -174,6 +177,7 @@ impl Default for FilterConfig {
             debug_headers: false,
             first_token_events: true,
             batch_predictions: true,
+            predict_stream: true,
             fallback_state_max_age_ms: 5_000,
             max_prefix_blocks: 256,
             tpot_buffer: 1.0,

@@ -33,6 +33,8 @@ pub enum Buffer {
     RequestBody,
     ResponseBody,
     CalloutBody,
+    /// The message that arrived on a gRPC stream (`Vm::on_stream_message`).
+    StreamMessage,
 }
 
 /// Log levels of the host.
@@ -121,9 +123,15 @@ pub enum Event {
     },
     /// What the outbox counted since the last tick.
     Outbox(Counts),
-    /// A coalesced predict call went out carrying `requests` requests.
+    /// A coalesced predict call went out carrying `requests` requests, on the predict
+    /// stream (`stream`) or as an HTTP call.
     CoalescedCall {
         requests: usize,
+        stream: bool,
+    },
+    /// The predict stream opened (the predictor answered its headers) or closed.
+    PredictStream {
+        open: bool,
     },
 }
 
@@ -191,6 +199,29 @@ pub trait Host {
     fn wake(&mut self) -> Result<(), HostError> {
         Err(HostError(HostError::UNIMPLEMENTED))
     }
+
+    /// Opens a gRPC stream to `cluster`'s `service`/`method` with `metadata` as its initial
+    /// headers; returns its token. Its headers, messages and close arrive at the root context
+    /// (`Vm::on_stream_headers`, `on_stream_message`, `on_stream_closed`). Hosts without
+    /// streams (the unit tests' by default) answer `UNIMPLEMENTED`: predict batches then go
+    /// as HTTP calls.
+    fn open_stream(
+        &mut self,
+        _cluster: &str,
+        _service: &str,
+        _method: &str,
+        _metadata: &[(&str, &str)],
+    ) -> Result<u32, HostError> {
+        Err(HostError(HostError::UNIMPLEMENTED))
+    }
+
+    /// Sends one message on stream `stream`.
+    fn send_stream(&mut self, _stream: u32, _message: &[u8]) -> Result<(), HostError> {
+        Err(HostError(HostError::UNIMPLEMENTED))
+    }
+
+    /// Resets stream `stream`: none of its callbacks comes after.
+    fn cancel_stream(&mut self, _stream: u32) {}
 
     fn log(&mut self, level: Level, message: &str);
 

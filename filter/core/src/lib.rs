@@ -20,6 +20,7 @@ mod proptests;
 pub mod queue;
 pub mod rng;
 pub mod shards;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 pub mod vm;

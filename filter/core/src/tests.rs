@@ -36,6 +36,9 @@ impl Call {
     }
 }
 
+/// A stream the filter opened: token, cluster, `/service/method`, metadata.
+type Opened = (u32, String, String, Vec<(String, String)>);
+
 /// Envoy as the flow sees it: header maps, bodies, a clock, and records of what the
 /// filter did.
 #[derive(Default)]
@@ -52,6 +55,16 @@ struct FakeHost {
     /// The host can wake the root (`Host::wake`): predict calls are coalesced.
     can_wake: bool,
     wakes: u32,
+    /// The host has gRPC streams (`Host::open_stream`).
+    can_stream: bool,
+    /// Streams opened.
+    streams: Vec<Opened>,
+    /// Messages sent on streams: token, message.
+    sent: Vec<(u32, Vec<u8>)>,
+    /// `send_stream` fails.
+    refuse_stream_sends: bool,
+    /// Streams reset.
+    cancelled: Vec<u32>,
 }
 
 impl Host for FakeHost {
@@ -100,6 +113,34 @@ impl Host for FakeHost {
             timeout,
         });
         Ok(token)
+    }
+
+    fn open_stream(
+        &mut self,
+        cluster: &str,
+        service: &str,
+        method: &str,
+        metadata: &[(&str, &str)],
+    ) -> Result<u32, HostError> {
+        if !self.can_stream {
+            return Err(HostError(HostError::UNIMPLEMENTED));
+        }
+        let token = 1000 + self.streams.len() as u32;
+        let metadata = metadata.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        self.streams.push((token, cluster.to_string(), format!("/{service}/{method}"), metadata));
+        Ok(token)
+    }
+
+    fn send_stream(&mut self, stream: u32, message: &[u8]) -> Result<(), HostError> {
+        if self.refuse_stream_sends {
+            return Err(HostError(2));
+        }
+        self.sent.push((stream, message.to_vec()));
+        Ok(())
+    }
+
+    fn cancel_stream(&mut self, stream: u32) {
+        self.cancelled.push(stream);
     }
 
     fn wake(&mut self) -> Result<(), HostError> {
@@ -768,7 +809,7 @@ fn predict_calls_made_while_one_is_out_go_together_in_the_next() {
     assert_eq!(d.context, 2);
     assert_eq!(a.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
     assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
-    assert!(host.has(Event::CoalescedCall { requests: 2 }));
+    assert!(host.has(Event::CoalescedCall { requests: 2, stream: false }));
 
     // Each of the next answer's shares goes to its own request, in order.
     let body = batch_answer(&["10.0.0.1:8000", "10.0.0.2:8000"]);
@@ -975,4 +1016,171 @@ fn a_ride_delivered_lets_the_reports_waiting_for_it_go() {
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
     assert_eq!(reported.iter().map(|r| r.observations.len()).sum::<usize>(), 1);
     assert!(batches::<DispatchBatch>(&host, paths::DISPATCH).is_empty(), "a's dispatch went with b's call only");
+}
+
+/// The request ids a message on the predict stream carried.
+fn carried_on_stream(message: &[u8]) -> Vec<String> {
+    let batch: PredictBatch = codec::decode(Format::MsgPack, message).unwrap();
+    batch.requests.into_iter().map(|r| r.request_id).collect()
+}
+
+/// The predictor's answer on the stream: `status`, and on 200 one answer per endpoint in `best`.
+fn stream_answer(host: &mut FakeHost, status: u16, best: &[&str]) -> usize {
+    let answers = codec::decode::<PredictBatchResponse>(Format::MsgPack, &batch_answer(best)).unwrap().answers;
+    let answer = headroom_protocol::stream::StreamAnswer { status, answers, error: None };
+    let bytes = codec::encode(Format::MsgPack, &answer).unwrap();
+    host.buffers.insert(Buffer::StreamMessage, bytes.clone());
+    bytes.len()
+}
+
+/// A VM whose predict stream is open (opened on a tick, its headers answered): its token.
+fn open_stream(host: &mut FakeHost, vm: &mut Vm) -> u32 {
+    vm.on_tick(host);
+    let token = host.streams.last().expect("a stream was opened").0;
+    vm.on_stream_headers(host, token);
+    token
+}
+
+#[test]
+fn coalesced_calls_go_on_the_stream_once_the_predictor_has_answered_its_headers() {
+    let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
+    let mut vm = vm(r#"{"predictor_token":"0123456789abcdef"}"#);
+
+    // Opened from the tick, to the predictor cluster, with the token as metadata.
+    vm.on_tick(&mut host);
+    let (token, cluster, method, metadata) = host.streams[0].clone();
+    assert_eq!((cluster.as_str(), method.as_str()), ("headroom_predictor", headroom_protocol::stream::PATH));
+    assert_eq!(metadata, [("authorization".to_string(), "Bearer 0123456789abcdef".to_string())]);
+
+    // Until the predictor answers its headers, calls go over HTTP: a stream nobody serves costs nothing.
+    let mut a = Flow::for_context(2);
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    assert_eq!((host.calls.len(), host.sent.len()), (1, 0));
+    let body = batch_answer(&["10.0.0.1:8000"]);
+    let http = host.answer(200, &body);
+    vm.on_predictions_answer(&mut host, http, body.len());
+
+    // Open: the next calls are messages on it, one out at a time, each answered in turn.
+    vm.on_stream_headers(&mut host, token);
+    assert!(host.has(Event::PredictStream { open: true }));
+    let (mut b, mut c, mut d) = (Flow::for_context(3), Flow::for_context(4), Flow::for_context(5));
+    send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    send_request(&mut c, &mut host, &mut vm, &SLO, BODY);
+    send_request(&mut d, &mut host, &mut vm, &SLO, BODY);
+    assert_eq!((host.calls.len(), host.sent.len()), (1, 1), "no HTTP call; c and d wait for b's answer");
+    assert_eq!(host.sent[0].0, token);
+    assert_eq!(carried_on_stream(&host.sent[0].1).len(), 1);
+
+    let size = stream_answer(&mut host, 200, &["10.0.0.2:8000"]);
+    let shares = vm.on_stream_message(&mut host, token, size);
+    assert_eq!(shares.iter().map(|s| s.context).collect::<Vec<_>>(), [3]);
+    assert_eq!(carried_on_stream(&host.sent[1].1).len(), 2, "c and d together in the next message");
+    assert!(host.has(Event::CoalescedCall { requests: 2, stream: true }));
+    let share = shares.into_iter().next().unwrap();
+    assert_eq!(b.on_coalesced_answer(&mut host, &mut vm, share.answer), Step::Resume);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+
+    // An answer refused in the stream, or with the wrong count, sends its requests to the fallback.
+    let size = stream_answer(&mut host, 404, &[]);
+    let shares = vm.on_stream_message(&mut host, token, size);
+    assert!(shares.iter().all(|s| s.answer.as_ref().err() == Some(&FallbackCause::Unavailable)), "{shares:?}");
+    assert_eq!(shares.len(), 2);
+    let mut e = Flow::for_context(6);
+    send_request(&mut e, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    let size = stream_answer(&mut host, 200, &["10.0.0.1:8000", "10.0.0.2:8000"]);
+    let shares = vm.on_stream_message(&mut host, token, size);
+    assert_eq!(shares[0].answer.as_ref().err(), Some(&FallbackCause::BadAnswer));
+    assert_eq!(host.calls.len(), 1, "every call after the headers went on the stream");
+}
+
+#[test]
+fn a_stream_that_closes_or_stalls_sends_its_requests_to_the_fallback_and_is_reopened_later() {
+    let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
+    let mut vm = vm(r#"{"predictor_timeout_ms":50}"#);
+    let token = open_stream(&mut host, &mut vm);
+
+    // Closed with a call out (the predictor restarted): that call's request falls back.
+    let mut a = Flow::for_context(2);
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    assert_eq!(host.sent.len(), 1);
+    let shares = vm.on_stream_closed(&mut host, token, 14);
+    assert_eq!(shares.len(), 1);
+    assert_eq!(shares[0].answer.as_ref().err(), Some(&FallbackCause::Unavailable));
+    assert!(host.has(Event::PredictStream { open: false }));
+
+    // Meanwhile calls go over HTTP; the stream is reopened a second later, not at once.
+    let mut b = Flow::for_context(3);
+    send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    assert_eq!(host.calls.len(), 1);
+    let body = batch_answer(&["10.0.0.1:8000"]);
+    let http = host.answer(200, &body);
+    vm.on_predictions_answer(&mut host, http, body.len());
+    host.now_ns += 500 * MS;
+    vm.on_tick(&mut host);
+    assert_eq!(host.streams.len(), 1, "not yet");
+    host.now_ns += 500 * MS;
+    let token = open_stream(&mut host, &mut vm);
+    assert_eq!(host.streams.len(), 2);
+
+    // An answer overdue on the stream: its request falls back at the tick past the timeout,
+    // the stream is reset, and a late answer on it is not taken for anyone's.
+    let mut c = Flow::for_context(4);
+    send_request(&mut c, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    host.now_ns += 30 * MS;
+    assert!(vm.on_tick(&mut host).is_empty(), "not yet");
+    host.now_ns += 30 * MS;
+    let shares = vm.on_tick(&mut host);
+    assert_eq!(shares.len(), 1);
+    assert_eq!(shares[0].answer.as_ref().err(), Some(&FallbackCause::Timeout));
+    assert_eq!(host.cancelled, [token]);
+    let size = stream_answer(&mut host, 200, &["10.0.0.1:8000"]);
+    assert!(vm.on_stream_message(&mut host, token, size).is_empty());
+}
+
+#[test]
+fn a_stream_the_predictor_never_answers_costs_no_request_and_is_retried_ever_later() {
+    let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
+    let mut vm = vm("{}");
+    let mut waits = Vec::new();
+    let mut last_open = host.now_ns;
+    for _ in 0..7 {
+        // Opened on a tick, refused before its headers (a cluster without HTTP/2).
+        while host.streams.len() == waits.len() {
+            host.now_ns += 20 * MS;
+            vm.on_tick(&mut host);
+        }
+        waits.push((host.now_ns - last_open) / MS);
+        last_open = host.now_ns;
+        let token = host.streams.last().unwrap().0;
+        let mut a = Flow::for_context(2 + waits.len() as u32);
+        send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+        vm.on_wake(&mut host);
+        assert!(vm.on_stream_closed(&mut host, token, 14).is_empty(), "the request's call went over HTTP");
+        let body = batch_answer(&["10.0.0.1:8000"]);
+        let http = host.answer(200, &body);
+        assert!(vm.on_predictions_answer(&mut host, http, body.len()).unwrap()[0].answer.is_ok());
+    }
+    assert!(host.sent.is_empty());
+    assert_eq!(waits[1..], [1000, 2000, 4000, 8000, 16000, 30000], "{waits:?}");
+
+    // A send the stream refuses goes over HTTP, and the stream is reset.
+    let mut host = FakeHost { can_wake: true, can_stream: true, refuse_stream_sends: true, ..FakeHost::new() };
+    let mut vm = self::vm("{}");
+    let token = open_stream(&mut host, &mut vm);
+    let mut a = Flow::for_context(2);
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    assert!(vm.on_wake(&mut host).is_empty());
+    assert_eq!((host.calls.len(), host.cancelled.as_slice()), (1, &[token][..]));
+
+    // Switched off: no stream.
+    let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
+    let mut vm = self::vm(r#"{"predict_stream":false}"#);
+    vm.on_tick(&mut host);
+    assert!(host.streams.is_empty());
 }

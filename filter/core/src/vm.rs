@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use headroom_protocol::{codec, paths};
 
-use crate::coalesce::{Coalescer, Delivery, Ride};
+use crate::coalesce::{CallId, Coalescer, Delivery, Ride};
 use crate::fallback::StateCache;
-use crate::host::{callout_status, Event, Host, Level};
+use crate::host::{callout_status, Event, FallbackCause, Host, Level};
 use crate::outbox::{Batch, Outbox, Outcome};
 use crate::rng::Rng;
 use crate::shards::Shards;
+use crate::stream::PredictStream;
 use crate::FilterConfig;
 
 /// Timeout of a dispatch or report batch call.
@@ -59,6 +60,8 @@ pub struct Vm {
     pub outbox: Outbox,
     /// Predict calls coalesced per round trip (`coalesce`).
     pub predictions: Coalescer,
+    /// The stream the coalesced calls go on while it is open (`stream`).
+    pub stream: PredictStream,
     /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
     vm_nonce: u64,
     next_request: u64,
@@ -68,8 +71,8 @@ pub struct Vm {
     authorization: Option<String>,
     /// Batch calls under way: token -> (cluster called, batch).
     sending: HashMap<u32, (String, Batch)>,
-    /// Batches riding on coalesced predict calls under way, by the call's token.
-    riding: HashMap<u32, Vec<Batch>>,
+    /// Batches riding on coalesced predict calls under way, by the call.
+    riding: HashMap<CallId, Vec<Batch>>,
 }
 
 impl Vm {
@@ -83,6 +86,7 @@ impl Vm {
             placed: Placed::default(),
             outbox: Outbox::new(config.max_queued, config.max_batch, config.max_batch_bytes),
             predictions: Coalescer::default(),
+            stream: PredictStream::default(),
             vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
             next_request: 0,
             shards: Shards::new(config.predictor_clusters(), &config.pool),
@@ -163,11 +167,75 @@ impl Vm {
     }
 
     /// The flush tick: the outbox goes; coalesced requests whose call never went (the one
-    /// ahead of them hangs) fall back; any left waiting go (a wake-up the host lost).
+    /// ahead of them hangs) fall back, as do those whose answer on the stream is overdue (the
+    /// stream is reset); the stream is kept open; any left waiting go (a wake-up the host lost).
     pub fn on_tick(&mut self, host: &mut dyn Host) -> Vec<Delivery> {
         self.flush(host);
-        let mut deliveries = self.predictions.expire(host.now_ms(), self.config.predictor_timeout_ms);
+        let now = host.now_ms();
+        let mut deliveries = self.predictions.expire(now, self.config.predictor_timeout_ms);
+        if let Some(call) = self.predictions.overdue_on_stream(now, self.config.predictor_timeout_ms) {
+            self.stream.reset(host);
+            host.record(Event::PredictStream { open: false });
+            deliveries.extend(self.end_call(host, call, FallbackCause::Timeout));
+        }
+        if self.config.predict_stream && self.config.batch_predictions {
+            let cluster = self.predictor_cluster(now);
+            let metadata: Vec<(&str, &str)> =
+                self.authorization.as_deref().map(|auth| ("authorization", auth)).into_iter().collect();
+            self.stream.maintain(host, &cluster, &metadata);
+        } else {
+            self.stream.reset(host);
+        }
         deliveries.extend(self.send_predictions(host));
+        deliveries
+    }
+
+    /// The predictor answered the headers of stream `token`: the next calls go on it.
+    pub fn on_stream_headers(&mut self, host: &mut dyn Host, token: u32) {
+        if self.stream.on_headers(host, token) {
+            host.record(Event::PredictStream { open: true });
+        }
+    }
+
+    /// A message arrived on stream `token` (`size` bytes): the answer to the call out on it,
+    /// each request's share, then the next call sent.
+    pub fn on_stream_message(&mut self, host: &mut dyn Host, token: u32, size: usize) -> Vec<Delivery> {
+        if !self.stream.is_open(token) {
+            return Vec::new();
+        }
+        let Some((cluster, status, mut deliveries)) = self.predictions.answered_on_stream(host, token, size) else {
+            host.log(Level::Warn, "headroom: a predict stream message with no call out; ignored");
+            return Vec::new();
+        };
+        self.record_call(host, &cluster, status);
+        let outcome = Outcome::of(status);
+        for batch in self.riding.remove(&CallId::Stream(token)).unwrap_or_default() {
+            self.outbox.sent(batch, outcome);
+        }
+        deliveries.extend(self.send_predictions(host));
+        deliveries
+    }
+
+    /// Stream `token` closed with gRPC `status`: the call out on it falls back, and the next
+    /// go as HTTP calls until the tick opens another stream.
+    pub fn on_stream_closed(&mut self, host: &mut dyn Host, token: u32, status: u32) -> Vec<Delivery> {
+        if !self.stream.on_closed(host, token, status) {
+            return Vec::new();
+        }
+        host.record(Event::PredictStream { open: false });
+        let mut deliveries = self.end_call(host, CallId::Stream(token), FallbackCause::Unavailable);
+        deliveries.extend(self.send_predictions(host));
+        deliveries
+    }
+
+    /// Ends `call` without an answer: its requests fall back for `cause`, what rode on it
+    /// is queued again, and the replica's health counts a failure.
+    fn end_call(&mut self, host: &mut dyn Host, call: CallId, cause: FallbackCause) -> Vec<Delivery> {
+        let Some((cluster, deliveries)) = self.predictions.fail(call, cause) else { return Vec::new() };
+        self.record_call(host, &cluster, None);
+        for batch in self.riding.remove(&call).unwrap_or_default() {
+            self.outbox.sent(batch, Outcome::Failed);
+        }
         deliveries
     }
 
@@ -205,14 +273,32 @@ impl Vm {
         let cluster = self.predictor_cluster(host.now_ms());
         let headers = call_headers(&self.config, self.authorization.as_deref(), paths::PREDICT_BATCH);
         let timeout = Duration::from_millis(self.config.predictor_timeout_ms);
-        let (failed, token) =
-            self.predictions.send(host, &cluster, &headers, timeout, self.config.max_batch_bytes, ride);
+        // On the stream while it is open; as an HTTP call otherwise, or when the stream
+        // would not take the message (it is then reset, and reopened on a later tick).
+        let open = self.stream.open().map(|(token, to)| (token, to.to_string()));
+        let mut stream_failed = false;
+        let mut transport = |host: &mut dyn Host, body: &[u8]| {
+            if let (Some((token, to)), false) = (&open, stream_failed) {
+                match host.send_stream(*token, body) {
+                    Ok(()) => return Ok((to.clone(), CallId::Stream(*token))),
+                    Err(_) => stream_failed = true,
+                }
+            }
+            host.http_call(&cluster, &headers, body, timeout)
+                .map(|token| (cluster.clone(), CallId::Http(token)))
+                .map_err(|_| FallbackCause::CallFailed)
+        };
+        let (failed, call) = self.predictions.send(host, self.config.max_batch_bytes, ride, &mut transport);
+        if stream_failed {
+            self.stream.reset(host);
+            host.record(Event::PredictStream { open: false });
+        }
         if !failed.is_empty() {
             self.record_call(host, &cluster, None);
         }
-        match token {
-            Some(token) if !riders.is_empty() => {
-                self.riding.insert(token, riders);
+        match call {
+            Some(call) if !riders.is_empty() => {
+                self.riding.insert(call, riders);
             }
             Some(_) => {}
             None => riders.into_iter().for_each(|b| self.outbox.sent(b, Outcome::Failed)),
@@ -232,7 +318,7 @@ impl Vm {
         let (cluster, status, mut deliveries) = self.predictions.answered(host, token, body_size)?;
         self.record_call(host, &cluster, status);
         let outcome = Outcome::of(status);
-        for batch in self.riding.remove(&token).unwrap_or_default() {
+        for batch in self.riding.remove(&CallId::Http(token)).unwrap_or_default() {
             self.outbox.sent(batch, outcome);
         }
         deliveries.extend(self.send_predictions(host));

@@ -46,6 +46,7 @@ impl Host for Envoy<'_> {
             Buffer::RequestBody => BufferType::HttpRequestBody,
             Buffer::ResponseBody => BufferType::HttpResponseBody,
             Buffer::CalloutBody => BufferType::HttpCallResponseBody,
+            Buffer::StreamMessage => BufferType::GrpcReceiveBuffer,
         };
         host::buffer(kind, size).ok().flatten()
     }
@@ -62,6 +63,24 @@ impl Host for Envoy<'_> {
         timeout: Duration,
     ) -> HostResult<u32> {
         host::http_call(cluster, headers, body, timeout)
+    }
+
+    fn open_stream(
+        &mut self,
+        cluster: &str,
+        service: &str,
+        method: &str,
+        metadata: &[(&str, &str)],
+    ) -> HostResult<u32> {
+        host::open_stream(cluster, service, method, metadata)
+    }
+
+    fn send_stream(&mut self, stream: u32, message: &[u8]) -> HostResult<()> {
+        host::send_stream(stream, message)
+    }
+
+    fn cancel_stream(&mut self, stream: u32) {
+        host::cancel_stream(stream);
     }
 
     fn wake(&mut self) -> HostResult<()> {

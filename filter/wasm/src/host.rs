@@ -3,8 +3,9 @@
 //! proxy-wasm 0.2.5's own wrappers panic on any status they did not expect, and
 //! a panic kills the VM (every later request then fails open or closed). These
 //! bindings take the raw status as a `u32` and map it to [`HostError`].
-//! Only `dispatch_http_call` goes through the SDK, because its dispatcher must
-//! register the callout token; that wrapper maps the statuses Envoy returns.
+//! Only `dispatch_http_call` and the gRPC stream calls go through the SDK, because its
+//! dispatcher must register the callout and stream tokens; those wrappers map the statuses
+//! Envoy returns (see [`open_stream`] for the one they do not).
 
 use std::time::Duration;
 
@@ -208,6 +209,54 @@ fn serialize_headers(headers: &[(&str, &str)]) -> Vec<u8> {
 pub fn http_call(cluster: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> HostResult<u32> {
     proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
         .map_err(|status| HostError(status as u32))
+}
+
+/// `GrpcService { envoy_grpc: { cluster_name: cluster } }` in protobuf's wire format.
+///
+/// Envoy reads the stream's target as this message, and only when that fails to parse as a
+/// plain cluster name; a name that happens to parse (any string is a byte sequence) would be
+/// taken for a different message, so the filter always sends the message.
+fn grpc_service(cluster: &str) -> Vec<u8> {
+    fn field(number: u8, bytes: &[u8], out: &mut Vec<u8>) {
+        out.push(number << 3 | 2); // length-delimited
+        let mut len = bytes.len();
+        while len >= 0x80 {
+            out.push((len as u8) | 0x80);
+            len >>= 7;
+        }
+        out.push(len as u8);
+        out.extend_from_slice(bytes);
+    }
+    let mut envoy_grpc = Vec::new();
+    field(1, cluster.as_bytes(), &mut envoy_grpc);
+    let mut service = Vec::new();
+    field(1, &envoy_grpc, &mut service);
+    service
+}
+
+/// Opens a gRPC stream to `cluster`; its callbacks come to the calling root context.
+///
+/// Envoy answers `BadArgument` only when it cannot make a gRPC client for a well-formed
+/// `envoy_grpc` service (not for a missing cluster: the stream then closes with
+/// `UNAVAILABLE`); the SDK would panic on that status, and there is no way around its
+/// wrapper, which registers the token.
+pub fn open_stream(cluster: &str, service: &str, method: &str, metadata: &[(&str, &str)]) -> HostResult<u32> {
+    let target = grpc_service(cluster);
+    // The SDK takes the target as `&str`; Envoy reads it as bytes. The message is ASCII when
+    // the cluster name is (field tags and lengths under 128), which Envoy's names are.
+    let Ok(target) = std::str::from_utf8(&target) else { return Err(HostError(2)) };
+    let metadata = metadata.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    proxy_wasm::hostcalls::open_grpc_stream(target, service, method, metadata).map_err(|s| HostError(s as u32))
+}
+
+/// Sends `message` on stream `token`.
+pub fn send_stream(token: u32, message: &[u8]) -> HostResult<()> {
+    proxy_wasm::hostcalls::send_grpc_stream_message(token, Some(message), false).map_err(|s| HostError(s as u32))
+}
+
+/// Resets stream `token` (absent is fine).
+pub fn cancel_stream(token: u32) {
+    let _ = proxy_wasm::hostcalls::cancel_grpc_stream(token);
 }
 
 /// Registers (or takes over) the shared queue `name` for the calling root context: an

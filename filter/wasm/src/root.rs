@@ -1,6 +1,6 @@
 //! The root context: forwards the VM's callbacks (configure, tick, wake-ups, answers to
-//! its own calls) to `headroom_filter_core::vm::Vm`, creates a `Request` per stream, and
-//! hands each request its share of a coalesced predict call.
+//! its own calls, its predict stream) to `headroom_filter_core::vm::Vm`, creates a `Request`
+//! per stream, and hands each request its share of a coalesced predict call.
 
 use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
@@ -89,6 +89,23 @@ impl Context for Root {
                 }
             }
         };
+        self.deliver(&shared, deliveries);
+    }
+
+    fn on_grpc_stream_initial_metadata(&mut self, token_id: u32, _num_elements: u32) {
+        let Some(shared) = self.shared.clone() else { return };
+        shared.vm.borrow_mut().on_stream_headers(&mut shared.envoy(), token_id);
+    }
+
+    fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {
+        let Some(shared) = self.shared.clone() else { return };
+        let deliveries = shared.vm.borrow_mut().on_stream_message(&mut shared.envoy(), token_id, message_size);
+        self.deliver(&shared, deliveries);
+    }
+
+    fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
+        let Some(shared) = self.shared.clone() else { return };
+        let deliveries = shared.vm.borrow_mut().on_stream_closed(&mut shared.envoy(), token_id, status_code);
         self.deliver(&shared, deliveries);
     }
 }

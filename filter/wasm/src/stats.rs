@@ -33,6 +33,10 @@ pub struct Stats {
     flow_wait_ms: Option<u32>,
     coalesced_calls: Option<u32>,
     coalesced_requests: Option<u32>,
+    /// Of the coalesced calls, those sent on the predict stream.
+    calls_on_stream: Option<u32>,
+    stream_opened: Option<u32>,
+    stream_closed: Option<u32>,
     /// Linear memory of all of the plugin's VMs together (each adds its own changes).
     vm_memory: Option<u32>,
     /// This VM's share of `vm_memory` so far.
@@ -67,6 +71,9 @@ impl Stats {
             flow_wait_ms: host::define_metric(MetricKind::Histogram, "headroom.flow.wait_ms"),
             coalesced_calls: counter("predict_calls.coalesced"),
             coalesced_requests: counter("predict_calls.coalesced_requests"),
+            calls_on_stream: counter("predict_calls.on_stream"),
+            stream_opened: counter("predict_stream.opened"),
+            stream_closed: counter("predict_stream.closed"),
             vm_memory: host::define_metric(MetricKind::Gauge, "headroom.vm_memory_bytes"),
             vm_memory_seen: std::cell::Cell::new(0),
         }
@@ -109,10 +116,12 @@ impl Stats {
                 }
             }
             Event::Outbox(counts) => self.outbox(counts),
-            Event::CoalescedCall { requests } => {
+            Event::CoalescedCall { requests, stream } => {
                 Self::inc(self.coalesced_calls, 1);
                 Self::inc(self.coalesced_requests, requests as u64);
+                Self::inc(self.calls_on_stream, u64::from(stream));
             }
+            Event::PredictStream { open } => Self::inc(if open { self.stream_opened } else { self.stream_closed }, 1),
         }
     }
 

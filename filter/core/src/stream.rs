@@ -1,0 +1,149 @@
+//! The predict stream's lifecycle, per VM: one gRPC stream to the predictor replica in use
+//! that carries the coalesced predict batches (`headroom_protocol::stream`, docs/protocol.md).
+//!
+//! Why a stream: Envoy's HTTP client spends about 100 us of CPU on each call the filter
+//! makes, more than Envoy spends proxying a whole request; a message on an open stream is a
+//! frame each way (docs/performance.md, "The predict stream").
+//!
+//! The stream is opened from the tick, never from a request, and carries batches only once
+//! the predictor has answered its headers ([`PredictStream::on_headers`]): a predictor or a
+//! cluster that cannot serve it (an older predictor, a cluster without HTTP/2) costs no
+//! request anything, and until then, or while it is down, the batches go as HTTP calls.
+//! A stream that closed before it was ever answered is retried later and later (1 s
+//! doubling to 30 s); one that was answered and then closed (the predictor restarted) is
+//! reopened after 1 s.
+
+use crate::host::{Host, HostError, Level};
+
+/// How soon a stream is reopened after one that worked closed.
+pub const REOPEN_MS: u64 = 1_000;
+/// The longest wait between attempts while streams never get answered.
+pub const MAX_REOPEN_MS: u64 = 30_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Closed,
+    /// Opened; the predictor has not answered its headers yet.
+    Opening {
+        token: u32,
+        cluster: String,
+    },
+    Open {
+        token: u32,
+        cluster: String,
+    },
+}
+
+/// One VM's predict stream.
+#[derive(Debug)]
+pub struct PredictStream {
+    state: State,
+    /// When the next attempt to open may go (ms, host clock).
+    retry_at_ms: u64,
+    /// The wait after the next failed attempt.
+    backoff_ms: u64,
+}
+
+impl Default for PredictStream {
+    fn default() -> Self {
+        PredictStream { state: State::Closed, retry_at_ms: 0, backoff_ms: REOPEN_MS }
+    }
+}
+
+impl PredictStream {
+    /// On the tick: opens a stream to `cluster` when none is open or opening and the
+    /// backoff has passed; a stream to another cluster (the replica failed over) is reset
+    /// first. `metadata` goes as the stream's initial headers (the token).
+    pub fn maintain(&mut self, host: &mut dyn Host, cluster: &str, metadata: &[(&str, &str)]) {
+        if let State::Opening { token, cluster: c } | State::Open { token, cluster: c } = &self.state {
+            if c == cluster {
+                return;
+            }
+            host.cancel_stream(*token);
+            self.state = State::Closed;
+        }
+        let now = host.now_ms();
+        if now < self.retry_at_ms {
+            return;
+        }
+        use headroom_protocol::stream::{METHOD, SERVICE};
+        match host.open_stream(cluster, SERVICE, METHOD, metadata) {
+            Ok(token) => self.state = State::Opening { token, cluster: cluster.to_string() },
+            Err(HostError(HostError::UNIMPLEMENTED)) => self.retry_at_ms = u64::MAX,
+            Err(e) => {
+                host.log(Level::Warn, &format!("headroom: cannot open the predict stream to {cluster}: {e:?}"));
+                self.backed_off(now);
+            }
+        }
+    }
+
+    /// The predictor answered stream `token`'s headers: batches may go on it. `true` when
+    /// this VM's stream opened now.
+    pub fn on_headers(&mut self, host: &mut dyn Host, token: u32) -> bool {
+        match &self.state {
+            State::Opening { token: t, cluster } if *t == token => {
+                host.log(Level::Info, &format!("headroom: predict stream to {cluster} open"));
+                self.state = State::Open { token, cluster: cluster.clone() };
+                self.backoff_ms = REOPEN_MS;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Stream `token` closed with gRPC `status` (or was reset by this VM). `true` when it was
+    /// this VM's stream; batches go as HTTP calls until the next one opens.
+    pub fn on_closed(&mut self, host: &mut dyn Host, token: u32, status: u32) -> bool {
+        let now = host.now_ms();
+        match &self.state {
+            State::Open { token: t, cluster } if *t == token => {
+                host.log(Level::Warn, &format!("headroom: predict stream to {cluster} closed (grpc-status {status})"));
+                self.state = State::Closed;
+                self.retry_at_ms = now.saturating_add(REOPEN_MS);
+                true
+            }
+            State::Opening { token: t, cluster } if *t == token => {
+                host.log(
+                    Level::Warn,
+                    &format!(
+                        "headroom: predict stream to {cluster} refused (grpc-status {status}; the cluster must \
+                         speak HTTP/2 to predictor-svc); HTTP calls meanwhile, next try in {} ms",
+                        self.backoff_ms
+                    ),
+                );
+                self.state = State::Closed;
+                self.backed_off(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Resets the stream (its answer is overdue): no callback of it comes after, so a late
+    /// answer cannot be taken for the next batch's.
+    pub fn reset(&mut self, host: &mut dyn Host) {
+        if let State::Opening { token, .. } | State::Open { token, .. } = &self.state {
+            host.cancel_stream(*token);
+            self.state = State::Closed;
+            self.retry_at_ms = host.now_ms().saturating_add(REOPEN_MS);
+        }
+    }
+
+    /// The open stream batches go on, with the cluster it reaches.
+    pub fn open(&self) -> Option<(u32, &str)> {
+        match &self.state {
+            State::Open { token, cluster } => Some((*token, cluster)),
+            _ => None,
+        }
+    }
+
+    /// The stream `token` is this VM's and open.
+    pub fn is_open(&self, token: u32) -> bool {
+        self.open().is_some_and(|(t, _)| t == token)
+    }
+
+    fn backed_off(&mut self, now: u64) {
+        self.retry_at_ms = now.saturating_add(self.backoff_ms);
+        self.backoff_ms = (self.backoff_ms * 2).min(MAX_REOPEN_MS);
+    }
+}
