@@ -49,13 +49,24 @@ fn predictor_killed_and_restarted_under_load_serves_every_request_and_keeps_the_
     let mut h = Harness::start_opts(options()).unwrap();
     let load = SteadyLoad::start(h.gateway(), 8, 6, true, Duration::from_millis(20));
     std::thread::sleep(Duration::from_secs(2));
+    // The coalesced calls went on the workers' predict streams (docs/protocol.md).
+    let on_stream = h.envoy_stat("headroom_predict_calls_on_stream");
+    assert!(on_stream >= 10.0, "{on_stream} calls went on the predict stream before the kill");
+    let opened = h.envoy_stat("headroom_predict_stream_opened");
     let killed = Instant::now();
     h.stack.kill_named("predictor");
     std::thread::sleep(Duration::from_secs(3));
+    let on_stream_down = h.envoy_stat("headroom_predict_calls_on_stream");
     h.stack.start_predictor().unwrap();
     let restarted = Instant::now();
     std::thread::sleep(Duration::from_secs(4));
     let sent = load.stop();
+    // The streams closed with the predictor and were opened again to the new one, and the
+    // calls went back on them.
+    assert!(h.envoy_stat("headroom_predict_stream_closed") >= 1.0, "the streams closed with the predictor");
+    assert!(h.envoy_stat("headroom_predict_stream_opened") > opened, "the streams reopened after the restart");
+    let on_stream_after = h.envoy_stat("headroom_predict_calls_on_stream") - on_stream_down;
+    assert!(on_stream_after >= 10.0, "{on_stream_after} calls went on the reopened streams");
 
     assert_eq!(failures(&sent), Vec::<String>::new(), "no request may fail while the predictor is down");
     let during = sent.iter().filter(|s| s.at >= killed + Duration::from_millis(500) && s.done < restarted).count();
