@@ -133,6 +133,12 @@ pub struct ThroughputRow {
     pub envoy_cores: f64,
     pub predictor_cores: f64,
     pub simulator_cores: f64,
+    /// Headroom's paths: coalesced predict calls per routed request during the run (the
+    /// filter's stats), and the share of those calls sent on the predict stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_request: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_on_stream: Option<f64>,
 }
 
 /// One closed-loop run of streamed completions on one path.
@@ -275,6 +281,8 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
                 envoy_cores: l.cores[0],
                 predictor_cores: l.cores[1],
                 simulator_cores: l.cores[2],
+                calls_per_request: l.calls.map(|(calls, _)| calls / l.ok.max(1) as f64),
+                calls_on_stream: l.calls.map(|(calls, on_stream)| on_stream / calls.max(1.0)),
             };
             println!("  {:<34} {:>3} connections {:>8.0} req/s", row.path, connections, row.requests_per_s);
             throughput.push(row);
@@ -345,12 +353,24 @@ struct Loop {
     wall_s: f64,
     /// Cores used on average by Envoy (the one serving the path), the predictor, the simulator.
     cores: [f64; 3],
+    /// On headroom's paths, the filter's coalesced predict calls made during the run, and of
+    /// them those sent on the predict stream.
+    calls: Option<(f64, f64)>,
+}
+
+/// The filter's coalesced predict calls so far, and of them those on the predict stream.
+fn predict_calls(stack: &Stack) -> (f64, f64) {
+    let text = stack.envoy_stats();
+    let value = |name: &str| headroom_stack::http::metric_sum(&text, name);
+    (value("headroom_predict_calls_coalesced"), value("headroom_predict_calls_on_stream"))
 }
 
 /// A closed loop on one path of `stack`, with the CPU each process used.
 fn measured_loop(stack: &Stack, way: Way, addr: SocketAddr, request: &[u8], connections: usize, seconds: f64) -> Loop {
     let envoy_pid = stack.pid(if way == Way::PlainEnvoy { "envoy-plain" } else { "envoy" });
     let pids = [envoy_pid, stack.pid("predictor"), stack.pid("simulator")];
+    let headroom = way != Way::PlainEnvoy;
+    let calls0 = headroom.then(|| predict_calls(stack));
     let cpu0 = pids.map(|p| p.and_then(process::cpu_seconds));
     let started = Instant::now();
     let (ok, failed) = closed_loop(addr, request, connections, Duration::from_secs_f64(seconds));
@@ -360,7 +380,11 @@ fn measured_loop(stack: &Stack, way: Way, addr: SocketAddr, request: &[u8], conn
         (Some(a), Some(b)) => (b - a) / wall_s,
         _ => f64::NAN,
     });
-    Loop { ok, failed, wall_s, cores }
+    let calls = calls0.map(|(c0, s0)| {
+        let (c1, s1) = predict_calls(stack);
+        (c1 - c0, s1 - s0)
+    });
+    Loop { ok, failed, wall_s, cores, calls }
 }
 
 /// The streaming phase: its own stack at `stream_time_scale`, closed loops of streamed
@@ -502,7 +526,18 @@ pub fn report(r: &GatewayResults) -> String {
     let cores = |c: f64| format!("{c:.2}");
     table(
         &mut s,
-        &["path", "connections", "round", "req/s", "errors", "Envoy cores", "predictor cores", "simulator cores"],
+        &[
+            "path",
+            "connections",
+            "round",
+            "req/s",
+            "errors",
+            "Envoy cores",
+            "predictor cores",
+            "simulator cores",
+            "predict calls per request",
+            "on the stream",
+        ],
         r.throughput.iter().map(|t| {
             let (round, rate, errors) = (t.round.to_string(), format!("{:.0}", t.requests_per_s), t.errors.to_string());
             vec![
@@ -514,6 +549,8 @@ pub fn report(r: &GatewayResults) -> String {
                 cores(t.envoy_cores),
                 cores(t.predictor_cores),
                 cores(t.simulator_cores),
+                t.calls_per_request.map_or(String::new(), |c| format!("{c:.2}")),
+                t.calls_on_stream.map_or(String::new(), |c| format!("{:.0}%", c * 100.0)),
             ]
         }),
     );
@@ -609,6 +646,8 @@ mod tests {
                 envoy_cores: 1.19,
                 predictor_cores: 0.01,
                 simulator_cores: 0.45,
+                calls_per_request: None,
+                calls_on_stream: None,
             }],
             predict_handler_us: 99.0,
             filter_added_p50_ms: 0.687,
@@ -633,7 +672,7 @@ mod tests {
             "| path | requests | errors | p50 ms | p99 ms | mean ms | added p50 ms | added p99 ms |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             "| plain Envoy | 10 | 0 | 0.320 | 0.900 | 0.300 | +0.240 | +0.000 |",
-            "| plain Envoy | 8 | 0 | 6979 | 0 | 1.19 | 0.01 | 0.45 |",
+            "| plain Envoy | 8 | 0 | 6979 | 0 | 1.19 | 0.01 | 0.45 |  |  |",
             "| plain Envoy | 1 | 314 | 20114 | 0 | 0.24 | 0.01 | 12.0 |",
             "**0.687 ms p50, 3.911 ms p99**",
             "sustains **29%**",
