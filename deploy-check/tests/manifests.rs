@@ -63,6 +63,8 @@ fn the_gateway_files_assemble_into_a_config_envoy_accepts() {
         let bootstrap = envoy::assemble(&docs, &locate::wasm().unwrap()).unwrap();
         let filters = bootstrap.to_string();
         assert!(filters.contains("override_host") && filters.contains("headroom_predictor"), "{form}");
+        // The filter's predict stream is gRPC: the predictor cluster must speak HTTP/2.
+        assert!(filters.contains("http2_protocol_options"), "{form}: the predictor cluster is not HTTP/2");
         if form == "body-aware" {
             assert!(filters.contains(r#""allow_on_headers_stop_iteration":true"#));
         }
