@@ -203,13 +203,26 @@ impl Vm {
         if !self.stream.is_open(token) {
             return Vec::new();
         }
-        let Some((cluster, status, mut deliveries)) = self.predictions.answered_on_stream(host, token, size) else {
+        let Some(answered) = self.predictions.answered_on_stream(host, token, size) else {
             host.log(Level::Warn, "headroom: a predict stream message with no call out; ignored");
             return Vec::new();
         };
+        self.settle(host, CallId::Stream(token), answered)
+    }
+
+    /// A coalesced call answered (the cluster it went to, the status, each request's share):
+    /// the replica's health counts it, what rode on it is settled by the status, and the
+    /// next call goes (before those requests resume, while the host still runs the root's
+    /// callback).
+    fn settle(
+        &mut self,
+        host: &mut dyn Host,
+        call: CallId,
+        (cluster, status, mut deliveries): (String, Option<u16>, Vec<Delivery>),
+    ) -> Vec<Delivery> {
         self.record_call(host, &cluster, status);
         let outcome = Outcome::of(status);
-        for batch in self.riding.remove(&CallId::Stream(token)).unwrap_or_default() {
+        for batch in self.riding.remove(&call).unwrap_or_default() {
             self.outbox.sent(batch, outcome);
         }
         deliveries.extend(self.send_predictions(host));
@@ -315,14 +328,8 @@ impl Vm {
         token: u32,
         body_size: usize,
     ) -> Option<Vec<Delivery>> {
-        let (cluster, status, mut deliveries) = self.predictions.answered(host, token, body_size)?;
-        self.record_call(host, &cluster, status);
-        let outcome = Outcome::of(status);
-        for batch in self.riding.remove(&CallId::Http(token)).unwrap_or_default() {
-            self.outbox.sent(batch, outcome);
-        }
-        deliveries.extend(self.send_predictions(host));
-        Some(deliveries)
+        let answered = self.predictions.answered(host, token, body_size)?;
+        Some(self.settle(host, CallId::Http(token), answered))
     }
 
     /// The answer to batch call `token` arrived (its `:status` in the callout headers).
