@@ -53,18 +53,21 @@ impl Default for PredictStream {
 impl PredictStream {
     /// On the tick: opens a stream to `cluster` when none is open or opening and the
     /// backoff has passed; a stream to another cluster (the replica failed over) is reset
-    /// first. `metadata` goes as the stream's initial headers (the token).
-    pub fn maintain(&mut self, host: &mut dyn Host, cluster: &str, metadata: &[(&str, &str)]) {
+    /// first, and its token returned: a call out on it will not be answered. `metadata` goes
+    /// as the stream's initial headers (the token).
+    pub fn maintain(&mut self, host: &mut dyn Host, cluster: &str, metadata: &[(&str, &str)]) -> Option<u32> {
+        let mut reset = None;
         if let State::Opening { token, cluster: c } | State::Open { token, cluster: c } = &self.state {
             if c == cluster {
-                return;
+                return None;
             }
             host.cancel_stream(*token);
+            reset = Some(*token);
             self.state = State::Closed;
         }
         let now = host.now_ms();
         if now < self.retry_at_ms {
-            return;
+            return reset;
         }
         use headroom_protocol::stream::{METHOD, SERVICE};
         match host.open_stream(cluster, SERVICE, METHOD, metadata) {
@@ -75,6 +78,7 @@ impl PredictStream {
                 self.backed_off(now);
             }
         }
+        reset
     }
 
     /// The predictor answered stream `token`'s headers: batches may go on it. `true` when
@@ -119,14 +123,15 @@ impl PredictStream {
         }
     }
 
-    /// Resets the stream (its answer is overdue): no callback of it comes after, so a late
-    /// answer cannot be taken for the next batch's.
-    pub fn reset(&mut self, host: &mut dyn Host) {
-        if let State::Opening { token, .. } | State::Open { token, .. } = &self.state {
-            host.cancel_stream(*token);
-            self.state = State::Closed;
-            self.retry_at_ms = host.now_ms().saturating_add(REOPEN_MS);
-        }
+    /// Resets the stream (its answer is overdue, or streams were switched off): no callback
+    /// of it comes after, so a late answer cannot be taken for the next batch's. Returns the
+    /// token of the stream reset, if there was one.
+    pub fn reset(&mut self, host: &mut dyn Host) -> Option<u32> {
+        let (State::Opening { token, .. } | State::Open { token, .. }) = self.state else { return None };
+        host.cancel_stream(token);
+        self.state = State::Closed;
+        self.retry_at_ms = host.now_ms().saturating_add(REOPEN_MS);
+        Some(token)
     }
 
     /// The open stream batches go on, with the cluster it reaches.

@@ -1183,4 +1183,19 @@ fn a_stream_the_predictor_never_answers_costs_no_request_and_is_retried_ever_lat
     let mut vm = self::vm(r#"{"predict_stream":false}"#);
     vm.on_tick(&mut host);
     assert!(host.streams.is_empty());
+
+    // Switched off while a call is out on the stream: reset, and its request falls back at
+    // once rather than at its timeout (the same for a stream reset on a replica's failover).
+    let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
+    let mut vm = self::vm("{}");
+    let token = open_stream(&mut host, &mut vm);
+    let mut a = Flow::for_context(2);
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    vm.on_wake(&mut host);
+    assert_eq!(host.sent.len(), 1);
+    vm.reconfigure(FilterConfig::parse(br#"{"predict_stream":false}"#).unwrap());
+    let shares = vm.on_tick(&mut host);
+    assert_eq!(host.cancelled, [token]);
+    assert_eq!(shares.len(), 1);
+    assert_eq!(shares[0].answer.as_ref().err(), Some(&FallbackCause::Unavailable));
 }

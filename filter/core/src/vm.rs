@@ -178,13 +178,19 @@ impl Vm {
             host.record(Event::PredictStream { open: false });
             deliveries.extend(self.end_call(host, call, FallbackCause::Timeout));
         }
-        if self.config.predict_stream && self.config.batch_predictions {
+        // A stream reset here (the replica failed over, or streams were switched off) will
+        // not answer the call out on it: its requests fall back now, not at its timeout.
+        let reset = if self.config.predict_stream && self.config.batch_predictions {
             let cluster = self.predictor_cluster(now);
             let metadata: Vec<(&str, &str)> =
                 self.authorization.as_deref().map(|auth| ("authorization", auth)).into_iter().collect();
-            self.stream.maintain(host, &cluster, &metadata);
+            self.stream.maintain(host, &cluster, &metadata)
         } else {
-            self.stream.reset(host);
+            self.stream.reset(host)
+        };
+        if let Some(token) = reset {
+            host.record(Event::PredictStream { open: false });
+            deliveries.extend(self.end_call(host, CallId::Stream(token), FallbackCause::Unavailable));
         }
         deliveries.extend(self.send_predictions(host));
         deliveries
