@@ -255,18 +255,21 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
 /// One cluster per predictor replica. Like the Istio manifests' predictor clusters, they lift
 /// Envoy's default circuit breakers (1024 per cluster): every inference request makes one
 /// callout, and under flow control a waiting request holds its callout open until released.
-/// The predictor clusters speak HTTP/2 (h2c): the filter's predict stream is gRPC
-/// (`headroom_protocol::stream`), and its other calls share the connection.
+/// The predictor clusters speak HTTP/2 (h2c) when the filter streams its predict calls
+/// (`predict_stream`, on by default): the stream is gRPC (`headroom_protocol::stream`), and
+/// the other calls share the connection. Without it they stay HTTP/1.1, which a predictor
+/// that predates the stream (or the e2e suite's fake) speaks.
 const PREDICTOR_HTTP2: &str = "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {}}\n";
 
-fn predictor_clusters(predictors: &[SocketAddr]) -> String {
+fn predictor_clusters(predictors: &[SocketAddr], http2: bool) -> String {
+    let protocol = if http2 { PREDICTOR_HTTP2 } else { "" };
     predictors
         .iter()
         .enumerate()
         .map(|(i, p)| {
             let name = StackState::predictor_cluster(i, predictors.len());
             format!(
-                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{PREDICTOR_HTTP2}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{protocol}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
                 p.ip(),
                 p.port()
             )
@@ -298,6 +301,7 @@ pub fn render_envoy(
     let StackState { admin, gateway, predictor, predictors, servers, .. } = addresses;
     let predictors = if predictors.is_empty() { std::slice::from_ref(predictor) } else { predictors.as_slice() };
     let read_body = plugin.get("read_body").and_then(Value::as_bool).unwrap_or(true);
+    let http2 = plugin.get("predict_stream").and_then(Value::as_bool).unwrap_or(true);
     let endpoints: Vec<String> = servers
         .iter()
         .map(|s| {
@@ -313,7 +317,7 @@ pub fn render_envoy(
     let out = template
         .replace("{{ADMIN_PORT}}", &admin.port().to_string())
         .replace("{{GATEWAY_PORT}}", &gateway.port().to_string())
-        .replace("{{PREDICTOR_CLUSTERS}}", predictor_clusters(predictors).trim_end())
+        .replace("{{PREDICTOR_CLUSTERS}}", predictor_clusters(predictors, http2).trim_end())
         .replace("{{ALLOW_ON_HEADERS_STOP_ITERATION}}", &read_body.to_string())
         .replace("{{WASM_PATH}}", &wasm.display().to_string())
         .replace("{{PLUGIN_CONFIG}}", &plugin_text)
@@ -660,6 +664,15 @@ mod tests {
             let e = plugin_fields(bad).unwrap_err().to_string();
             assert!(e.contains("--plugin must be a JSON object"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn predictor_clusters_speak_http2_while_the_filter_streams() {
+        let replicas: Vec<SocketAddr> = vec!["127.0.0.1:9000".parse().unwrap(), "127.0.0.1:9001".parse().unwrap()];
+        let streaming = predictor_clusters(&replicas, true);
+        assert_eq!(streaming.matches("http2_protocol_options").count(), 2, "{streaming}");
+        assert!(streaming.contains("name: headroom_predictor_1"));
+        assert!(!predictor_clusters(&replicas, false).contains("http2"));
     }
 
     #[test]

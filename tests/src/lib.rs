@@ -56,7 +56,12 @@ impl Harness {
     }
 
     /// A stack built from `opts` (its run directory and attachment are the harness's own).
-    pub fn start_opts(opts: StackOptions) -> anyhow::Result<Harness> {
+    pub fn start_opts(mut opts: StackOptions) -> anyhow::Result<Harness> {
+        // The only external predictor the suite uses is `fake_predictor`, which speaks
+        // HTTP/1.1 alone: no predict stream, so the stack keeps its cluster HTTP/1.1.
+        if opts.external_predictor.is_some() {
+            opts.plugin.entry("predict_stream").or_insert(Value::Bool(false));
+        }
         let turn = ONE_STACK.lock().unwrap_or_else(|p| p.into_inner());
         let run_dir = std::env::temp_dir().join(format!("headroom-e2e-{}", std::process::id()));
         let stack = Stack::start(StackOptions { run_dir, attached: true, ..opts })?;
