@@ -42,11 +42,16 @@ pub struct PredictStream {
     retry_at_ms: u64,
     /// The wait after the next failed attempt.
     backoff_ms: u64,
+    /// The open stream has carried an answer: it worked, and a close is an outage (the
+    /// predictor restarted), not a refusal. Envoy answers a stream it cannot carry with
+    /// headers and the close together (gRPC's trailers-only reply), so headers alone do not
+    /// show that the stream works.
+    answered: bool,
 }
 
 impl Default for PredictStream {
     fn default() -> Self {
-        PredictStream { state: State::Closed, retry_at_ms: 0, backoff_ms: REOPEN_MS }
+        PredictStream { state: State::Closed, retry_at_ms: 0, backoff_ms: REOPEN_MS, answered: false }
     }
 }
 
@@ -88,39 +93,46 @@ impl PredictStream {
             State::Opening { token: t, cluster } if *t == token => {
                 host.log(Level::Info, &format!("headroom: predict stream to {cluster} open"));
                 self.state = State::Open { token, cluster: cluster.clone() };
-                self.backoff_ms = REOPEN_MS;
+                self.answered = false;
                 true
             }
             _ => false,
         }
     }
 
-    /// Stream `token` closed with gRPC `status` (or was reset by this VM). `true` when it was
-    /// this VM's stream; batches go as HTTP calls until the next one opens.
+    /// The open stream carried an answer: it works (the backoff starts over).
+    pub fn on_answer(&mut self) {
+        self.answered = true;
+        self.backoff_ms = REOPEN_MS;
+    }
+
+    /// Stream `token` closed with gRPC `status`. `true` when it was this VM's stream; batches
+    /// go as HTTP calls until the next one opens: after 1 s if it had carried an answer,
+    /// else after the backoff.
     pub fn on_closed(&mut self, host: &mut dyn Host, token: u32, status: u32) -> bool {
         let now = host.now_ms();
-        match &self.state {
-            State::Open { token: t, cluster } if *t == token => {
-                host.log(Level::Warn, &format!("headroom: predict stream to {cluster} closed (grpc-status {status})"));
-                self.state = State::Closed;
-                self.retry_at_ms = now.saturating_add(REOPEN_MS);
-                true
-            }
-            State::Opening { token: t, cluster } if *t == token => {
-                host.log(
-                    Level::Warn,
-                    &format!(
-                        "headroom: predict stream to {cluster} refused (grpc-status {status}; the cluster must \
-                         speak HTTP/2 to predictor-svc); HTTP calls meanwhile, next try in {} ms",
-                        self.backoff_ms
-                    ),
-                );
-                self.state = State::Closed;
-                self.backed_off(now);
-                true
-            }
-            _ => false,
+        let (State::Opening { token: t, cluster } | State::Open { token: t, cluster }) = &self.state else {
+            return false;
+        };
+        if *t != token {
+            return false;
         }
+        if matches!(self.state, State::Open { .. }) && self.answered {
+            host.log(Level::Warn, &format!("headroom: predict stream to {cluster} closed (grpc-status {status})"));
+            self.retry_at_ms = now.saturating_add(REOPEN_MS);
+        } else {
+            host.log(
+                Level::Warn,
+                &format!(
+                    "headroom: predict stream to {cluster} refused (grpc-status {status}; the cluster must speak \
+                     HTTP/2 to predictor-svc); HTTP calls meanwhile, next try in {} ms",
+                    self.backoff_ms
+                ),
+            );
+            self.backed_off(now);
+        }
+        self.state = State::Closed;
+        true
     }
 
     /// Resets the stream (its answer is overdue, or streams were switched off): no callback

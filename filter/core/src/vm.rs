@@ -213,6 +213,7 @@ impl Vm {
             host.log(Level::Warn, "headroom: a predict stream message with no call out; ignored");
             return Vec::new();
         };
+        self.stream.on_answer();
         self.settle(host, CallId::Stream(token), answered)
     }
 
