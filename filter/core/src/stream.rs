@@ -9,9 +9,10 @@
 //! the predictor has answered its headers ([`PredictStream::on_headers`]): a predictor or a
 //! cluster that cannot serve it (an older predictor, a cluster without HTTP/2) costs no
 //! request anything, and until then, or while it is down, the batches go as HTTP calls.
-//! A stream that closed before it was ever answered is retried later and later (1 s
-//! doubling to 30 s); one that was answered and then closed (the predictor restarted) is
-//! reopened after 1 s.
+//! A stream that closed before it carried an answer to a batch (headers alone prove nothing:
+//! Envoy replies to a stream it cannot carry with headers and the close together) is retried
+//! later and later (1 s doubling to 30 s); one that carried answers and then closed (the
+//! predictor restarted) is reopened after 1 s.
 
 use crate::host::{Host, HostError, Level};
 
