@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use headroom_protocol::{
-    codec, limits, paths, DispatchBatch, ErrorBody, Format, Invalid, PredictBatch, PredictBatchResponse,
+    codec, limits, paths, CodecError, DispatchBatch, ErrorBody, Format, Invalid, PredictBatch, PredictBatchResponse,
     PredictRequest, ReportBatch,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -71,6 +71,13 @@ impl ApiError {
     }
 }
 
+/// A body that does not decode: `400` naming the field at fault (the body, when none is known).
+impl From<CodecError> for ApiError {
+    fn from(e: CodecError) -> Self {
+        ApiError::field(StatusCode::BAD_REQUEST, e.field.as_deref().unwrap_or("body"), e.message)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.body).unwrap_or_default();
@@ -87,8 +94,7 @@ fn decode_body<T: DeserializeOwned>(headers: &HeaderMap, body: &Bytes) -> Result
             format!("must be {} or {}, got {content_type:?}", codec::MSGPACK, codec::JSON),
         )
     })?;
-    let value = codec::decode(format, body)
-        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, e.field.as_deref().unwrap_or("body"), e.message))?;
+    let value = codec::decode(format, body)?;
     Ok((value, format))
 }
 

@@ -88,7 +88,7 @@ async fn serve(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame<Bytes>>)
 fn answer(state: &AppState, message: &[u8]) -> StreamAnswer {
     let started = Instant::now();
     let answered = codec::decode::<PredictBatch>(Format::MsgPack, message)
-        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, e.field.as_deref().unwrap_or("body"), e.message))
+        .map_err(ApiError::from)
         .and_then(|batch| answer_batch(state, batch, wire::PATH, started));
     match answered {
         Ok(batch) => StreamAnswer { status: StatusCode::OK.as_u16(), answers: batch.answers, error: None },
