@@ -14,7 +14,7 @@
 //! later and later (1 s doubling to 30 s); one that carried answers and then closed (the
 //! predictor restarted) is reopened after 1 s.
 
-use crate::host::{Host, HostError, Level};
+use crate::host::{Event, Host, HostError, Level};
 
 /// How soon a stream is reopened after one that worked closed.
 pub const REOPEN_MS: u64 = 1_000;
@@ -32,10 +32,16 @@ enum State {
     Open {
         token: u32,
         cluster: String,
+        /// It has carried an answer: it worked, and a close is an outage (the predictor
+        /// restarted), not a refusal. Envoy answers a stream it cannot carry with headers and
+        /// the close together (gRPC's trailers-only reply), so headers alone do not show
+        /// that the stream works.
+        answered: bool,
     },
 }
 
-/// One VM's predict stream.
+/// One VM's predict stream. Each opening and closing (or reset) of it is counted as an
+/// [`Event::PredictStream`] here, where the state changes.
 #[derive(Debug)]
 pub struct PredictStream {
     state: State,
@@ -43,16 +49,11 @@ pub struct PredictStream {
     retry_at_ms: u64,
     /// The wait after the next failed attempt.
     backoff_ms: u64,
-    /// The open stream has carried an answer: it worked, and a close is an outage (the
-    /// predictor restarted), not a refusal. Envoy answers a stream it cannot carry with
-    /// headers and the close together (gRPC's trailers-only reply), so headers alone do not
-    /// show that the stream works.
-    answered: bool,
 }
 
 impl Default for PredictStream {
     fn default() -> Self {
-        PredictStream { state: State::Closed, retry_at_ms: 0, backoff_ms: REOPEN_MS, answered: false }
+        PredictStream { state: State::Closed, retry_at_ms: 0, backoff_ms: REOPEN_MS }
     }
 }
 
@@ -63,13 +64,12 @@ impl PredictStream {
     /// as the stream's initial headers (the token).
     pub fn maintain(&mut self, host: &mut dyn Host, cluster: &str, metadata: &[(&str, &str)]) -> Option<u32> {
         let mut reset = None;
-        if let State::Opening { token, cluster: c } | State::Open { token, cluster: c } = &self.state {
+        if let State::Opening { cluster: c, .. } | State::Open { cluster: c, .. } = &self.state {
             if c == cluster {
                 return None;
             }
-            host.cancel_stream(*token);
-            reset = Some(*token);
-            self.state = State::Closed;
+            // To the new replica at once: no wait, the old one's failure is not the new one's.
+            reset = self.cancel(host);
         }
         let now = host.now_ms();
         if now < self.retry_at_ms {
@@ -87,24 +87,23 @@ impl PredictStream {
         reset
     }
 
-    /// The predictor answered stream `token`'s headers: batches may go on it. `true` when
-    /// this VM's stream opened now.
-    pub fn on_headers(&mut self, host: &mut dyn Host, token: u32) -> bool {
-        match &self.state {
-            State::Opening { token: t, cluster } if *t == token => {
+    /// The predictor answered stream `token`'s headers: batches may go on it.
+    pub fn on_headers(&mut self, host: &mut dyn Host, token: u32) {
+        if let State::Opening { token: t, cluster } = &self.state {
+            if *t == token {
                 host.log(Level::Info, &format!("headroom: predict stream to {cluster} open"));
-                self.state = State::Open { token, cluster: cluster.clone() };
-                self.answered = false;
-                true
+                host.record(Event::PredictStream { open: true });
+                self.state = State::Open { token, cluster: cluster.clone(), answered: false };
             }
-            _ => false,
         }
     }
 
     /// The open stream carried an answer: it works (the backoff starts over).
     pub fn on_answer(&mut self) {
-        self.answered = true;
-        self.backoff_ms = REOPEN_MS;
+        if let State::Open { answered, .. } = &mut self.state {
+            *answered = true;
+            self.backoff_ms = REOPEN_MS;
+        }
     }
 
     /// Stream `token` closed with gRPC `status`. `true` when it was this VM's stream; batches
@@ -112,13 +111,13 @@ impl PredictStream {
     /// else after the backoff.
     pub fn on_closed(&mut self, host: &mut dyn Host, token: u32, status: u32) -> bool {
         let now = host.now_ms();
-        let (State::Opening { token: t, cluster } | State::Open { token: t, cluster }) = &self.state else {
+        let (State::Opening { token: t, cluster } | State::Open { token: t, cluster, .. }) = &self.state else {
             return false;
         };
         if *t != token {
             return false;
         }
-        if matches!(self.state, State::Open { .. }) && self.answered {
+        if matches!(self.state, State::Open { answered: true, .. }) {
             host.log(Level::Warn, &format!("headroom: predict stream to {cluster} closed (grpc-status {status})"));
             self.retry_at_ms = now.saturating_add(REOPEN_MS);
         } else {
@@ -132,25 +131,33 @@ impl PredictStream {
             );
             self.backed_off(now);
         }
+        host.record(Event::PredictStream { open: false });
         self.state = State::Closed;
         true
     }
 
-    /// Resets the stream (its answer is overdue, or streams were switched off): no callback
-    /// of it comes after, so a late answer cannot be taken for the next batch's. Returns the
-    /// token of the stream reset, if there was one.
+    /// Resets the stream (its answer is overdue, the replica failed over, streams were
+    /// switched off): no callback of it comes after, so a late answer cannot be taken for
+    /// the next batch's. Returns the token of the stream reset, if there was one.
     pub fn reset(&mut self, host: &mut dyn Host) -> Option<u32> {
+        let token = self.cancel(host)?;
+        self.retry_at_ms = host.now_ms().saturating_add(REOPEN_MS);
+        Some(token)
+    }
+
+    /// Cancels the stream, if one is opening or open, and returns its token.
+    fn cancel(&mut self, host: &mut dyn Host) -> Option<u32> {
         let (State::Opening { token, .. } | State::Open { token, .. }) = self.state else { return None };
         host.cancel_stream(token);
+        host.record(Event::PredictStream { open: false });
         self.state = State::Closed;
-        self.retry_at_ms = host.now_ms().saturating_add(REOPEN_MS);
         Some(token)
     }
 
     /// The open stream batches go on, with the cluster it reaches.
     pub fn open(&self) -> Option<(u32, &str)> {
         match &self.state {
-            State::Open { token, cluster } => Some((*token, cluster)),
+            State::Open { token, cluster, .. } => Some((*token, cluster)),
             _ => None,
         }
     }

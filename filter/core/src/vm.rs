@@ -175,7 +175,6 @@ impl Vm {
         let mut deliveries = self.predictions.expire(now, self.config.predictor_timeout_ms);
         if let Some(call) = self.predictions.overdue_on_stream(now, self.config.predictor_timeout_ms) {
             self.stream.reset(host);
-            host.record(Event::PredictStream { open: false });
             deliveries.extend(self.end_call(host, call, FallbackCause::Timeout));
         }
         // A stream reset here (the replica failed over, or streams were switched off) will
@@ -189,7 +188,6 @@ impl Vm {
             self.stream.reset(host)
         };
         if let Some(token) = reset {
-            host.record(Event::PredictStream { open: false });
             deliveries.extend(self.end_call(host, CallId::Stream(token), FallbackCause::Unavailable));
         }
         deliveries.extend(self.send_predictions(host));
@@ -198,9 +196,7 @@ impl Vm {
 
     /// The predictor answered the headers of stream `token`: the next calls go on it.
     pub fn on_stream_headers(&mut self, host: &mut dyn Host, token: u32) {
-        if self.stream.on_headers(host, token) {
-            host.record(Event::PredictStream { open: true });
-        }
+        self.stream.on_headers(host, token);
     }
 
     /// A message arrived on stream `token` (`size` bytes): the answer to the call out on it,
@@ -242,7 +238,6 @@ impl Vm {
         if !self.stream.on_closed(host, token, status) {
             return Vec::new();
         }
-        host.record(Event::PredictStream { open: false });
         let mut deliveries = self.end_call(host, CallId::Stream(token), FallbackCause::Unavailable);
         deliveries.extend(self.send_predictions(host));
         deliveries
@@ -311,7 +306,6 @@ impl Vm {
         let (failed, call) = self.predictions.send(host, self.config.max_batch_bytes, ride, &mut transport);
         if stream_failed {
             self.stream.reset(host);
-            host.record(Event::PredictStream { open: false });
         }
         if !failed.is_empty() {
             self.record_call(host, &cluster, None);
