@@ -399,6 +399,7 @@ pub fn to_engine(mut outcomes: Vec<runner::Outcome>, scale: f64) -> Vec<runner::
             &mut o.slo_tpot_ms,
             &mut o.predicted_ttft_ms,
             &mut o.predicted_tpot_ms,
+            &mut o.queued_ms,
         ] {
             *v = v.map(|x| x * scale);
         }
@@ -803,10 +804,13 @@ mod tests {
             tier: Some("positive".into()),
             predicted_ttft_ms: Some(400.0),
             predicted_tpot_ms: Some(120.0),
+            flow: Some("released".into()),
+            queued_ms: Some(80.0),
             error: None,
         };
         let o = &to_engine(vec![outcome], 0.25)[0];
         assert_eq!((o.at_s, o.e2e_ms, o.ttft_ms, o.tpot_ms), (1.0, 500.0, Some(200.0), Some(25.0)));
+        assert_eq!(o.queued_ms, Some(20.0), "a wait at the gateway is engine time too");
         assert_eq!((o.slo_ttft_ms, o.slo_tpot_ms), (Some(400.0), Some(40.0)));
         assert_eq!(
             (o.predicted_ttft_ms, o.predicted_tpot_ms),

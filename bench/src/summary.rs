@@ -250,6 +250,8 @@ mod tests {
             tier: None,
             predicted_ttft_ms: None,
             predicted_tpot_ms: None,
+            flow: None,
+            queued_ms: None,
             error: None,
         }
     }

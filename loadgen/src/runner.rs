@@ -68,6 +68,13 @@ pub struct Outcome {
     pub predicted_ttft_ms: Option<f64>,
     #[serde(default)]
     pub predicted_tpot_ms: Option<f64>,
+    /// Flow control's outcome for it (`x-headroom-flow`: immediate, released, unmeetable, ...)
+    /// and the time it waited at the gateway (`x-headroom-queued-ms`), when debug headers are
+    /// on and flow control answered: which requests a queue held, and what their wait cost.
+    #[serde(default)]
+    pub flow: Option<String>,
+    #[serde(default)]
+    pub queued_ms: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -196,6 +203,8 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
         tier: None,
         predicted_ttft_ms: None,
         predicted_tpot_ms: None,
+        flow: None,
+        queued_ms: None,
         error: None,
     };
     let started = Instant::now();
@@ -216,6 +225,8 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
     let number = |name: &str| header(name).and_then(|v| v.parse::<f64>().ok());
     outcome.predicted_ttft_ms = number(headers::DEBUG_PREDICTED_TTFT);
     outcome.predicted_tpot_ms = number(headers::DEBUG_PREDICTED_TPOT);
+    outcome.flow = header(headers::DEBUG_FLOW);
+    outcome.queued_ms = number(headers::DEBUG_QUEUED);
     let streaming = header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
     let mut meter = ResponseMeter::new(streaming, 0, 4 << 20);
     let mut stream = response.bytes_stream();
