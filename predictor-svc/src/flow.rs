@@ -349,13 +349,37 @@ impl Drop for Ticket {
     }
 }
 
-/// Does any endpoint have headroom for `req` with `waited_ms` of its TTFT SLO gone?
-fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction], waited_ms: f64) -> Option<usize> {
+/// Whose SLOs a placement is judged on: the request's and those of the requests running
+/// at the endpoint (their tightest TPOT SLO, as the filter's tiers judge it), or the
+/// request's alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    WithNeighbours,
+    OwnOnly,
+}
+
+/// The endpoint with the most headroom for `req` with `waited_ms` of its TTFT SLO gone,
+/// if any has headroom at all.
+fn fits(
+    req: &PredictRequest,
+    terms: &FlowTerms,
+    endpoints: &[EndpointPrediction],
+    waited_ms: f64,
+    judged: Judged,
+) -> Option<usize> {
     let mut features = req.request.clone();
     features.slo.ttft_ms = features.slo.ttft_ms.map(|slo| slo - waited_ms);
     let mut best: Option<(usize, f64)> = None;
     for (i, e) in endpoints.iter().enumerate() {
-        let Some(h) = headroom(&features, e, terms.tpot_buffer).filter(|h| h.is_positive()) else { continue };
+        let h = match judged {
+            Judged::WithNeighbours => headroom(&features, e, terms.tpot_buffer),
+            Judged::OwnOnly => {
+                let mut alone = e.clone();
+                alone.state.tightest_tpot_slo_ms = None;
+                headroom(&features, &alone, terms.tpot_buffer)
+            }
+        };
+        let Some(h) = h.filter(|h| h.is_positive()) else { continue };
         let slack = h.ttft.unwrap_or(0.0) + h.tpot.unwrap_or(0.0);
         if best.is_none_or(|(_, b)| slack > b) {
             best = Some((i, slack));
@@ -366,8 +390,8 @@ fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction
 
 /// Whether `req`, which has headroom at `best`, should go there now: the wait ahead of it
 /// there (its predicted TTFT less `service_ms`, its own TTFT there were the server idle)
-/// is within the dispatch horizon (the server's queue is short), or the request cannot
-/// wait longer (what is left of its TTFT SLO past that prediction is under [`pressure_ms`]).
+/// is within the dispatch horizon (the server's queue is short), or the request
+/// [`must_go`].
 ///
 /// The horizon bounds the queue, not the request's own prefill: judged on the whole
 /// predicted TTFT, a prompt whose prefill alone takes longer than the horizon would wait
@@ -381,14 +405,22 @@ fn goes_now(
     config: &FlowConfig,
 ) -> bool {
     let Some(predicted) = best.ttft_ms else { return false };
-    let within_horizon = predicted - service_ms <= terms.dispatch_horizon_ms as f64;
-    let must_go = req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config));
-    within_horizon || must_go
+    predicted - service_ms <= terms.dispatch_horizon_ms as f64 || must_go(req, best, waited_ms, config)
+}
+
+/// Whether `req` cannot wait longer for `endpoint`: what is left of its TTFT SLO past the
+/// prediction there is under [`pressure_ms`].
+fn must_go(req: &PredictRequest, endpoint: &EndpointPrediction, waited_ms: f64, config: &FlowConfig) -> bool {
+    let Some(predicted) = endpoint.ttft_ms else { return false };
+    req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config))
 }
 
 /// The endpoint a waiting `req` should go to now, if any: one has headroom for what is
-/// left of its SLOs ([`fits`]) and it [`goes_now`]; `service_ms` gives the request's own
-/// TTFT at an endpoint (by index) were it idle.
+/// left of its SLOs and those of the requests running there ([`fits`]) and it
+/// [`goes_now`]; or, where it has room only at its neighbours' expense (its decode would
+/// slow theirs past their TPOT SLO), its own SLO presses ([`must_go`]): it waited for
+/// them as long as it could. `service_ms` gives the request's own TTFT at an endpoint
+/// (by index) were it idle.
 fn ready(
     req: &PredictRequest,
     terms: &FlowTerms,
@@ -397,8 +429,11 @@ fn ready(
     waited_ms: f64,
     config: &FlowConfig,
 ) -> Option<usize> {
-    fits(req, terms, endpoints, waited_ms)
-        .filter(|&best| goes_now(req, terms, &endpoints[best], service_ms(best), waited_ms, config))
+    match fits(req, terms, endpoints, waited_ms, Judged::WithNeighbours) {
+        Some(best) => goes_now(req, terms, &endpoints[best], service_ms(best), waited_ms, config).then_some(best),
+        None => fits(req, terms, endpoints, waited_ms, Judged::OwnOnly)
+            .filter(|&best| must_go(req, &endpoints[best], waited_ms, config)),
+    }
 }
 
 /// How close to running out of TTFT SLO a waiting request is sent even beyond the
@@ -477,23 +512,28 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
         reply(&mut now_answer, FlowOutcome::Immediate);
         return Admission::Now(now_answer);
     }
-    // No endpoint has headroom for it: waiting would only add to its TTFT (a server serves
-    // prompts in order, so one sent later is done no sooner). Placed now by the filter's
-    // policy: the least bad endpoint, or a sheddable one shed.
-    let Some(best) = fits(&req, &terms, &now_answer.endpoints, 0.0) else {
+    // No endpoint has headroom for its own SLOs: waiting would only add to its TTFT (a
+    // server serves prompts in order, so one sent later is done no sooner). Placed now by
+    // the filter's policy: the least bad endpoint, or a sheddable one shed. One that has
+    // room for itself only where its decode would slow running requests past their TPOT
+    // SLO waits instead: their decodes end, and it has time (a batch request behind
+    // interactive ones).
+    let with_neighbours = fits(&req, &terms, &now_answer.endpoints, 0.0, Judged::WithNeighbours);
+    if with_neighbours.is_none() && fits(&req, &terms, &now_answer.endpoints, 0.0, Judged::OwnOnly).is_none() {
         reply(&mut now_answer, FlowOutcome::Unmeetable);
         return Admission::Now(now_answer);
-    };
+    }
     // Ready now, and nothing of its band or above waits (it would pass them): goes at
     // once, counted where it most likely goes until its dispatch arrives, so a burst
     // inside one flush interval does not all see the same room.
     let band = req.request.priority;
     let behind = state.flows.with(&req.pool, |q| q.ahead_of(band)) > 0;
-    let at_best = &now_answer.endpoints[best];
-    if !behind && goes_now(&req, &terms, at_best, service_ms(state, &req, at_best), 0.0, &state.config.flow) {
-        reserve(state, &req, at_best, now);
-        reply(&mut now_answer, FlowOutcome::Immediate);
-        return Admission::Now(now_answer);
+    if let Some(at_best) = with_neighbours.map(|best| &now_answer.endpoints[best]) {
+        if !behind && goes_now(&req, &terms, at_best, service_ms(state, &req, at_best), 0.0, &state.config.flow) {
+            reserve(state, &req, at_best, now);
+            reply(&mut now_answer, FlowOutcome::Immediate);
+            return Admission::Now(now_answer);
+        }
     }
     // Deadline: the latest moment it can still be sent and make its TTFT SLO (arrival +
     // SLO - its service time: the TTFT predicted on the best endpoint once idle), and
@@ -676,6 +716,38 @@ mod tests {
         assert_eq!(ready(&req, &terms(150), &busy, |_| 280.0, 0.0, &config), Some(0), "the horizon is the queue");
         assert_eq!(pressure_ms(1000.0, &config), 100.0);
         assert_eq!(pressure_ms(100.0, &config), 40.0, "never under two rechecks");
+    }
+
+    #[test]
+    fn a_request_with_room_only_at_its_neighbours_expense_waits_until_its_own_slo_presses() {
+        let t0 = Instant::now();
+        // A batch request: 4 s TTFT, 150 ms TPOT, streaming.
+        let mut req = waiter(1, 0, "", 1, t0).request;
+        req.request.slo = Slo { ttft_ms: Some(4000.0), tpot_ms: Some(150.0) };
+        req.request.streaming = true;
+        let terms =
+            FlowTerms { max_wait_ms: 10_000, tpot_buffer: 1.0, dispatch_horizon_ms: 150, fairness_id: String::new() };
+        let config = FlowConfig::default();
+        // An idle queue, but interactive requests (40 ms TPOT SLO) decode there and its
+        // decode would take the step time to 60 ms.
+        let mut shared = endpoint(100.0);
+        shared.tpot_ms = Some(60.0);
+        shared.state.tightest_tpot_slo_ms = Some(40.0);
+        let eps = [shared.clone()];
+        let own = |_| 100.0;
+        assert_eq!(fits(&req, &terms, &eps, 0.0, Judged::WithNeighbours), None);
+        assert_eq!(fits(&req, &terms, &eps, 0.0, Judged::OwnOnly), Some(0), "its own SLOs are met there");
+        assert_eq!(ready(&req, &terms, &eps, own, 0.0, &config), None, "waits while they decode");
+        // 4000 - 3550 waited - 100 predicted = 350 ms left, under a tenth of its SLO: it goes.
+        assert_eq!(ready(&req, &terms, &eps, own, 3550.0, &config), Some(0), "its own SLO presses");
+        // Once their decodes end (nothing tight runs there), it goes at once.
+        let mut freed = shared;
+        freed.state.tightest_tpot_slo_ms = None;
+        assert_eq!(ready(&req, &terms, &[freed], own, 0.0, &config), Some(0));
+        // Where it would not meet even its own SLO, waiting is no use: never "ready".
+        let mut slow = endpoint(100.0);
+        slow.tpot_ms = Some(200.0);
+        assert_eq!(fits(&req, &terms, &[slow], 0.0, Judged::OwnOnly), None);
     }
 
     #[test]
