@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use headroom_protocol::headroom::headroom;
+use headroom_protocol::headroom::{busiest_with_own_room, headroom};
 use headroom_protocol::{
     EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, FlowTerms, PredictRequest, PredictResponse,
 };
@@ -349,43 +349,37 @@ impl Drop for Ticket {
     }
 }
 
-/// Whose SLOs a placement is judged on: the request's and those of the requests running
-/// at the endpoint (their tightest TPOT SLO, as the filter's tiers judge it), or the
-/// request's alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Judged {
-    WithNeighbours,
-    OwnOnly,
-}
-
-/// The endpoint with the most headroom for `req` with `waited_ms` of its TTFT SLO gone,
-/// if any has headroom at all.
-fn fits(
-    req: &PredictRequest,
-    terms: &FlowTerms,
-    endpoints: &[EndpointPrediction],
-    waited_ms: f64,
-    judged: Judged,
-) -> Option<usize> {
+/// `req` with `waited_ms` of its TTFT SLO gone: what is left to judge.
+fn remaining(req: &PredictRequest, waited_ms: f64) -> headroom_protocol::RequestFeatures {
     let mut features = req.request.clone();
     features.slo.ttft_ms = features.slo.ttft_ms.map(|slo| slo - waited_ms);
+    features
+}
+
+/// The endpoint with the most headroom for `req` with `waited_ms` of its TTFT SLO gone
+/// (its own SLOs and the tightest TPOT SLO running there), if any has headroom at all.
+fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction], waited_ms: f64) -> Option<usize> {
+    let features = remaining(req, waited_ms);
     let mut best: Option<(usize, f64)> = None;
     for (i, e) in endpoints.iter().enumerate() {
-        let h = match judged {
-            Judged::WithNeighbours => headroom(&features, e, terms.tpot_buffer),
-            Judged::OwnOnly => {
-                let mut alone = e.clone();
-                alone.state.tightest_tpot_slo_ms = None;
-                headroom(&features, &alone, terms.tpot_buffer)
-            }
-        };
-        let Some(h) = h.filter(|h| h.is_positive()) else { continue };
+        let Some(h) = headroom(&features, e, terms.tpot_buffer).filter(|h| h.is_positive()) else { continue };
         let slack = h.ttft.unwrap_or(0.0) + h.tpot.unwrap_or(0.0);
         if best.is_none_or(|(_, b)| slack > b) {
             best = Some((i, slack));
         }
     }
     best.map(|(i, _)| i)
+}
+
+/// Where `req` would go at its neighbours' expense (the busiest endpoint with room for its
+/// own SLOs, as the filter's policy places it), if anywhere.
+fn own_room(
+    req: &PredictRequest,
+    terms: &FlowTerms,
+    endpoints: &[EndpointPrediction],
+    waited_ms: f64,
+) -> Option<usize> {
+    busiest_with_own_room(&remaining(req, waited_ms), endpoints, terms.tpot_buffer)
 }
 
 /// Whether `req`, which has headroom at `best`, should go there now: the wait ahead of it
@@ -429,10 +423,10 @@ fn ready(
     waited_ms: f64,
     config: &FlowConfig,
 ) -> Option<usize> {
-    match fits(req, terms, endpoints, waited_ms, Judged::WithNeighbours) {
+    match fits(req, terms, endpoints, waited_ms) {
         Some(best) => goes_now(req, terms, &endpoints[best], service_ms(best), waited_ms, config).then_some(best),
-        None => fits(req, terms, endpoints, waited_ms, Judged::OwnOnly)
-            .filter(|&best| must_go(req, &endpoints[best], waited_ms, config)),
+        None => own_room(req, terms, endpoints, waited_ms)
+            .filter(|&busiest| must_go(req, &endpoints[busiest], waited_ms, config)),
     }
 }
 
@@ -518,8 +512,8 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     // room for itself only where its decode would slow running requests past their TPOT
     // SLO waits instead: their decodes end, and it has time (a batch request behind
     // interactive ones).
-    let with_neighbours = fits(&req, &terms, &now_answer.endpoints, 0.0, Judged::WithNeighbours);
-    if with_neighbours.is_none() && fits(&req, &terms, &now_answer.endpoints, 0.0, Judged::OwnOnly).is_none() {
+    let with_neighbours = fits(&req, &terms, &now_answer.endpoints, 0.0);
+    if with_neighbours.is_none() && own_room(&req, &terms, &now_answer.endpoints, 0.0).is_none() {
         reply(&mut now_answer, FlowOutcome::Unmeetable);
         return Admission::Now(now_answer);
     }
@@ -735,8 +729,8 @@ mod tests {
         shared.state.tightest_tpot_slo_ms = Some(40.0);
         let eps = [shared.clone()];
         let own = |_| 100.0;
-        assert_eq!(fits(&req, &terms, &eps, 0.0, Judged::WithNeighbours), None);
-        assert_eq!(fits(&req, &terms, &eps, 0.0, Judged::OwnOnly), Some(0), "its own SLOs are met there");
+        assert_eq!(fits(&req, &terms, &eps, 0.0), None);
+        assert_eq!(own_room(&req, &terms, &eps, 0.0), Some(0), "its own SLOs are met there");
         assert_eq!(ready(&req, &terms, &eps, own, 0.0, &config), None, "waits while they decode");
         // 4000 - 3550 waited - 100 predicted = 350 ms left, under a tenth of its SLO: it goes.
         assert_eq!(ready(&req, &terms, &eps, own, 3550.0, &config), Some(0), "its own SLO presses");
@@ -747,7 +741,14 @@ mod tests {
         // Where it would not meet even its own SLO, waiting is no use: never "ready".
         let mut slow = endpoint(100.0);
         slow.tpot_ms = Some(200.0);
-        assert_eq!(fits(&req, &terms, &[slow], 0.0, Judged::OwnOnly), None);
+        assert_eq!(own_room(&req, &terms, &[slow], 0.0), None);
+        // Pressed, it goes where the harm is done already: the busiest endpoint that still
+        // meets its own SLOs, not the one where tight requests still meet theirs.
+        let mut lost = endpoint(100.0);
+        lost.tpot_ms = Some(120.0);
+        lost.state.tightest_tpot_slo_ms = Some(40.0);
+        let both = [eps[0].clone(), lost];
+        assert_eq!(ready(&req, &terms, &both, own, 3550.0, &config), Some(1));
     }
 
     #[test]

@@ -26,6 +26,42 @@ impl Headroom {
 
 /// Headroom of `request` on one endpoint; `None` when a judged SLO has no prediction.
 pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_buffer: f64) -> Option<Headroom> {
+    judge(request, endpoint, tpot_buffer, endpoint.state.tightest_tpot_slo_ms)
+}
+
+/// [`headroom`] on the request's own SLOs alone, as if nothing with a tighter TPOT SLO
+/// ran there. Where this is positive and [`headroom`] is not, the endpoint would serve
+/// the request in time, but its decode would slow the running requests past theirs.
+pub fn own_headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_buffer: f64) -> Option<Headroom> {
+    judge(request, endpoint, tpot_buffer, None)
+}
+
+/// Of `endpoints`, the busiest with room for the request's own SLOs ([`own_headroom`]
+/// positive): the least TPOT headroom where TPOT is judged (the slowest decode that
+/// still serves it), else the least TTFT headroom. Where a request can go only at the
+/// expense of running requests' tighter TPOT SLO, this is where that harm is done
+/// already; the endpoints where tight requests still meet theirs are left alone. The
+/// filter's policy and the predictor's flow control both place such requests here.
+pub fn busiest_with_own_room(
+    request: &RequestFeatures,
+    endpoints: &[EndpointPrediction],
+    tpot_buffer: f64,
+) -> Option<usize> {
+    endpoints
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| own_headroom(request, e, tpot_buffer).filter(Headroom::is_positive).map(|h| (i, h)))
+        .filter_map(|(i, h)| h.tpot.or(h.ttft).map(|slack| (i, slack)))
+        .reduce(|a, b| if b.1 < a.1 { b } else { a })
+        .map(|(i, _)| i)
+}
+
+fn judge(
+    request: &RequestFeatures,
+    endpoint: &EndpointPrediction,
+    tpot_buffer: f64,
+    running_tpot_slo_ms: Option<f64>,
+) -> Option<Headroom> {
     let ttft = match request.slo.ttft_ms {
         Some(slo) => Some(slo - endpoint.ttft_ms?),
         None => None,
@@ -35,7 +71,7 @@ pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_b
         Some(slo) if request.streaming => {
             // Only a real (positive) running SLO tightens the target; a missing
             // one never weakens it (the reference let "no SLO" enter as 0).
-            let target = match endpoint.state.tightest_tpot_slo_ms {
+            let target = match running_tpot_slo_ms {
                 Some(running) if running > 0.0 => slo.min(running),
                 _ => slo,
             };
@@ -44,4 +80,34 @@ pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_b
         _ => None,
     };
     Some(Headroom { ttft, tpot })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::Slo;
+
+    #[test]
+    fn own_headroom_leaves_out_the_running_requests_tpot_slo() {
+        let request = RequestFeatures {
+            slo: Slo { ttft_ms: Some(4000.0), tpot_ms: Some(150.0) },
+            streaming: true,
+            ..Default::default()
+        };
+        let mut e = EndpointPrediction {
+            address: "a".into(),
+            ttft_ms: Some(100.0),
+            tpot_ms: Some(60.0),
+            state: Default::default(),
+        };
+        e.state.tightest_tpot_slo_ms = Some(40.0);
+        assert_eq!(headroom(&request, &e, 1.0), Some(Headroom { ttft: Some(3900.0), tpot: Some(-20.0) }));
+        assert_eq!(own_headroom(&request, &e, 1.0), Some(Headroom { ttft: Some(3900.0), tpot: Some(90.0) }));
+        let mut busy = e.clone();
+        busy.tpot_ms = Some(120.0);
+        let mut too_slow = e.clone();
+        too_slow.tpot_ms = Some(200.0);
+        assert_eq!(busiest_with_own_room(&request, &[e, busy, too_slow.clone()], 1.0), Some(1));
+        assert_eq!(busiest_with_own_room(&request, &[too_slow], 1.0), None);
+    }
 }

@@ -16,11 +16,13 @@
 //!    endpoint predicted to meet its SLO to one predicted to miss it;
 //! 3. score (`least` bin-packs, `most` spreads) and weighted random pick (A-Res);
 //! 4. nothing positive: shed a sheddable request (priority < 0) when every
-//!    endpoint has a prediction and none is idle or cold; otherwise idle
-//!    endpoints first, then the smallest deficit (only TPOT short, only TTFT
-//!    short, both short).
+//!    endpoint has a prediction and none is idle or cold. Otherwise, where some
+//!    endpoints would meet the request's own SLOs and fail only the running
+//!    requests' tighter TPOT SLO, the busiest of those (the least own TPOT
+//!    headroom): the harm is done there already. Else idle endpoints first, then
+//!    the smallest deficit (only TPOT short, only TTFT short, both short).
 
-pub use headroom_protocol::headroom::{headroom, Headroom};
+pub use headroom_protocol::headroom::{busiest_with_own_room, headroom, Headroom};
 use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
 
 use crate::config::{DefaultProfile, FilterConfig, Strategy};
@@ -76,6 +78,16 @@ pub fn decide(
     let all_predicted = judged.iter().all(Option::is_some);
     if request.priority < 0 && positive.is_empty() && all_predicted && !has_idle_or_cold(endpoints, config) {
         return Decision::Shed;
+    }
+    // It meets its own SLOs somewhere, but only by slowing the requests running there past
+    // their TPOT SLO (a batch request where interactive ones decode): the busiest such
+    // endpoint, where that harm is done already, rather than the least busy, where tight
+    // requests still meet theirs. Loose work packed together leaves the others fast.
+    if positive.is_empty() {
+        if let Some(busiest) = busiest_with_own_room(request, endpoints, config.tpot_buffer) {
+            let ranked = with_fallbacks(vec![busiest], endpoints, config.fallback_endpoints);
+            return Decision::Route { ranked, source: RouteSource::PredictedNegative };
+        }
     }
     let choice = pick_negative(&negative, &judged, endpoints, config.ttft_weight, rng);
     let ranked = with_fallbacks(vec![choice], endpoints, config.fallback_endpoints);

@@ -214,6 +214,31 @@ fn reference_flaw_missing_tpot_slo_never_switches_protection_off() {
 }
 
 #[test]
+fn a_request_that_would_only_slow_its_neighbours_goes_where_that_harm_is_done_already() {
+    // A batch request (TPOT SLO 150 ms) where interactive requests (40 ms) decode everywhere:
+    // its own SLOs are met on both, its neighbours' on neither.
+    let batch = req(Some(4000.0), Some(150.0), true, 0);
+    let with_tight = |tpot: f64| {
+        let mut e = ep(Some(100.0), Some(tpot));
+        e.state.tightest_tpot_slo_ms = Some(40.0);
+        e
+    };
+    let eps = [with_tight(45.0), with_tight(120.0)];
+    let s = shares(&batch, &eps, &cfg(), 4000);
+    assert!(s[1] > 0.95, "the busier endpoint, where the tight requests miss already: {s:?}");
+    let mut rng = Rng::new(3);
+    assert!(matches!(
+        decide(&batch, &eps, true, &cfg(), &mut rng),
+        Decision::Route { source: RouteSource::PredictedNegative, .. }
+    ));
+    // Where it would miss its own TPOT SLO too, nothing is packed: the usual weighted pick
+    // by deficit, which sends some to the faster endpoint.
+    let slow = [with_tight(160.0), with_tight(300.0)];
+    let s = shares(&batch, &slow, &cfg(), 4000);
+    assert!(s[0] > 0.2, "not packed: {s:?}");
+}
+
+#[test]
 fn least_bin_packs_and_most_spreads() {
     let eps = [ep(Some(190.0), Some(10.0)), ep(Some(100.0), Some(10.0)), ep(Some(20.0), Some(10.0))];
     let r = req(Some(200.0), None, true, 0);
