@@ -1,0 +1,46 @@
+"""Per-class SLO attainment of benchmark runs, every rate and seed: mean over the seeds and their range.
+
+Usage: python3 by_class.py OUT [OUT...]   (each OUT a `headroom-bench run --out` directory with requests/*.jsonl)
+
+The bench report gives per-class figures for the first seed at the equal-load point only; this reads every
+request file. `met` is `Outcome::met_slo` (loadgen/src/runner.rs): streaming requests against their TTFT and
+TPOT SLOs, non-streaming ones against `ttft_slo + tpot_slo * max_tokens` for the whole response.
+"""
+import collections
+import glob
+import json
+import os
+import re
+import sys
+
+def met(o):
+    if o['status']!=200: return False
+    if o['stream']:
+        ok=True
+        if o['slo_ttft_ms'] is not None: ok = o['ttft_ms'] is not None and o['ttft_ms']<=o['slo_ttft_ms']
+        if o['slo_tpot_ms'] is not None and o['tpot_ms'] is not None: ok = ok and o['tpot_ms']<=o['slo_tpot_ms']
+        return ok
+    d=(o['slo_ttft_ms'] or 0)+(o['slo_tpot_ms'] or 0)*o['max_tokens']
+    return o['e2e_ms']<=d
+res=collections.defaultdict(list)
+for d in sys.argv[1:]:
+    for f in sorted(glob.glob(d+'/requests/*.jsonl')):
+        b=os.path.basename(f)
+        m=re.match(r'(\w+)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl',b)
+        wl,router,rate,seed=m.groups()
+        rows=[json.loads(l) for l in open(f)]
+        c=collections.Counter()
+        for o in rows:
+            c[o['class']]+=1; c[o['class']+'_met']+=met(o)
+            if o['class']!='sheddable': c['crit']+=1; c['crit_met']+=met(o)
+            c['all']+=1; c['all_met']+=met(o)
+            if o['status']==429: c['shed']+=1
+        res[(d.split('/')[-1],wl,router,int(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
+print('| run | workload | router | rate | seeds | all | interactive | batch | sheddable | non-sheddable | shed |')
+print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+for k in sorted(res, key=lambda k:(k[1],k[2],k[3],k[0])):
+    v=res[k]; 
+    def f(x):
+        xs=[r[x] for r in v]; m=sum(xs)/len(xs)
+        return '%.1f%%'%m + (' (%.1f-%.1f)'%(min(xs),max(xs)) if len(xs)>1 else '')
+    print('| %s | %s | %s | %d | %d | %s | %s | %s | %s | %s | %s |'%(k[0],k[1],k[2],k[3],len(v),f('all'),f('interactive'),f('batch'),f('sheddable'),f('crit'),f('shed')))
