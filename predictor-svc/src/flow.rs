@@ -10,7 +10,9 @@
 //! A request goes when an endpoint has headroom for what is left of its SLOs and the
 //! wait ahead of it there (its predicted TTFT less its own TTFT on that endpoint idle) is
 //! within its `dispatch_horizon_ms` (its server's queue is short), or earlier than the
-//! horizon allows when its own SLO is about to run out.
+//! horizon allows when its own SLO is about to run out. One with room for its own SLOs
+//! only where its decode would slow running requests past their tighter TPOT SLO waits
+//! for them, and when its own SLO presses goes to the busiest such endpoint.
 //! It expires at its deadline (arrival + TTFT SLO - its service time on an idle
 //! endpoint): a sheddable request is then shed, any other placed as best it can be.
 //!
