@@ -300,8 +300,10 @@ pub fn render_envoy(
 ) -> anyhow::Result<String> {
     let StackState { admin, gateway, predictor, predictors, servers, .. } = addresses;
     let predictors = if predictors.is_empty() { std::slice::from_ref(predictor) } else { predictors.as_slice() };
-    let read_body = plugin.get("read_body").and_then(Value::as_bool).unwrap_or(true);
-    let http2 = plugin.get("predict_stream").and_then(Value::as_bool).unwrap_or(true);
+    // Unset, each takes the filter's own default: defined once, in its configuration.
+    let defaults = headroom_filter_core::config::FilterConfig::default();
+    let read_body = plugin.get("read_body").and_then(Value::as_bool).unwrap_or(defaults.read_body);
+    let http2 = plugin.get("predict_stream").and_then(Value::as_bool).unwrap_or(defaults.predict_stream);
     let endpoints: Vec<String> = servers
         .iter()
         .map(|s| {
