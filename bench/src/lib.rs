@@ -85,7 +85,7 @@ const PREDICTED: Contender = Contender {
 };
 
 /// Every router the benchmark knows, baselines first.
-pub const CONTENDERS: [Contender; 8] = [
+pub const CONTENDERS: [Contender; 9] = [
     Contender {
         name: "envoy round robin",
         router: Router::RoundRobin,
@@ -134,6 +134,9 @@ pub const CONTENDERS: [Contender; 8] = [
     // Tiers on the 90th percentile: a positive placement is one the predictor is 90% sure
     // of, and a sheddable request nowhere that sure is shed (docs/benchmark.md, "p90").
     Contender { name: "headroom predicted p90", objective: "p90", ..PREDICTED },
+    // Both: requests wait at the gateway until an endpoint is 90% sure to meet them
+    // (docs/flow-control.md, "Flow control on the p90 objective").
+    Contender { name: "headroom flow control p90", flow_control: true, objective: "p90", ..PREDICTED },
 ];
 
 /// The default rate ladder (requests/s) of a workload on 6 H100 + 2 A100: from where
