@@ -496,6 +496,7 @@ impl<'a> Bench<'a> {
         let (sent, measured) = step_traffic(self.workload, seed, rate, (lead_in, step), self.window)?;
         let work = to_wall(workload::as_run(sent, run), self.time_scale);
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
+        let observed_before = self.observations(1).map(|(total, _)| total);
         let outcomes = runner::run_with_trailing(&self.target, &work, measured);
         let outcomes = to_engine(self.runtime.block_on(outcomes)?, self.time_scale);
         let outcomes = after_lead_in(outcomes, self.lead_in_s);
@@ -520,10 +521,35 @@ impl<'a> Bench<'a> {
         );
         let file = requests_file(self.workload, name, rate, seed);
         let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
-        std::fs::write(opts.out.join("requests").join(file), lines.join("\n") + "\n")?;
+        std::fs::write(opts.out.join("requests").join(&file), lines.join("\n") + "\n")?;
+        if let (Some(before), Some((after, log))) = (observed_before, self.observations(OBSERVATIONS_MAX)) {
+            // The step's observations (its lead-in's too): those reported since it began.
+            let new = usize::try_from(after.saturating_sub(before)).unwrap_or(usize::MAX);
+            let lines: Vec<String> = log.iter().skip(log.len().saturating_sub(new)).map(|o| o.to_string()).collect();
+            std::fs::write(opts.out.join("observations").join(&file), lines.join("\n") + "\n")?;
+        }
         Ok(s)
     }
+
+    /// The predictor's observation log (headroom only): how many it has taken in all, and
+    /// its newest `limit` (it keeps `observations_kept`, 10,000 by default): each request's
+    /// state at dispatch, what was predicted and what happened, as the predictor saw them
+    /// (docs/predictor.md, "Decodes share the engine with prefills").
+    fn observations(&self, limit: usize) -> Option<(u64, Vec<serde_json::Value>)> {
+        if self.contender.router != Router::Headroom {
+            return None;
+        }
+        let path = format!("/v1/observations?limit={limit}");
+        let token = self.stack.state.token.as_deref();
+        let (status, body) = headroom_stack::http::get_with_token(self.stack.state.predictor, &path, token).ok()?;
+        let mut log: serde_json::Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+        let total = log["total"].as_u64()?;
+        Some((total, log["observations"].as_array_mut().map(std::mem::take).unwrap_or_default()))
+    }
 }
+
+/// The most observations a predictor keeps (`observations_kept` is at most this).
+const OBSERVATIONS_MAX: usize = 100_000;
 
 /// The per-request results of one measurement, under `requests/`.
 fn requests_file(workload: &str, router: &str, rate: f64, seed: u64) -> String {
@@ -678,6 +704,7 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     anyhow::ensure!(opts.lead_in_s.is_none_or(|l| l >= 0.0 && l.is_finite()), "--lead-in must be >= 0");
     anyhow::ensure!(opts.time_scale.is_none_or(|t| t > 0.0 && t <= 1.0), "--time-scale must be within (0, 1]");
     std::fs::create_dir_all(opts.out.join("requests"))?;
+    std::fs::create_dir_all(opts.out.join("observations"))?;
     let contenders = contenders(opts)?;
     let mut results = BenchResults {
         command: command.to_string(),

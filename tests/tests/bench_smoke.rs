@@ -79,6 +79,13 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     assert_eq!(svg.matches(r#"class="series""#).count(), CONTENDERS.len());
     let raw = std::fs::read_dir(out.join("requests")).unwrap().count();
     assert!(raw >= CONTENDERS.len(), "per-request results: {raw} files");
+    // Headroom's measurements keep the predictor's observations beside them, each with the
+    // state it saw at dispatch.
+    let observations = out.join("observations").join("mixed-headroom-predicted-6.jsonl");
+    let first = std::fs::read_to_string(&observations).unwrap_or_default();
+    let first: serde_json::Value = serde_json::from_str(first.lines().next().unwrap_or("")).unwrap_or_default();
+    assert!(first["state_at_dispatch"].is_object(), "{}: {first}", observations.display());
+    assert!(!out.join("observations").join("mixed-envoy-least-request-6.jsonl").exists(), "plain Envoy has none");
     let _ = std::fs::remove_dir_all(&base);
 }
 
