@@ -20,6 +20,8 @@ pub const COUNT: usize = 14;
 
 /// Column of the endpoint's hardware class.
 pub const HARDWARE_CLASS: usize = 9;
+/// Column of the endpoint's recent prefill rate (uncached prompt tokens per second).
+pub const PREFILL_TOKENS_PER_S: usize = 11;
 /// Column of the prior's log TTFT.
 pub const PRIOR_LOG_TTFT: usize = 12;
 /// Column of the prior's log TPOT.
@@ -102,6 +104,8 @@ mod tests {
         assert_eq!(r[6], 750.0);
         assert_eq!(r[9], 2.0);
         assert_eq!(NAMES.len(), r.len());
+        assert_eq!(NAMES[HARDWARE_CLASS], "hardware_class");
+        assert_eq!(NAMES[PREFILL_TOKENS_PER_S], "prefill_tokens_per_s");
         let (ttft, tpot) = prior.predict(&r);
         assert!((f64::from(r[PRIOR_LOG_TTFT]) - ttft.ln()).abs() < 1e-5);
         assert!((f64::from(r[PRIOR_LOG_TPOT]) - tpot.ln()).abs() < 1e-5);

@@ -9,14 +9,28 @@
 //! ```text
 //! step     = 0.8 + max(6.0, running * 0.024) + context_tokens * 65e-6      (ms)
 //! TTFT     = 10 + (uncached prompt + uncached prompts in flight) * 0.03 + waiting * step
-//! TPOT     = step + prompt tokens in flight * 65e-6 (longer contexts read more KV)
+//! decode   = step + prompt tokens * 65e-6 (longer contexts read more KV)
+//! prefill  = min(prefill tokens dispatched per second * 0.024 / 1000, 0.8)
+//! TPOT     = decode / (1 - prefill)
 //! ```
+//!
+//! `prefill` is the share of the engine's time that prompts arriving while the
+//! request decodes will take: with chunked prefill each of their tokens rides in a
+//! decode step and costs what any batched token costs (0.024 ms on an H100), so
+//! the decode steps get `1 - prefill` of each second. It is what sets TPOT on a
+//! loaded server: on the benchmark's mixed traffic, prompts took 60-90% of each
+//! server's time near the cliff, and a prior without the term predicted a third
+//! of the TPOTs measured there (docs/predictor.md, "Decodes share the engine with
+//! prefills"). The recent rate stands in for the future's, which nothing at
+//! dispatch knows better. Capped at 0.8 (decodes at a fifth of their speed): past
+//! it the server is saturated, its queue (which the TTFT terms see) says more than
+//! the step, and the measured TPOTs there were half what a higher cap predicts.
 //!
 //! Other GPUs: `model.prior_hardware_scale` multiplies every engine term (all
 //! but the 10 ms overhead) for the endpoints of a hardware class (e.g. 1.7 for
 //! an A100).
 
-use crate::model::features::Row;
+use crate::model::features::{Row, HARDWARE_CLASS, PREFILL_TOKENS_PER_S};
 
 /// Name reported as `model_version` for analytic predictions.
 pub const ANALYTIC_PRIOR: &str = "analytic-prior";
@@ -30,6 +44,8 @@ pub struct AnalyticPrior {
     pub per_batched_token_ms: f64,
     pub per_context_token_ms: f64,
     pub prefill_per_token_ms: f64,
+    /// Highest share of the engine's time the TPOT term lets prefill take.
+    pub max_prefill_share: f64,
     /// Engine-time multiplier by hardware class id (the row's `hardware_class`);
     /// classes past the end run at 1.0.
     pub hardware_scale: Vec<f64>,
@@ -44,6 +60,7 @@ impl Default for AnalyticPrior {
             per_batched_token_ms: 0.024,
             per_context_token_ms: 65e-6,
             prefill_per_token_ms: 0.03,
+            max_prefill_share: 0.8,
             hardware_scale: Vec::new(),
         }
     }
@@ -57,15 +74,27 @@ impl AnalyticPrior {
         let (waiting, running, uncached_in_flight, effective_input, in_flight, tokens_in_flight) =
             (f(2), f(3), f(5), f(6), f(7), f(8));
         let input = f(1);
-        let scale = self.hardware_scale.get(f(9) as usize).copied().unwrap_or(1.0);
+        let scale = self.scale(row);
         let step = scale
             * (self.step_fixed_ms
                 + self.weight_floor_ms.max(running.max(in_flight) * self.per_batched_token_ms)
                 + tokens_in_flight * self.per_context_token_ms);
         let prefill = scale * (effective_input + uncached_in_flight) * self.prefill_per_token_ms;
         let ttft = self.overhead_ms + prefill + waiting * step;
-        let tpot = step + scale * input * self.per_context_token_ms;
-        (ttft, tpot)
+        let decode = step + scale * input * self.per_context_token_ms;
+        (ttft, decode / (1.0 - self.prefill_share(row)))
+    }
+
+    /// The share of the endpoint's time the prompts arriving there take, from its recent
+    /// prefill rate (the module doc's `prefill`), within `0..=max_prefill_share`.
+    pub fn prefill_share(&self, row: &Row) -> f64 {
+        let share = self.scale(row) * f64::from(row[PREFILL_TOKENS_PER_S]) * self.per_batched_token_ms / 1000.0;
+        share.clamp(0.0, self.max_prefill_share)
+    }
+
+    /// The engine-time factor of the row's hardware class.
+    fn scale(&self, row: &Row) -> f64 {
+        self.hardware_scale.get(row[HARDWARE_CLASS] as usize).copied().unwrap_or(1.0)
     }
 }
 
@@ -89,6 +118,32 @@ mod tests {
         assert!((busy.1 - 15.5).abs() < 1.0, "{busy:?}");
         let cached = p.predict(&row(&req, &EndpointState { prefix_match: 1.0, ..Default::default() }, &p));
         assert!(cached.0 < idle.0);
+    }
+
+    #[test]
+    fn prompts_arriving_at_a_server_slow_its_decodes_by_the_share_of_time_they_take() {
+        let p = AnalyticPrior { hardware_scale: vec![1.0, 2.0], ..AnalyticPrior::default() };
+        let req = RequestFeatures { input_tokens: 500, ..Default::default() };
+        let tpot = |rate: f64, class: u32| {
+            p.predict(&row(
+                &req,
+                &EndpointState { prefill_tokens_per_s: rate, hardware_class: class, ..Default::default() },
+                &p,
+            ))
+            .1
+        };
+        let (quiet, ttft_quiet) = (tpot(0.0, 0), p.predict(&row(&req, &EndpointState::default(), &p)).0);
+        // 20k prompt tokens a second at 0.024 ms each: 48% of an H100's time, so the decode
+        // steps get 52% of it.
+        assert!((tpot(20_000.0, 0) / quiet - 1.0 / 0.52).abs() < 1e-3, "{} vs {quiet}", tpot(20_000.0, 0));
+        // An A100 at half the speed spends twice the share on the same prompts.
+        assert!((tpot(10_000.0, 1) / tpot(0.0, 1) - 1.0 / 0.52).abs() < 1e-3);
+        // Saturated: capped, so the factor stays finite.
+        assert!((tpot(1e7, 0) / quiet - 5.0).abs() < 1e-3);
+        // TTFT's terms do not read the rate: prompts after this one do not delay its first token.
+        let ttft_busy =
+            p.predict(&row(&req, &EndpointState { prefill_tokens_per_s: 20_000.0, ..Default::default() }, &p)).0;
+        assert_eq!(ttft_busy, ttft_quiet);
     }
 
     #[test]
