@@ -9,10 +9,10 @@
 //!   Envoy, Envoy + headroom without SLO headers, Envoy + headroom with SLO routing). The
 //!   filter's cost is a headroom path's percentile minus plain Envoy's.
 //! - **Throughput**: a closed loop of N connections for S seconds on each Envoy path, in
-//!   alternating rounds, with the CPU each process used; at each N asked (8 and 32 by
-//!   default). A path's rate is the highest it sustains at any N: a worker with more requests
-//!   open coalesces more of their predict calls (`filter/core/src/coalesce.rs`), which plain
-//!   Envoy has no counterpart of.
+//!   alternating rounds, with the CPU each process used; at each N asked (8, 32 and 128 by
+//!   default: an LLM gateway holds hundreds of streams open). A path's rate is the highest it
+//!   sustains at any N: a worker with more requests open coalesces more of their predict
+//!   calls (`filter/core/src/coalesce.rs`), which plain Envoy has no counterpart of.
 //! - **Streaming**: a second stack whose servers run slowly enough that each token leaves as
 //!   its own chunk, as a real server's decode steps send them; a closed loop of streamed
 //!   completions on plain Envoy and on headroom, and Envoy's CPU per streamed token. The
@@ -43,7 +43,7 @@ pub struct GatewayOptions {
     #[arg(long, default_value_t = 8)]
     pub rounds: usize,
     /// Closed-loop connections, a comma-separated list: each count is measured.
-    #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 32, 128])]
     pub connections: Vec<usize>,
     /// Seconds per closed-loop run.
     #[arg(long, default_value_t = 8.0)]
