@@ -496,7 +496,7 @@ impl<'a> Bench<'a> {
         let (sent, measured) = step_traffic(self.workload, seed, rate, (lead_in, step), self.window)?;
         let work = to_wall(workload::as_run(sent, run), self.time_scale);
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
-        let observed_before = self.observations(1).map(|(total, _)| total);
+        let observed_before = self.observations_since(0, 1).map(|(total, _)| total);
         let outcomes = runner::run_with_trailing(&self.target, &work, measured);
         let outcomes = to_engine(self.runtime.block_on(outcomes)?, self.time_scale);
         let outcomes = after_lead_in(outcomes, self.lead_in_s);
@@ -522,29 +522,20 @@ impl<'a> Bench<'a> {
         let file = requests_file(self.workload, name, rate, seed);
         let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
         std::fs::write(opts.out.join("requests").join(&file), lines.join("\n") + "\n")?;
-        if let (Some(before), Some((after, log))) = (observed_before, self.observations(OBSERVATIONS_MAX)) {
-            // The step's observations (its lead-in's too): those reported since it began.
-            let new = usize::try_from(after.saturating_sub(before)).unwrap_or(usize::MAX);
-            let lines: Vec<String> = log.iter().skip(log.len().saturating_sub(new)).map(|o| o.to_string()).collect();
+        // The step's observations (its lead-in's too): those reported since it began.
+        if let Some((_, log)) = observed_before.and_then(|before| self.observations_since(before, OBSERVATIONS_MAX)) {
+            let lines: Vec<String> = log.iter().map(|o| o.to_string()).collect();
             std::fs::write(opts.out.join("observations").join(&file), lines.join("\n") + "\n")?;
         }
         Ok(s)
     }
 
-    /// The predictor's observation log (headroom only): how many it has taken in all, and
-    /// its newest `limit` (it keeps `observations_kept`, 10,000 by default): each request's
-    /// state at dispatch, what was predicted and what happened, as the predictor saw them
-    /// (docs/predictor.md, "Decodes share the engine with prefills").
-    fn observations(&self, limit: usize) -> Option<(u64, Vec<serde_json::Value>)> {
-        if self.contender.router != Router::Headroom {
-            return None;
-        }
-        let path = format!("/v1/observations?limit={limit}");
-        let token = self.stack.state.token.as_deref();
-        let (status, body) = headroom_stack::http::get_with_token(self.stack.state.predictor, &path, token).ok()?;
-        let mut log: serde_json::Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
-        let total = log["total"].as_u64()?;
-        Some((total, log["observations"].as_array_mut().map(std::mem::take).unwrap_or_default()))
+    /// The predictor's observations since it had taken `seen` (headroom only; it keeps
+    /// `observations_kept`, 10,000 by default): each request's state at dispatch, what was
+    /// predicted and what happened, as the predictor saw them (docs/predictor.md, "Decodes
+    /// share the engine with prefills").
+    fn observations_since(&self, seen: u64, limit: usize) -> Option<(u64, Vec<serde_json::Value>)> {
+        (self.contender.router == Router::Headroom).then(|| self.stack.observations_since(seen, limit))?
     }
 }
 

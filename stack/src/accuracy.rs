@@ -398,13 +398,10 @@ impl<'a> Probe<'a> {
 
     /// Takes the observations reported since the last poll.
     fn poll_observations(&mut self) {
-        let log = self.get("/v1/observations?limit=5000");
-        let total = log["total"].as_u64().unwrap_or(self.seen);
-        let new = usize::try_from(total.saturating_sub(self.seen)).unwrap_or(usize::MAX);
+        let (total, list) = self.stack.observations_since(self.seen, 5000).unwrap_or((self.seen, Vec::new()));
         self.seen = total;
-        let list = log["observations"].as_array().cloned().unwrap_or_default();
         let mut errors = [Vec::new(), Vec::new()];
-        for o in list.iter().skip(list.len().saturating_sub(new)) {
+        for o in &list {
             if let Some(dump) = self.dump.as_mut() {
                 use std::io::Write;
                 let line = serde_json::json!({ "phase": self.phase, "observation": o });

@@ -646,6 +646,20 @@ impl Stack {
         let count = |name: &str| http::metric_with(&text, name, cluster);
         Some((count("envoy_cluster_upstream_cx_overflow") + count("envoy_cluster_upstream_rq_pending_overflow")) as u64)
     }
+
+    /// The predictor's observations (`/v1/observations`) taken since it had taken `seen`, of
+    /// its newest `limit`, oldest first, and how many it has taken in all. `None` when it does
+    /// not answer.
+    pub fn observations_since(&self, seen: u64, limit: usize) -> Option<(u64, Vec<Value>)> {
+        let path = format!("/v1/observations?limit={limit}");
+        let (status, body) = http::get_with_token(self.state.predictor, &path, self.state.token.as_deref()).ok()?;
+        let mut log: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+        let total = log["total"].as_u64()?;
+        let mut list = log["observations"].as_array_mut().map(std::mem::take).unwrap_or_default();
+        let new = usize::try_from(total.saturating_sub(seen)).unwrap_or(usize::MAX);
+        list.drain(..list.len().saturating_sub(new));
+        Some((total, list))
+    }
 }
 
 impl Drop for Stack {

@@ -76,25 +76,23 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(!points.is_empty(), "no observation with a measured TPOT and its state at dispatch");
 
     println!("TPOT of {} requests: MAPE / median of measured over predicted\n", points.len());
+    // (lower, upper) of each band.
+    let bands: Vec<(f64, f64)> = std::iter::once(0.0).chain(BANDS).zip(BANDS).collect();
+    let in_band = |&(lower, upper): &(f64, f64)| move |p: &&(f64, f64, [f64; 3])| p.0 >= lower && p.0 < upper;
     let mut header = "| prediction | all |".to_string();
-    let mut lower = 0.0;
-    for upper in BANDS {
-        let n = points.iter().filter(|p| p.0 >= lower && p.0 < upper).count();
+    for band @ (lower, upper) in &bands {
+        let n = points.iter().filter(in_band(band)).count();
         header += &if upper.is_finite() {
             format!(" prefill {lower:.1}-{upper:.1} ({n}) |")
         } else {
             format!(" prefill >= {lower:.1} ({n}) |")
         };
-        lower = upper;
     }
-    println!("{header}\n|---|---|{}", "---|".repeat(BANDS.len()));
+    println!("{header}\n|---|---|{}", "---|".repeat(bands.len()));
     for (k, name) in ["prior without the prefill term", "prior", "served (trained model)"].iter().enumerate() {
         let mut line = format!("| {name} | {} |", cell(points.iter().map(|p| (p.1, p.2[k]))));
-        let mut lower = 0.0;
-        for upper in BANDS {
-            let band = points.iter().filter(|p| p.0 >= lower && p.0 < upper);
-            line += &format!(" {} |", cell(band.map(|p| (p.1, p.2[k]))));
-            lower = upper;
+        for band in &bands {
+            line += &format!(" {} |", cell(points.iter().filter(in_band(band)).map(|p| (p.1, p.2[k]))));
         }
         println!("{line}");
     }
