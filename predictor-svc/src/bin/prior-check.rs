@@ -8,10 +8,11 @@
 //! at dispatch, with this build's `model::features::row`, and compares three TPOTs with
 //! the measured one: the prior without its prefill term (what it was before
 //! 2026-11-27), the prior, and the prediction the request was placed on (the trained
-//! model, calibrated). Printed as a markdown table: mean absolute percentage error and
-//! the median of measured over predicted, overall and by the share of the server's
-//! time the prior gives to prefill. docs/predictor.md, "Decodes share the engine with
-//! prefills", has a run.
+//! model, calibrated). Printed as a markdown table: mean absolute percentage error, the
+//! median of measured over predicted and the share of requests that took no longer than
+//! predicted (coverage, what a p90 objective holds at 90%), overall, by the share of the
+//! server's time the prior gives to prefill and by hardware class. docs/predictor.md,
+//! "Decodes share the engine with prefills", has a run.
 //!
 //! `--scale` gives the prior's hardware factors by class id as the observations carry
 //! it (the pool's hardware names in order, from 1): the benchmark's fleet is
@@ -27,12 +28,29 @@ use headroom_protocol::Observation;
 /// Bands of the prefill share the table splits by (upper bounds).
 const BANDS: [f64; 5] = [0.2, 0.4, 0.6, 0.8, f64::INFINITY];
 
+const USAGE: &str = "usage: prior-check [--scale CLASS=FACTOR]... OBSERVATIONS.jsonl...";
+
+/// One request: its prefill share by the prior, hardware class, measured TPOT and the
+/// three predictions (without the prefill term, the prior, as served).
+struct Point {
+    share: f64,
+    class: u32,
+    measured: f64,
+    predicted: [f64; 3],
+}
+
+/// Which points a column of the table takes.
+type Keep = Box<dyn Fn(&Point) -> bool>;
+
 fn main() -> anyhow::Result<()> {
     let mut scale = Vec::new();
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        if a == "--scale" {
+        if a == "-h" || a == "--help" {
+            println!("{USAGE}");
+            return Ok(());
+        } else if a == "--scale" {
             let v = args.next().context("--scale needs CLASS=FACTOR")?;
             let (class, factor) = v.split_once('=').context("--scale needs CLASS=FACTOR")?;
             let (class, factor): (usize, f64) = (class.parse()?, factor.parse()?);
@@ -40,16 +58,17 @@ fn main() -> anyhow::Result<()> {
                 scale.resize(class + 1, 1.0);
             }
             scale[class] = factor;
+        } else if a.starts_with('-') {
+            anyhow::bail!("unknown option {a}; {USAGE}");
         } else {
             files.push(a);
         }
     }
-    anyhow::ensure!(!files.is_empty(), "usage: prior-check [--scale CLASS=FACTOR]... OBSERVATIONS.jsonl...");
+    anyhow::ensure!(!files.is_empty(), "{USAGE}");
     let prior = AnalyticPrior { hardware_scale: scale, ..AnalyticPrior::default() };
     let without = AnalyticPrior { max_prefill_share: 0.0, ..prior.clone() };
 
-    // (prefill share, measured, [without the term, prior, served])
-    let mut points: Vec<(f64, f64, [f64; 3])> = Vec::new();
+    let mut points: Vec<Point> = Vec::new();
     for file in &files {
         let reader = std::io::BufReader::new(std::fs::File::open(file).with_context(|| file.clone())?);
         for line in reader.lines() {
@@ -70,36 +89,46 @@ fn main() -> anyhow::Result<()> {
             }
             let r = row(&o.request, state, &prior);
             let share = prior.prefill_share(&r);
-            points.push((share, measured, [without.predict(&r).1, prior.predict(&r).1, served]));
+            let predicted = [without.predict(&r).1, prior.predict(&r).1, served];
+            points.push(Point { share, class: state.hardware_class, measured, predicted });
         }
     }
     anyhow::ensure!(!points.is_empty(), "no observation with a measured TPOT and its state at dispatch");
 
-    println!("TPOT of {} requests: MAPE / median of measured over predicted\n", points.len());
-    // (lower, upper) of each band.
-    let bands: Vec<(f64, f64)> = std::iter::once(0.0).chain(BANDS).zip(BANDS).collect();
-    let in_band = |&(lower, upper): &(f64, f64)| move |p: &&(f64, f64, [f64; 3])| p.0 >= lower && p.0 < upper;
-    let mut header = "| prediction | all |".to_string();
-    for band @ (lower, upper) in &bands {
-        let n = points.iter().filter(in_band(band)).count();
-        header += &if upper.is_finite() {
-            format!(" prefill {lower:.1}-{upper:.1} ({n}) |")
-        } else {
-            format!(" prefill >= {lower:.1} ({n}) |")
-        };
+    println!(
+        "TPOT of {} requests: MAPE / median of measured over predicted / share measured within predicted\n",
+        points.len()
+    );
+    // The columns after "all": each band of the prefill share, then each hardware class.
+    let mut columns: Vec<(String, Keep)> = Vec::new();
+    for (lower, upper) in std::iter::once(0.0).chain(BANDS).zip(BANDS) {
+        let name =
+            if upper.is_finite() { format!("prefill {lower:.1}-{upper:.1}") } else { format!("prefill >= {lower:.1}") };
+        columns.push((name, Box::new(move |p: &Point| p.share >= lower && p.share < upper)));
     }
-    println!("{header}\n|---|---|{}", "---|".repeat(bands.len()));
-    for (k, name) in ["prior without the prefill term", "prior", "served (trained model)"].iter().enumerate() {
-        let mut line = format!("| {name} | {} |", cell(points.iter().map(|p| (p.1, p.2[k]))));
-        for band in &bands {
-            line += &format!(" {} |", cell(points.iter().filter(in_band(band)).map(|p| (p.1, p.2[k]))));
+    let mut classes: Vec<u32> = points.iter().map(|p| p.class).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    for class in classes {
+        columns.push((format!("class {class}"), Box::new(move |p: &Point| p.class == class)));
+    }
+    let mut header = "| prediction | all |".to_string();
+    for (name, keep) in &columns {
+        header += &format!(" {name} ({}) |", points.iter().filter(|p| keep(p)).count());
+    }
+    println!("{header}\n|---|---|{}", "---|".repeat(columns.len()));
+    for (k, name) in ["prior without the prefill term", "prior", "served (as placed)"].iter().enumerate() {
+        let pair = |p: &Point| (p.measured, p.predicted[k]);
+        let mut line = format!("| {name} | {} |", cell(points.iter().map(pair)));
+        for (_, keep) in &columns {
+            line += &format!(" {} |", cell(points.iter().filter(|p| keep(p)).map(pair)));
         }
         println!("{line}");
     }
     Ok(())
 }
 
-/// "MAPE / median ratio" of (measured, predicted) pairs.
+/// "MAPE / median ratio / coverage" of (measured, predicted) pairs.
 fn cell(pairs: impl Iterator<Item = (f64, f64)>) -> String {
     let pairs: Vec<(f64, f64)> = pairs.filter(|(_, p)| *p > 0.0).collect();
     if pairs.is_empty() {
@@ -108,5 +137,6 @@ fn cell(pairs: impl Iterator<Item = (f64, f64)>) -> String {
     let mape = pairs.iter().map(|(m, p)| (p - m).abs() / m).sum::<f64>() / pairs.len() as f64;
     let mut ratios: Vec<f64> = pairs.iter().map(|(m, p)| m / p).collect();
     ratios.sort_by(f64::total_cmp);
-    format!("{:.1}% / {:.2}", 100.0 * mape, ratios[ratios.len() / 2])
+    let covered = pairs.iter().filter(|(m, p)| m <= p).count() as f64 / pairs.len() as f64;
+    format!("{:.1}% / {:.2} / {:.0}%", 100.0 * mape, ratios[ratios.len() / 2], 100.0 * covered)
 }
