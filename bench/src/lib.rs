@@ -55,6 +55,9 @@ pub struct Contender {
     /// The predictor's training objective (headroom only): `mean`, or `p90` (tiers judged
     /// on the 90th percentile).
     pub objective: &'static str,
+    /// The predictor's `model.train`: `false` serves the analytic prior with the live
+    /// correction, no trained model (headroom only).
+    pub train: bool,
 }
 
 /// The flow-control contender's dispatch horizon (engine time): the filter's default, about
@@ -82,10 +85,16 @@ const PREDICTED: Contender = Contender {
     baseline: false,
     flow_control: false,
     objective: "mean",
+    train: true,
 };
 
+/// Flow control on the p90 objective: requests wait at the gateway until an endpoint is
+/// 90% sure to meet them (docs/flow-control.md, "Flow control on the p90 objective").
+const FLOW_P90: Contender =
+    Contender { name: "headroom flow control p90", flow_control: true, objective: "p90", ..PREDICTED };
+
 /// Every router the benchmark knows, baselines first.
-pub const CONTENDERS: [Contender; 9] = [
+pub const CONTENDERS: [Contender; 10] = [
     Contender {
         name: "envoy round robin",
         router: Router::RoundRobin,
@@ -95,6 +104,7 @@ pub const CONTENDERS: [Contender; 9] = [
         baseline: true,
         flow_control: false,
         objective: "mean",
+        train: true,
     },
     Contender {
         name: "envoy least request",
@@ -105,6 +115,7 @@ pub const CONTENDERS: [Contender; 9] = [
         baseline: true,
         flow_control: false,
         objective: "mean",
+        train: true,
     },
     Contender {
         name: "headroom composite",
@@ -115,6 +126,7 @@ pub const CONTENDERS: [Contender; 9] = [
         baseline: true,
         flow_control: false,
         objective: "mean",
+        train: true,
     },
     // llm-d's default scheduler (prefix-cache affinity filter + token-load scorer), run by
     // the filter as its `prefix_load` profile (filter/core/src/prefix_load.rs).
@@ -127,6 +139,7 @@ pub const CONTENDERS: [Contender; 9] = [
         baseline: true,
         flow_control: false,
         objective: "mean",
+        train: true,
     },
     PREDICTED,
     Contender { name: "headroom predicted, least", strategy: "least", ..PREDICTED },
@@ -134,9 +147,10 @@ pub const CONTENDERS: [Contender; 9] = [
     // Tiers on the 90th percentile: a positive placement is one the predictor is 90% sure
     // of, and a sheddable request nowhere that sure is shed (docs/benchmark.md, "p90").
     Contender { name: "headroom predicted p90", objective: "p90", ..PREDICTED },
-    // Both: requests wait at the gateway until an endpoint is 90% sure to meet them
-    // (docs/flow-control.md, "Flow control on the p90 objective").
-    Contender { name: "headroom flow control p90", flow_control: true, objective: "p90", ..PREDICTED },
+    FLOW_P90,
+    // The same, served by the analytic prior with the live correction, no trained model
+    // (`model.train = false`; docs/predictor.md, "Trained models past the cliff").
+    Contender { name: "headroom flow control p90 prior", train: false, ..FLOW_P90 },
 ];
 
 /// The default rate ladder (requests/s) of a workload on 6 H100 + 2 A100: from where
@@ -469,6 +483,7 @@ impl<'a> Bench<'a> {
             time_scale,
             router: contender.router,
             objective: contender.objective.to_string(),
+            predictor_tweak: if contender.train { |_| {} } else { |c| c.model.train = false },
             plugin,
             ..Default::default()
         })?;

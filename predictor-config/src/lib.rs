@@ -156,6 +156,13 @@ pub struct ModelConfig {
     pub keep_versions: usize,
     /// Use this ONNX model (features[N,14] -> latency_ms[N,2]) instead of training online.
     pub model_path: Option<PathBuf>,
+    /// `false`: no model is trained (nor restored from `data_dir`); the analytic prior
+    /// serves throughout, with the live correction. With `true` the prior still takes a
+    /// target from a trained model that live reports show worse (`model::duel`): past a
+    /// fleet's cliff, models refitted every few seconds on the newest reports swung 2-10x
+    /// against what requests measured, where the prior, which reads the endpoint's load,
+    /// held (docs/predictor.md, "Trained models past the cliff").
+    pub train: bool,
     /// The ONNX Runtime library (default: `ORT_DYLIB_PATH`, then the project's `.venv`).
     pub onnxruntime_library: Option<PathBuf>,
     /// Trees learn the residual of the analytic prior (`log(actual) - log(prior)`),
@@ -193,6 +200,7 @@ impl Default for ModelConfig {
             learning_rate: 0.15,
             keep_versions: 5,
             model_path: None,
+            train: true,
             onnxruntime_library: None,
             prior_hardware_scale: BTreeMap::new(),
             residual: true,

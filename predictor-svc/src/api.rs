@@ -264,6 +264,8 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
         "samples": {"train": train, "holdout": holdout, "since_training": state.models.samples_since_training()},
         "versions": versions,
         "calibration": state.models.calibration(),
+        "prior_calibration": state.models.prior_calibration(),
+        "serving": state.models.duel(),
         "drift": state.models.drift(),
     });
     axum::Json(body).into_response()

@@ -154,6 +154,16 @@ impl Calibration {
         }
     }
 
+    /// What this correction served `e2e_ms` before `now` for `raw` predictions on an
+    /// endpoint of `class` (`None`: before the history). For a correction whose level
+    /// never moves (no model replaces another: the prior's shadow in `store`), that is
+    /// exactly what it served then.
+    pub fn served_at(&self, class: u32, raw: (f64, f64), e2e_ms: f64, now: Instant) -> Option<(f64, f64)> {
+        let then = self.shifts_at(now, e2e_ms)?;
+        let c = slot(class as f32);
+        Some((raw.0 * then[0][c].exp(), raw.1 * then[1][c].exp()))
+    }
+
     /// A trained model replaced another: `log_ratio[target][class]` is the log of the
     /// new model's raw predictions over the old one's ([`log_ratios`]). The factors
     /// stay; reports served before now are judged against the new model's level.

@@ -7,6 +7,7 @@
 //! which composes them for the service.
 
 pub mod calibration;
+pub mod duel;
 pub mod features;
 pub mod gbdt;
 pub mod onnx;

@@ -14,17 +14,22 @@
 //! `drift_factor` times the active model's held-out error, beyond what chance
 //! moves either (`drifted`), the next round starts
 //! at once, weights the newest samples and is judged on the newest held-out ones.
+//!
+//! While a trained model serves, the prior stays a contender (`duel`): corrected by a
+//! correction of its own, it is scored on every report beside what was served, and
+//! serves a target for a while when the traffic says it is the better of the two.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use headroom_protocol::{limits, EndpointState, Observation, RequestFeatures, RouteSource};
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 
 use super::calibration::{self, Calibration, CalibrationView};
+use super::duel::{Duel, DuelView};
 use super::features::{self, Row};
 use super::gbdt::Objective;
 use super::persistence::{self, sha256_hex, DataDir};
@@ -124,6 +129,12 @@ pub struct ModelStore {
     samples: Mutex<Samples>,
     /// The live correction of served predictions.
     calibration: Mutex<Calibration>,
+    /// The prior's own live correction, learning from every report: what serves the prior
+    /// when the contest hands it a target. Drift does not reset it: drift judges the
+    /// trained models' regime, and the prior's correction follows the traffic as it goes.
+    prior_calibration: Mutex<Calibration>,
+    /// The trained model against the corrected prior, per target, on live reports.
+    duel: Mutex<Duel>,
     /// The active model's live error, for drift.
     live: Mutex<LiveErrors>,
     /// Sequence number of the first sample filed after the active model's data was
@@ -148,6 +159,8 @@ impl ModelStore {
         let store = ModelStore {
             samples: Mutex::new(Samples::new(config.bucket_cap, config.holdout_percent)),
             calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, Instant::now())),
+            prior_calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, Instant::now())),
+            duel: Mutex::new(Duel::new(config.objective(), Instant::now())),
             live: Mutex::new(LiveErrors::default()),
             active_from: AtomicU64::new(0),
             prior: AnalyticPrior::default(),
@@ -191,10 +204,10 @@ impl ModelStore {
         self
     }
 
-    /// Restores models and samples from the data directory, if there is one.
+    /// Restores models (when it trains) and samples from the data directory, if there is one.
     fn restore(&self) {
         let Some(data) = &self.data else { return };
-        if let Some(restored) = data.restore_model() {
+        if let Some(restored) = data.restore_model().filter(|_| self.trains()) {
             for (info, bytes) in restored.older {
                 self.registry.remember(info, bytes);
             }
@@ -222,12 +235,40 @@ impl ModelStore {
     }
 
     /// (TTFT, TPOT) in ms for every row, in one batch, corrected by the live
-    /// calibration, and the name of the model that made them.
+    /// calibration, and the name of the model that made them (with `+prior:ttft` or
+    /// `+prior:tpot` for a target the contest has handed to the prior).
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
         let (raw, name) = self.predict_raw(rows);
+        let by_prior = self.prior_serves(&name, Instant::now());
         let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
-        let served = rows.iter().zip(raw).map(|(r, p)| calibration.apply(r[features::HARDWARE_CLASS], p)).collect();
-        (served, name)
+        if by_prior == [false, false] {
+            let served = rows.iter().zip(raw).map(|(r, p)| calibration.apply(r[features::HARDWARE_CLASS], p)).collect();
+            return (served, name);
+        }
+        let prior_calibration = self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner());
+        let served = rows
+            .iter()
+            .zip(raw)
+            .map(|(r, p)| {
+                let class = r[features::HARDWARE_CLASS];
+                let (model, prior) =
+                    (calibration.apply(class, p), prior_calibration.apply(class, self.prior.predict(r)));
+                (if by_prior[0] { prior.0 } else { model.0 }, if by_prior[1] { prior.1 } else { model.1 })
+            })
+            .collect();
+        let targets: Vec<&str> =
+            ["ttft", "tpot"].into_iter().zip(by_prior).filter(|(_, p)| *p).map(|(t, _)| t).collect();
+        (served, format!("{name}+prior:{}", targets.join(",")))
+    }
+
+    /// Per target, whether the contest has handed it to the prior at `at` (never while the
+    /// prior serves anyway, `model` being [`PRIOR`], or for a user's model).
+    fn prior_serves(&self, model: &str, at: Instant) -> [bool; 2] {
+        if model == PRIOR || !self.trains() {
+            return [false, false];
+        }
+        let duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
+        [duel.prior_serves(0, at), duel.prior_serves(1, at)]
     }
 
     /// The model's own predictions (the prior's when no model serves or it fails).
@@ -269,13 +310,37 @@ impl ModelStore {
         // (`calibration`); drift is judged on what the model itself says now (a bias the
         // correction hides is still a model gone stale).
         let served = [o.predicted_ttft_ms, o.predicted_tpot_ms].map(ok);
+        let class = state.hardware_class;
+        let dispatched = Duration::try_from_secs_f64(o.e2e_ms / 1000.0).ok().and_then(|d| now.checked_sub(d));
+        let dispatched = dispatched.unwrap_or(now);
+        // The prior's correction learns from every report, with what it would have served.
+        let prior_served = {
+            let mut prior_calibration = self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner());
+            let at_dispatch = prior_calibration.served_at(class, self.prior.predict(&row), o.e2e_ms, now);
+            let prior_served = [at_dispatch.map(|p| p.0), at_dispatch.map(|p| p.1)];
+            prior_calibration.observe(class, prior_served, o.e2e_ms, [ttft, tpot], now);
+            prior_served
+        };
+        // The model's correction, from the targets it served; the contest, on those too.
+        let active = self.active_name();
+        let by_prior = self.prior_serves(&active, dispatched);
+        let model_served = [0, 1].map(|k| served[k].filter(|_| !by_prior[k]));
         self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(
-            state.hardware_class,
-            served,
+            class,
+            model_served,
             o.e2e_ms,
             [ttft, tpot],
             now,
         );
+        if active != PRIOR && self.trains() {
+            let mut duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
+            for (k, target) in ["ttft", "tpot"].into_iter().enumerate() {
+                let (Some(s), Some(p), Some(a)) = (model_served[k], prior_served[k], [ttft, tpot][k]) else { continue };
+                if duel.observe(k, dispatched, s, p, a, now) {
+                    tracing::info!(target, model = %active, "the corrected prior beat the model on live reports; it serves this target for a while");
+                }
+            }
+        }
         // Only when drift can act: training on (no user model), a model serving, and on.
         if self.config.drift_factor > 0.0 && self.trains() && self.registry.active().is_some() {
             let (raw, _) = self.predict_raw(&[row]);
@@ -293,9 +358,10 @@ impl ModelStore {
         true
     }
 
-    /// Whether online training is on (off with a user model).
+    /// Whether online training is on (off with a user model, or with `train = false`:
+    /// the prior serves).
     pub fn trains(&self) -> bool {
-        self.config.model_path.is_none()
+        self.config.model_path.is_none() && self.config.train
     }
 
     /// One training round, if due. Blocking: run it off the request path.
@@ -390,7 +456,10 @@ impl ModelStore {
                 let mut calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
                 match level {
                     Some(level) => calibration.model_replaced(&level, Instant::now()),
-                    None => calibration.reset(Instant::now()),
+                    None => {
+                        calibration.reset(Instant::now());
+                        self.duel.lock().unwrap_or_else(|p| p.into_inner()).reset(Instant::now());
+                    }
                 }
                 TrainOutcome::Activated(Box::new(info))
             }
@@ -422,6 +491,16 @@ impl ModelStore {
     /// The live correction applied to served predictions.
     pub fn calibration(&self) -> CalibrationView {
         self.calibration.lock().unwrap_or_else(|p| p.into_inner()).view()
+    }
+
+    /// The prior's own correction (what serves it when the contest hands it a target).
+    pub fn prior_calibration(&self) -> CalibrationView {
+        self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner()).view()
+    }
+
+    /// What serves each target, and the contest's tally.
+    pub fn duel(&self) -> DuelView {
+        self.duel.lock().unwrap_or_else(|p| p.into_inner()).view(Instant::now())
     }
 
     /// The serving model's own scores on `holdout` (the prior's when no model is active).
