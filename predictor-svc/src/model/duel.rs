@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::gbdt::Objective;
+use super::training;
 
 /// Reports per judgment.
 pub const WINDOW: usize = 200;
@@ -111,21 +112,6 @@ impl Duel {
         self.contests[k].prior_at(at)
     }
 
-    /// The objective's loss of `predicted` for what took `actual`.
-    fn loss(&self, predicted: f64, actual: f64) -> f64 {
-        let r = (actual - predicted) / actual;
-        match self.objective {
-            Objective::Mean => r.abs(),
-            Objective::Quantile { q } => {
-                if r > 0.0 {
-                    q * r
-                } else {
-                    (q - 1.0) * r
-                }
-            }
-        }
-    }
-
     /// One report of target `k`, of a request dispatched at `dispatched`: what was served
     /// for it, what the corrected prior would have served, what it took. Judged only when
     /// the model served it; true when this report ended a window the prior won (it serves
@@ -143,7 +129,8 @@ impl Duel {
         if !(usable(served) && usable(prior) && usable(actual)) {
             return false;
         }
-        let (served_loss, prior_loss) = (self.loss(served, actual), self.loss(prior, actual));
+        let loss = |predicted: f64| training::loss(self.objective, predicted, actual);
+        let (served_loss, prior_loss) = (loss(served), loss(prior));
         let from = self.from;
         let c = &mut self.contests[k];
         while c.prior_turns.front().is_some_and(|&(_, until)| now.saturating_duration_since(until) > HISTORY) {
@@ -182,8 +169,10 @@ impl Duel {
         self.from = now;
     }
 
-    pub fn view(&self, now: Instant) -> DuelView {
-        let serves = |k: usize| if self.prior_serves(k, now) { "prior" } else { "model" };
+    /// The contest at `now`; without a model active (`model_active` false) the prior
+    /// serves both targets.
+    pub fn view(&self, now: Instant, model_active: bool) -> DuelView {
+        let serves = |k: usize| if !model_active || self.prior_serves(k, now) { "prior" } else { "model" };
         DuelView {
             ttft: serves(0),
             tpot: serves(1),
@@ -232,7 +221,7 @@ mod tests {
         let (switched, t) = judge(&mut duel, after, WINDOW, 0.4, 0.2);
         assert!(switched, "the prior wins again");
         assert!(duel.prior_serves(1, t + BASE_PROBATION + Duration::from_secs(1)), "for twice as long");
-        assert_eq!(duel.view(t).prior_wins, [0, 2]);
+        assert_eq!(duel.view(t, true).prior_wins, [0, 2]);
     }
 
     #[test]
@@ -257,7 +246,7 @@ mod tests {
         // model): however bad, not the model's.
         let (switched, _) = judge(&mut duel, t0, 2 * WINDOW, 0.9, 0.0);
         assert!(!switched);
-        assert_eq!(duel.view(t0).prior_wins, [0, 0]);
+        assert_eq!(duel.view(t0, true).prior_wins, [0, 0]);
     }
 
     #[test]
@@ -268,15 +257,7 @@ mod tests {
             // Within the margin: 20% against 19%.
             let (switched, t) = judge(&mut duel, t0, 5 * WINDOW, 0.2, 0.19);
             assert!(!switched && !duel.prior_serves(1, t), "{objective:?}");
-            assert_eq!(duel.view(t).model_wins, [0, 5]);
+            assert_eq!(duel.view(t, true).model_wins, [0, 5]);
         }
-    }
-
-    #[test]
-    fn the_quantile_loss_weighs_under_prediction_as_the_quantile_does() {
-        let duel = Duel::new(Objective::Quantile { q: 0.9 }, Instant::now());
-        // Under by 10% costs nine times what over by 10% does.
-        let (under, over) = (duel.loss(90.0, 100.0), duel.loss(110.0, 100.0));
-        assert!((under / over - 9.0).abs() < 1e-9, "{under} vs {over}");
     }
 }

@@ -239,7 +239,8 @@ impl ModelStore {
     /// `+prior:tpot` for a target the contest has handed to the prior).
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
         let (raw, name) = self.predict_raw(rows);
-        let by_prior = self.prior_serves(&name, Instant::now());
+        // `PRIOR` here: no model, or it failed and the prior answered; nothing to hand over.
+        let by_prior = if name == PRIOR { [false, false] } else { self.prior_serves(Instant::now()) };
         let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
         if by_prior == [false, false] {
             let served = rows.iter().zip(raw).map(|(r, p)| calibration.apply(r[features::HARDWARE_CLASS], p)).collect();
@@ -261,10 +262,15 @@ impl ModelStore {
         (served, format!("{name}+prior:{}", targets.join(",")))
     }
 
-    /// Per target, whether the contest has handed it to the prior at `at` (never while the
-    /// prior serves anyway, `model` being [`PRIOR`], or for a user's model).
-    fn prior_serves(&self, model: &str, at: Instant) -> [bool; 2] {
-        if model == PRIOR || !self.trains() {
+    /// Whether a model this store trained serves: what drift and the contest judge (not
+    /// the prior before the first model, nor a user's model).
+    fn trained_model_serves(&self) -> bool {
+        self.trains() && self.registry.active().is_some()
+    }
+
+    /// Per target, whether the contest has handed it to the prior at `at`.
+    fn prior_serves(&self, at: Instant) -> [bool; 2] {
+        if !self.trained_model_serves() {
             return [false, false];
         }
         let duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
@@ -322,8 +328,7 @@ impl ModelStore {
             prior_served
         };
         // The model's correction, from the targets it served; the contest, on those too.
-        let active = self.active_name();
-        let by_prior = self.prior_serves(&active, dispatched);
+        let by_prior = self.prior_serves(dispatched);
         let model_served = [0, 1].map(|k| served[k].filter(|_| !by_prior[k]));
         self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(
             class,
@@ -332,17 +337,18 @@ impl ModelStore {
             [ttft, tpot],
             now,
         );
-        if active != PRIOR && self.trains() {
+        let trained_model_serves = self.trained_model_serves();
+        if trained_model_serves {
             let mut duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
             for (k, target) in ["ttft", "tpot"].into_iter().enumerate() {
                 let (Some(s), Some(p), Some(a)) = (model_served[k], prior_served[k], [ttft, tpot][k]) else { continue };
                 if duel.observe(k, dispatched, s, p, a, now) {
-                    tracing::info!(target, model = %active, "the corrected prior beat the model on live reports; it serves this target for a while");
+                    tracing::info!(target, model = %self.active_name(), "the corrected prior beat the model on live reports; it serves this target for a while");
                 }
             }
         }
         // Only when drift can act: training on (no user model), a model serving, and on.
-        if self.config.drift_factor > 0.0 && self.trains() && self.registry.active().is_some() {
+        if self.config.drift_factor > 0.0 && trained_model_serves {
             let (raw, _) = self.predict_raw(&[row]);
             if let Some(&(raw_ttft, raw_tpot)) = raw.first() {
                 let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
@@ -500,7 +506,7 @@ impl ModelStore {
 
     /// What serves each target, and the contest's tally.
     pub fn duel(&self) -> DuelView {
-        self.duel.lock().unwrap_or_else(|p| p.into_inner()).view(Instant::now())
+        self.duel.lock().unwrap_or_else(|p| p.into_inner()).view(Instant::now(), self.registry.active().is_some())
     }
 
     /// The serving model's own scores on `holdout` (the prior's when no model is active).

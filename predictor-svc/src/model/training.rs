@@ -87,6 +87,23 @@ pub struct Scores {
     pub error: f64,
 }
 
+/// The objective's loss of `predicted` for what took `truth`: the absolute relative error
+/// for `mean`, the pinball loss of the relative error for a quantile. What models are
+/// compared by, on the holdout ([`score`]) and live against the prior (`duel`).
+pub fn loss(objective: Objective, predicted: f64, truth: f64) -> f64 {
+    let r = (truth - predicted) / truth;
+    match objective {
+        Objective::Mean => r.abs(),
+        Objective::Quantile { q } => {
+            if r > 0.0 {
+                q * r
+            } else {
+                (q - 1.0) * r
+            }
+        }
+    }
+}
+
 /// Scores `predict` on held-out samples.
 pub fn score(holdout: &[Sample], objective: Objective, mut predict: impl FnMut(&Row) -> (f64, f64)) -> Scores {
     let (mut ape, mut cover, mut pinball) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()], Vec::new());
@@ -98,11 +115,10 @@ pub fn score(holdout: &[Sample], objective: Objective, mut predict: impl FnMut(&
                 ape[k].push(1.0);
                 continue;
             }
-            ape[k].push((pred - truth).abs() / truth);
+            ape[k].push(loss(Objective::Mean, pred, truth));
             cover[k].push(if pred >= truth { 1.0 } else { 0.0 });
-            if let Objective::Quantile { q } = objective {
-                let r = (truth - pred) / truth;
-                pinball.push(if r > 0.0 { q * r } else { (q - 1.0) * r });
+            if let Objective::Quantile { .. } = objective {
+                pinball.push(loss(objective, pred, truth));
             }
         }
     }
@@ -209,6 +225,15 @@ mod tests {
 
     fn sample(ttft: f64, tpot: f64) -> Sample {
         Sample { row: Row::default(), ttft_ms: Some(ttft), tpot_ms: Some(tpot) }
+    }
+
+    #[test]
+    fn the_quantile_loss_weighs_under_prediction_as_the_quantile_does() {
+        let q90 = Objective::Quantile { q: 0.9 };
+        // Under by 10% costs nine times what over by 10% does.
+        let (under, over) = (loss(q90, 90.0, 100.0), loss(q90, 110.0, 100.0));
+        assert!((under / over - 9.0).abs() < 1e-9, "{under} vs {over}");
+        assert!((loss(Objective::Mean, 90.0, 100.0) - 0.1).abs() < 1e-12);
     }
 
     #[test]
