@@ -126,14 +126,11 @@ const DECODE_MIN_TOKENS: f64 = 32.0;
 const DECODE_MAX_WINDOW: Duration = Duration::from_secs(5);
 /// While the histogram moved `recent_tpot_ms` this recently, reports leave it alone.
 const DECODE_FRESH: Duration = Duration::from_secs(10);
-/// Time constant of an endpoint's recent prefill rate. What the rate stands for is the
-/// prefill a request placed now will share its decode steps with, over the seconds it
-/// decodes. Over 5 s it followed each endpoint's last few prompts, and a router that
-/// steers by it sends the next prompts where it is low: the endpoint whose rate was low
-/// at a placement took the prompts that followed, so the own rate said least where it
-/// changed most (docs/predictor.md, "The prefill rate over 30 seconds"). Over 30 s it
-/// keeps the endpoint's level under its load and drops the swings the routing makes.
-const PREFILL_RATE_TAU: Duration = Duration::from_secs(30);
+/// Time constant of an endpoint's recent prefill rate. 30 s was tried (2026-11-27): flow
+/// control on the prior held more of mixed traffic past the cliff, less of the bursty
+/// azure trace, and the trained models' TTFT lost accuracy (docs/predictor.md, "The
+/// prefill rate over 30 seconds").
+const PREFILL_RATE_TAU: Duration = Duration::from_secs(5);
 
 impl Endpoint {
     /// The server refused a connection: it is down, or back as a new process. Its engine

@@ -162,8 +162,7 @@ pub struct EndpointState {
     #[serde(default)]
     pub recent_tpot_ms: Option<f64>,
     /// Uncached prompt tokens dispatched there per second, recently (decaying over
-    /// 30 s in predictor-svc): prefill work that will share the steps of a request
-    /// sent now.
+    /// seconds): prefill work that will share the steps of a request sent now.
     #[serde(default)]
     pub prefill_tokens_per_s: f64,
 }

@@ -62,7 +62,7 @@ pub type Row = [f32; COUNT];
 /// | tokens_in_flight | prompt + expected output tokens of those requests (KV they will read) |
 /// | hardware_class | the endpoint's class from the pool config (0: unknown), so one pool can mix GPUs |
 /// | recent_tpot_ms | the time between tokens it runs at now: its inter-token latency histogram between scrapes, else a moving average of TPOTs reported there (0: neither yet) |
-/// | prefill_tokens_per_s | uncached prompt tokens dispatched there per second, decaying over 30 s (`pool::PREFILL_RATE_TAU`): prefill that will share its steps |
+/// | prefill_tokens_per_s | uncached prompt tokens dispatched there per second, decaying over 5 s: prefill that will share its steps |
 /// | prior_log_ttft, prior_log_tpot | `ln` of the analytic prior's TTFT and TPOT for the columns above |
 pub fn row(request: &RequestFeatures, state: &EndpointState, prior: &AnalyticPrior) -> Row {
     let prefix = state.prefix_match.clamp(0.0, 1.0);

@@ -21,8 +21,8 @@
 //! loaded server: on the benchmark's mixed traffic, prompts took 60-90% of each
 //! server's time near the cliff, and a prior without the term predicted a third
 //! of the TPOTs measured there (docs/predictor.md, "Decodes share the engine with
-//! prefills"). The recent rate (over 30 s: `pool::PREFILL_RATE_TAU`) stands in for
-//! the future's, which nothing at dispatch knows better. Capped at 0.8 (decodes at a fifth of their speed): past
+//! prefills"). The recent rate stands in for the future's, which nothing at
+//! dispatch knows better. Capped at 0.8 (decodes at a fifth of their speed): past
 //! it the server is saturated, its queue (which the TTFT terms see) says more than
 //! the step, and the measured TPOTs there were half what a higher cap predicts.
 //!
