@@ -236,6 +236,23 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     options.open(path)?.write_all(text.as_bytes())
 }
 
+/// The analytic prior's speed of each simulated GPU, as an operator of this fleet would set
+/// `model.prior_hardware_scale`: the simulated A100 runs 1.75x (decode) to 2.7x (prefill) slower
+/// than the H100 the prior is calibrated on (docs/simulator.md), and a simulator at
+/// `--time-scale` s runs every GPU 1/s times slower in wall time, which is all the predictor
+/// sees. Without the time scale, at 0.25x every engine term of the prior was 4x under, which
+/// the live correction's factor absorbs, but its prefill share (the wall-time rate of prompt
+/// tokens times a batched token's cost) was 4x under too, which no factor restores.
+fn prior_scale_as_an_operator_would(config: &mut PredictorConfig, profiles: &[String], time_scale: f64) {
+    for profile in profiles {
+        let gpu = if profile == "a100" { 2.0 } else { 1.0 };
+        let scale = gpu / time_scale;
+        if scale != 1.0 {
+            config.model.prior_hardware_scale.insert(profile.clone(), scale);
+        }
+    }
+}
+
 fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -410,11 +427,7 @@ impl Stack {
             config.model.data_dir = Some(run_dir.join(Self::replica_name("predictor-data", i)));
             config.model.retrain_interval_ms = 2000;
             config.model.objective = opts.objective.clone();
-            // As an operator of this fleet would set it: the simulated A100 runs 1.75x (decode)
-            // to 2.7x (prefill) slower than the H100 the prior is calibrated on (docs/simulator.md).
-            if opts.profiles.iter().any(|p| p == "a100") {
-                config.model.prior_hardware_scale.insert("a100".into(), 2.0);
-            }
+            prior_scale_as_an_operator_would(&mut config, &opts.profiles, opts.time_scale);
             (opts.predictor_tweak)(&mut config);
             std::fs::write(stack.predictor_config(i), config.to_toml()?)?;
             if opts.external_predictor.is_none() {
@@ -689,6 +702,18 @@ mod tests {
         assert_eq!(streaming.matches("http2_protocol_options").count(), 2, "{streaming}");
         assert!(streaming.contains("name: headroom_predictor_1"));
         assert!(!predictor_clusters(&replicas, false).contains("http2"));
+    }
+
+    #[test]
+    fn the_prior_runs_each_gpu_at_its_wall_time_speed() {
+        let profiles: Vec<String> = ["h100", "a100", "h100"].map(String::from).into();
+        let mut config = PredictorConfig::new(Vec::new());
+        prior_scale_as_an_operator_would(&mut config, &profiles, 1.0);
+        assert_eq!(config.model.prior_hardware_scale.into_iter().collect::<Vec<_>>(), [("a100".to_string(), 2.0)]);
+        let mut config = PredictorConfig::new(Vec::new());
+        prior_scale_as_an_operator_would(&mut config, &profiles, 0.25);
+        let scales = config.model.prior_hardware_scale;
+        assert_eq!((scales["h100"], scales["a100"]), (4.0, 8.0));
     }
 
     #[test]
