@@ -271,6 +271,9 @@ pub const TOKEN_ENV: &str = "HEADROOM_PREDICTOR_TOKEN";
 pub const PLACEHOLDER_TOKEN_PREFIX: &str = "change-me";
 /// Shortest token accepted: a guessable token is no protection.
 pub const MIN_TOKEN_BYTES: usize = 16;
+/// The `model.prior_hardware_scale` values accepted: how many times slower than an H100 a
+/// class may be said to run. Beyond it a value is more likely a typo than a GPU.
+pub const PRIOR_HARDWARE_SCALE: std::ops::RangeInclusive<f64> = 0.05..=20.0;
 
 impl Config {
     /// A configuration of `pools` with every other field at its default (what a file
@@ -392,8 +395,10 @@ impl Config {
         let names = self.hardware_names();
         for (name, scale) in &self.model.prior_hardware_scale {
             anyhow::ensure!(
-                scale.is_finite() && (0.05..=20.0).contains(scale),
-                "model.prior_hardware_scale.{name} must be within 0.05..=20 (times slower than an H100)"
+                scale.is_finite() && PRIOR_HARDWARE_SCALE.contains(scale),
+                "model.prior_hardware_scale.{name} must be within {}..={} (times slower than an H100)",
+                PRIOR_HARDWARE_SCALE.start(),
+                PRIOR_HARDWARE_SCALE.end()
             );
             anyhow::ensure!(
                 names.contains(&name),

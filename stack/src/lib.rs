@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use headroom_predictor_config::{Config as PredictorConfig, PoolConfig};
+use headroom_predictor_config::{Config as PredictorConfig, PoolConfig, PRIOR_HARDWARE_SCALE};
 use process::Proc;
 
 /// What routes requests to the model servers.
@@ -238,15 +238,21 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 
 /// The analytic prior's speed of each simulated GPU, as an operator of this fleet would set
 /// `model.prior_hardware_scale`: the simulated A100 runs 1.75x (decode) to 2.7x (prefill) slower
-/// than the H100 the prior is calibrated on (docs/simulator.md), and a simulator at
+/// than the H100 the prior is calibrated on (docs/simulator.md), and the prefill's 2.7 is the
+/// one to give it. Under load the prior's TPOT is set by the share of time prompts take, whose
+/// slope is the prefill cost; an idle decode's error is a constant factor, which the live
+/// correction takes out, and a wrong slope is not (with 2.0: azure's interactive class at 160
+/// req/s 89.1% against 90.3%, docs/benchmark.md "The prior at the simulator's speed"). A simulator at
 /// `--time-scale` s runs every GPU 1/s times slower in wall time, which is all the predictor
 /// sees. Without the time scale, at 0.25x every engine term of the prior was 4x under, which
 /// the live correction's factor absorbs, but its prefill share (the wall-time rate of prompt
-/// tokens times a batched token's cost) was 4x under too, which no factor restores.
+/// tokens times a batched token's cost) was 4x under too, which no factor restores. Held within
+/// what the predictor accepts (`PRIOR_HARDWARE_SCALE`): the stacks that run the simulator 100 or
+/// 1000 times off real time measure the gateway, not predictions.
 fn prior_scale_as_an_operator_would(config: &mut PredictorConfig, profiles: &[String], time_scale: f64) {
     for profile in profiles {
-        let gpu = if profile == "a100" { 2.0 } else { 1.0 };
-        let scale = gpu / time_scale;
+        let gpu = if profile == "a100" { 2.7 } else { 1.0 };
+        let scale = (gpu / time_scale).clamp(*PRIOR_HARDWARE_SCALE.start(), *PRIOR_HARDWARE_SCALE.end());
         if scale != 1.0 {
             config.model.prior_hardware_scale.insert(profile.clone(), scale);
         }
@@ -709,11 +715,18 @@ mod tests {
         let profiles: Vec<String> = ["h100", "a100", "h100"].map(String::from).into();
         let mut config = PredictorConfig::new(Vec::new());
         prior_scale_as_an_operator_would(&mut config, &profiles, 1.0);
-        assert_eq!(config.model.prior_hardware_scale.into_iter().collect::<Vec<_>>(), [("a100".to_string(), 2.0)]);
+        assert_eq!(config.model.prior_hardware_scale.into_iter().collect::<Vec<_>>(), [("a100".to_string(), 2.7)]);
         let mut config = PredictorConfig::new(Vec::new());
         prior_scale_as_an_operator_would(&mut config, &profiles, 0.25);
         let scales = config.model.prior_hardware_scale;
-        assert_eq!((scales["h100"], scales["a100"]), (4.0, 8.0));
+        assert_eq!((scales["h100"], scales["a100"]), (4.0, 10.8));
+        // The gateway's stacks run the simulator far off real time: the scale stays one the
+        // predictor starts with.
+        for time_scale in [0.01, 1000.0] {
+            let mut config = PredictorConfig::new(Vec::new());
+            prior_scale_as_an_operator_would(&mut config, &profiles, time_scale);
+            assert!(config.model.prior_hardware_scale.values().all(|s| PRIOR_HARDWARE_SCALE.contains(s)));
+        }
     }
 
     #[test]
