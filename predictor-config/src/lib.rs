@@ -179,7 +179,8 @@ pub struct ModelConfig {
     /// held-out ones. 0 turns drift handling off.
     pub drift_factor: f64,
     /// How many times slower than the prior's calibration GPU (H100) each hardware
-    /// class runs, e.g. `{ a100 = 1.7 }`: only the analytic prior, before a model trains.
+    /// class runs its prefill, e.g. `{ a100 = 2.7 }`: the analytic prior's, before a model
+    /// trains and wherever it contends with one (docs/configuration.md).
     pub prior_hardware_scale: BTreeMap<String, f64>,
 }
 

@@ -1,0 +1,35 @@
+"""Where in a step the served p90 TPOT covered what requests measured, and where the interactive class missed.
+
+Usage: python3 by_tenth.py OUT...   (`headroom-bench run --out` directories)
+
+For each run's request log (requests/*.jsonl), splits the measured step into tenths by arrival and prints per
+tenth: the share of answered requests whose measured TPOT was at or under the TPOT served at dispatch (what a
+p90 objective aims to hold at 0.9), the interactive requests that missed their SLOs (any of TTFT, TPOT, status)
+out of those that arrived, and the requests shed (429). Every step starts on an empty fleet and a fresh
+predictor, so the first tenths show how fast the served predictions reach the load's level.
+"""
+import collections
+import glob
+import json
+import sys
+
+for out in sys.argv[1:]:
+    for f in sorted(glob.glob(out + '/requests/*.jsonl')):
+        rows = [json.loads(line) for line in open(f)]
+        end = max(r['at_s'] for r in rows) + 1e-9
+        n, covered, missed, arrived, shed = (collections.Counter() for _ in range(5))
+        for r in rows:
+            k = int(10 * r['at_s'] / end)
+            shed[k] += r['status'] == 429
+            if r['class'] == 'interactive':
+                arrived[k] += 1
+                met = r['status'] == 200 and r['ttft_ms'] <= r['slo_ttft_ms'] and (r['tpot_ms'] or 0) <= r['slo_tpot_ms']
+                missed[k] += not met
+            if r['status'] == 200 and r['tpot_ms'] and r['predicted_tpot_ms']:
+                n[k] += 1
+                covered[k] += r['tpot_ms'] <= r['predicted_tpot_ms']
+        interactive = sum(arrived.values())
+        print('%s: interactive met %.1f%%, shed %d' % (f, 100 - 100 * sum(missed.values()) / interactive, sum(shed.values())))
+        print('  TPOT covered   ' + ' '.join('%5.2f' % (covered[k] / max(n[k], 1)) for k in range(10)))
+        print('  interactive missed ' + ' '.join('%d/%d' % (missed[k], arrived[k]) for k in range(10)))
+        print('  shed           ' + ' '.join('%5d' % shed[k] for k in range(10)))
