@@ -22,25 +22,30 @@ def met(o):
         return ok
     d=(o['slo_ttft_ms'] or 0)+(o['slo_tpot_ms'] or 0)*o['max_tokens']
     return o['e2e_ms']<=d
-res=collections.defaultdict(list)
-for d in sys.argv[1:]:
-    for f in sorted(glob.glob(d+'/requests/*.jsonl')):
-        b=os.path.basename(f)
-        m=re.match(r'(\w+)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl',b)
-        wl,router,rate,seed=m.groups()
-        rows=[json.loads(l) for l in open(f)]
-        c=collections.Counter()
-        for o in rows:
-            c[o['class']]+=1; c[o['class']+'_met']+=met(o)
-            if o['class']!='sheddable': c['crit']+=1; c['crit_met']+=met(o)
-            c['all']+=1; c['all_met']+=met(o)
-            if o['status']==429: c['shed']+=1
-        res[(d.split('/')[-1],wl,router,int(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
-print('| run | workload | router | rate | seeds | all | interactive | batch | sheddable | non-sheddable | shed |')
-print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
-for k in sorted(res, key=lambda k:(k[1],k[2],k[3],k[0])):
-    v=res[k]; 
-    def f(x):
-        xs=[r[x] for r in v]; m=sum(xs)/len(xs)
-        return '%.1f%%'%m + (' (%.1f-%.1f)'%(min(xs),max(xs)) if len(xs)>1 else '')
-    print('| %s | %s | %s | %d | %d | %s | %s | %s | %s | %s | %s |'%(k[0],k[1],k[2],k[3],len(v),f('all'),f('interactive'),f('batch'),f('sheddable'),f('crit'),f('shed')))
+def main():
+    res=collections.defaultdict(list)
+    for d in sys.argv[1:]:
+        for f in sorted(glob.glob(d+'/requests/*.jsonl')):
+            b=os.path.basename(f)
+            m=re.match(r'(\w+)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl',b)
+            wl,router,rate,seed=m.groups()
+            rows=[json.loads(l) for l in open(f)]
+            c=collections.Counter()
+            for o in rows:
+                c[o['class']]+=1; c[o['class']+'_met']+=met(o)
+                if o['class']!='sheddable': c['crit']+=1; c['crit_met']+=met(o)
+                c['all']+=1; c['all_met']+=met(o)
+                if o['status']==429: c['shed']+=1
+            res[(d.split('/')[-1],wl,router,int(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
+    print('| run | workload | router | rate | seeds | all | interactive | batch | sheddable | non-sheddable | shed |')
+    print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+    for k in sorted(res, key=lambda k:(k[1],k[2],k[3],k[0])):
+        v=res[k]; 
+        def f(x):
+            xs=[r[x] for r in v]; m=sum(xs)/len(xs)
+            return '%.1f%%'%m + (' (%.1f-%.1f)'%(min(xs),max(xs)) if len(xs)>1 else '')
+        print('| %s | %s | %s | %d | %d | %s | %s | %s | %s | %s | %s |'%(k[0],k[1],k[2],k[3],len(v),f('all'),f('interactive'),f('batch'),f('sheddable'),f('crit'),f('shed')))
+
+
+if __name__ == '__main__':
+    main()

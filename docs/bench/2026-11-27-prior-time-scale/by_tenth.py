@@ -4,14 +4,20 @@ Usage: python3 by_tenth.py OUT...   (`headroom-bench run --out` directories)
 
 For each run's request log (requests/*.jsonl), splits the measured step into tenths by arrival and prints per
 tenth: the share of answered requests whose measured TPOT was at or under the TPOT served at dispatch (what a
-p90 objective aims to hold at 0.9), the interactive requests that missed their SLOs (any of TTFT, TPOT, status)
-out of those that arrived, and the requests shed (429). Every step starts on an empty fleet and a fresh
-predictor, so the first tenths show how fast the served predictions reach the load's level.
+p90 objective aims to hold at 0.9), the interactive requests that missed their SLOs (`by_class.met`, as in the
+per-class tables) out of those that arrived, and the requests shed (429). Every step starts on an empty fleet and
+a fresh predictor, so the first tenths show how fast the served predictions reach the load's level.
 """
 import collections
 import glob
 import json
+import os
 import sys
+
+# Whether a request met its SLOs: the one definition the per-class tables use (`Outcome::met_slo`).
+sys.dont_write_bytecode = True  # no __pycache__ left in docs/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '2026-11-27-flow-neighbours'))
+from by_class import met  # noqa: E402
 
 for out in sys.argv[1:]:
     for f in sorted(glob.glob(out + '/requests/*.jsonl')):
@@ -23,8 +29,7 @@ for out in sys.argv[1:]:
             shed[k] += r['status'] == 429
             if r['class'] == 'interactive':
                 arrived[k] += 1
-                met = r['status'] == 200 and r['ttft_ms'] <= r['slo_ttft_ms'] and (r['tpot_ms'] or 0) <= r['slo_tpot_ms']
-                missed[k] += not met
+                missed[k] += not met(r)
             if r['status'] == 200 and r['tpot_ms'] and r['predicted_tpot_ms']:
                 n[k] += 1
                 covered[k] += r['tpot_ms'] <= r['predicted_tpot_ms']
