@@ -354,3 +354,29 @@ fn the_corrected_prior_takes_a_target_the_model_serves_worse_live() {
     let (serving, _) = contest_after(|input| if input < 1500 { 3.0 } else { 1.0 });
     assert_eq!(serving, "model");
 }
+
+#[test]
+fn the_prior_takes_a_target_only_on_the_hardware_class_the_model_serves_worse() {
+    // Trained as in `contest_after`; live, the endpoints of class 0 run as the model learnt
+    // them and those of class 1 (another GPU) at 1.5x the prior everywhere. Judged over
+    // both classes at once the model's class-0 reports would hide its class-1 errors, or
+    // the prior would take class 0 with them.
+    let shape = |input: u32| if input < 1500 { 3.0 } else { 1.0 };
+    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }).unwrap();
+    feed_with(&store, 0, 2000, |i| shape(request(i, (50, 3000), 2).0), (50, 3000), 2);
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    for i in 10_000..14_000 {
+        let (input, mut state) = request(i, (50, 3000), 2);
+        state.hardware_class = (i % 2) as u32;
+        let slowdown = if state.hardware_class == 1 { 1.5 } else { shape(input) };
+        let truth = world(slowdown, input, &state);
+        let req = RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
+        let served = store.predict(&[store.row(&req, &state)]).0[0];
+        let mut o = observation(i, input, state, truth, served);
+        o.e2e_ms = 0.001; // reported as dispatched, as in `contest_after`
+        store.observe(&o);
+    }
+    let serving = store.duel();
+    assert_eq!(serving.tpot, "model+prior", "{serving:?}");
+    assert_eq!(serving.prior_classes[1], vec![1], "{serving:?}");
+}

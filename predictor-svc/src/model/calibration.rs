@@ -89,7 +89,9 @@ pub struct CalibrationView {
     pub tpot_factor: Vec<f64>,
 }
 
-fn slot(class: f32) -> usize {
+/// The slot of hardware class `class` (a row's `hardware_class`) in per-class state: the
+/// correction's factors here, the contest's judgements (`duel`).
+pub fn slot(class: f32) -> usize {
     if class.is_finite() && class > 0.0 {
         (class as usize).min(CLASSES - 1)
     } else {

@@ -3,8 +3,9 @@
 //! (training), `onnx` (export), `runtime` (ONNX Runtime inference), `sampler`
 //! (the sample reservoirs), `registry` (which model serves), `training` (one
 //! round's fit, scores and export), `persistence` (the data directory),
-//! `calibration` (the live correction of served predictions), and `store`,
-//! which composes them for the service.
+//! `calibration` (the live correction of served predictions), `duel` (the
+//! corrected prior against the trained model, judged live), and `store`, which
+//! composes them for the service.
 
 pub mod calibration;
 pub mod duel;

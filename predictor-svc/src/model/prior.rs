@@ -27,8 +27,8 @@
 //! the step, and the measured TPOTs there were half what a higher cap predicts.
 //!
 //! Other GPUs: `model.prior_hardware_scale` multiplies every engine term (all
-//! but the 10 ms overhead) for the endpoints of a hardware class (e.g. 1.7 for
-//! an A100).
+//! but the 10 ms overhead) for the endpoints of a hardware class: its prefill
+//! slowdown against an H100 (2.7 for the simulated A100; docs/configuration.md).
 
 use crate::model::features::{Row, HARDWARE_CLASS, PREFILL_TOKENS_PER_S};
 

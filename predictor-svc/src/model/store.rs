@@ -236,29 +236,39 @@ impl ModelStore {
 
     /// (TTFT, TPOT) in ms for every row, in one batch, corrected by the live
     /// calibration, and the name of the model that made them (with `+prior:ttft` or
-    /// `+prior:tpot` for a target the contest has handed to the prior).
+    /// `+prior:tpot` for a target the contest has handed to the prior on the hardware
+    /// class of some of the rows).
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
         let (raw, name) = self.predict_raw(rows);
-        // `PRIOR` here: no model, or it failed and the prior answered; nothing to hand over.
-        let by_prior = if name == PRIOR { [false, false] } else { self.prior_serves(Instant::now()) };
+        let now = Instant::now();
+        // Locks in the order `train` takes them (the correction before the contest).
         let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
-        if by_prior == [false, false] {
-            let served = rows.iter().zip(raw).map(|(r, p)| calibration.apply(r[features::HARDWARE_CLASS], p)).collect();
-            return (served, name);
-        }
         let prior_calibration = self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner());
+        // `PRIOR` here: no model, or it failed and the prior answered; nothing to hand over.
+        let duel =
+            (name != PRIOR && self.trained_model_serves()).then(|| self.duel.lock().unwrap_or_else(|p| p.into_inner()));
+        let by_prior =
+            |class: f32| duel.as_ref().map_or([false, false], |d| [0, 1].map(|k| d.prior_serves(k, class, now)));
+        let mut handed = [false, false];
         let served = rows
             .iter()
             .zip(raw)
             .map(|(r, p)| {
                 let class = r[features::HARDWARE_CLASS];
-                let (model, prior) =
-                    (calibration.apply(class, p), prior_calibration.apply(class, self.prior.predict(r)));
+                let model = calibration.apply(class, p);
+                let by_prior = by_prior(class);
+                if by_prior == [false, false] {
+                    return model;
+                }
+                handed = [handed[0] || by_prior[0], handed[1] || by_prior[1]];
+                let prior = prior_calibration.apply(class, self.prior.predict(r));
                 (if by_prior[0] { prior.0 } else { model.0 }, if by_prior[1] { prior.1 } else { model.1 })
             })
             .collect();
-        let targets: Vec<&str> =
-            ["ttft", "tpot"].into_iter().zip(by_prior).filter(|(_, p)| *p).map(|(t, _)| t).collect();
+        if handed == [false, false] {
+            return (served, name);
+        }
+        let targets: Vec<&str> = ["ttft", "tpot"].into_iter().zip(handed).filter(|(_, p)| *p).map(|(t, _)| t).collect();
         (served, format!("{name}+prior:{}", targets.join(",")))
     }
 
@@ -268,13 +278,14 @@ impl ModelStore {
         self.trains() && self.registry.active().is_some()
     }
 
-    /// Per target, whether the contest has handed it to the prior at `at`.
-    fn prior_serves(&self, at: Instant) -> [bool; 2] {
+    /// Per target, whether the contest has handed it to the prior on hardware class
+    /// `class` at `at`.
+    fn prior_serves(&self, class: f32, at: Instant) -> [bool; 2] {
         if !self.trained_model_serves() {
             return [false, false];
         }
         let duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
-        [duel.prior_serves(0, at), duel.prior_serves(1, at)]
+        [duel.prior_serves(0, class, at), duel.prior_serves(1, class, at)]
     }
 
     /// The model's own predictions (the prior's when no model serves or it fails).
@@ -328,7 +339,7 @@ impl ModelStore {
             prior_served
         };
         // The model's correction, from the targets it served; the contest, on those too.
-        let by_prior = self.prior_serves(dispatched);
+        let by_prior = self.prior_serves(class as f32, dispatched);
         let model_served = [0, 1].map(|k| served[k].filter(|_| !by_prior[k]));
         self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(
             class,
@@ -342,8 +353,8 @@ impl ModelStore {
             let mut duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
             for (k, target) in ["ttft", "tpot"].into_iter().enumerate() {
                 let (Some(s), Some(p), Some(a)) = (model_served[k], prior_served[k], [ttft, tpot][k]) else { continue };
-                if duel.observe(k, dispatched, s, p, a, now) {
-                    tracing::info!(target, model = %self.active_name(), "the corrected prior beat the model on live reports; it serves this target for a while");
+                if duel.observe(k, class as f32, dispatched, s, p, a, now) {
+                    tracing::info!(target, class, model = %self.active_name(), "the corrected prior beat the model on live reports; it serves this target on this hardware class for a while");
                 }
             }
         }

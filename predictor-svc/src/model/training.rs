@@ -83,18 +83,32 @@ pub struct Scores {
     pub coverage_tpot: Option<f64>,
     /// The same errors as drift judges them (TTFT, TPOT).
     pub drift: [Option<ErrorSpread>; 2],
-    /// The number models are compared by: MAPE (mean) or pinball loss of the relative error (quantile).
+    /// The number models are compared by: MAPE (mean) or the pinball loss of the log ratio (quantile, [`loss`]).
     pub error: f64,
 }
 
 /// The objective's loss of `predicted` for what took `truth`: the absolute relative error
-/// for `mean`, the pinball loss of the relative error for a quantile. What models are
-/// compared by, on the holdout ([`score`]) and live against the prior (`duel`).
+/// for `mean` (MAPE, the figure), the pinball loss of `ln(truth / predicted)` for a
+/// quantile. What models are compared by, on the holdout ([`score`]) and live against the
+/// prior (`duel`).
+///
+/// Why the log for a quantile: the pinball loss is minimised by the quantile only in the
+/// variable it is taken of. Taken of the relative error `(truth - predicted) / truth`
+/// (until 2026-11-27) it is a pinball weighted by `1 / truth`, minimised below the
+/// quantile, and it charges at most `q` for any under-prediction but without bound for an
+/// over-prediction: it preferred an optimistic predictor to one several times too cautious
+/// where the engine is saturated, the wrong way round for routing (azure past the cliff:
+/// it scored the models' A100 TPOTs better than the corrected prior's, the log scores them
+/// worse, and the models' placements there missed their TPOT 25 times as often;
+/// docs/predictor.md, "A proper loss, judged per hardware class"). In the log it is the
+/// loss the trees fit (`gbdt`: quantiles of the log are the log of the quantiles), and a
+/// factor too high costs what the same factor too low does, weighed as the quantile
+/// weighs them.
 pub fn loss(objective: Objective, predicted: f64, truth: f64) -> f64 {
-    let r = (truth - predicted) / truth;
     match objective {
-        Objective::Mean => r.abs(),
+        Objective::Mean => ((truth - predicted) / truth).abs(),
         Objective::Quantile { q } => {
+            let r = (truth / predicted).ln();
             if r > 0.0 {
                 q * r
             } else {
@@ -230,9 +244,14 @@ mod tests {
     #[test]
     fn the_quantile_loss_weighs_under_prediction_as_the_quantile_does() {
         let q90 = Objective::Quantile { q: 0.9 };
-        // Under by 10% costs nine times what over by 10% does.
-        let (under, over) = (loss(q90, 90.0, 100.0), loss(q90, 110.0, 100.0));
+        // A factor too low costs nine times what the same factor too high does.
+        let (under, over) = (loss(q90, 80.0, 100.0), loss(q90, 125.0, 100.0));
         assert!((under / over - 9.0).abs() < 1e-9, "{under} vs {over}");
+        // Six times too cautious is no cheaper than the quantile says: in the relative
+        // error it cost 0.5 against at most 0.9 for any under-prediction, in the log it
+        // costs as much as being 1.22x under ((ln 6) / 9 = ln 1.22).
+        let (cautious, optimistic) = (loss(q90, 600.0, 100.0), loss(q90, 100.0 / 6f64.powf(1.0 / 9.0), 100.0));
+        assert!((cautious - optimistic).abs() < 1e-9, "{cautious} vs {optimistic}");
         assert!((loss(Objective::Mean, 90.0, 100.0) - 0.1).abs() < 1e-12);
     }
 
