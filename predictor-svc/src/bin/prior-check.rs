@@ -14,6 +14,13 @@
 //! server's time the prior gives to prefill and by hardware class. docs/predictor.md,
 //! "Decodes share the engine with prefills", has a run.
 //!
+//! A second table, per hardware class, scores the served TPOT and the prior's (times
+//! the factor that puts it at the class's 90th percentile, where a live correction of a
+//! p90 objective would take it) with the p90 pinball loss two ways: of the relative
+//! error (what judged models until 2026-11-27) and of the log ratio (`training::loss`),
+//! with the share of requests each would have let through on their TPOT goal that then
+//! missed it. docs/predictor.md, "A proper loss, judged per hardware class", has a run.
+//!
 //! `--scale` gives the prior's hardware factors by class id as the observations carry
 //! it (the pool's hardware names in order, from 1): the benchmark's fleet is
 //! `--scale 1=2` (a100 = 1, h100 = 2; `model.prior_hardware_scale`).
@@ -22,7 +29,9 @@ use std::io::BufRead;
 
 use anyhow::Context;
 use headroom_predictor::model::features::row;
+use headroom_predictor::model::gbdt::Objective;
 use headroom_predictor::model::prior::AnalyticPrior;
+use headroom_predictor::model::training;
 use headroom_protocol::Observation;
 
 /// Bands of the prefill share the table splits by (upper bounds).
@@ -37,6 +46,8 @@ struct Point {
     class: u32,
     measured: f64,
     predicted: [f64; 3],
+    /// The request's TPOT goal, if it had one.
+    slo: Option<f64>,
 }
 
 /// Which points a column of the table takes.
@@ -90,7 +101,8 @@ fn main() -> anyhow::Result<()> {
             let r = row(&o.request, state, &prior);
             let share = prior.prefill_share(&r);
             let predicted = [without.predict(&r).1, prior.predict(&r).1, served];
-            points.push(Point { share, class: state.hardware_class, measured, predicted });
+            let slo = o.request.slo.tpot_ms;
+            points.push(Point { share, class: state.hardware_class, measured, predicted, slo });
         }
     }
     anyhow::ensure!(!points.is_empty(), "no observation with a measured TPOT and its state at dispatch");
@@ -125,7 +137,53 @@ fn main() -> anyhow::Result<()> {
         }
         println!("{line}");
     }
+    println!("{}", losses(&points));
     Ok(())
+}
+
+/// The per-class table of p90 losses (module docs).
+fn losses(points: &[Point]) -> String {
+    const P90: Objective = Objective::Quantile { q: 0.9 };
+    // The pinball loss of the relative error, as models were judged until 2026-11-27.
+    let relative = |predicted: f64, measured: f64| {
+        let r = (measured - predicted) / measured;
+        if r > 0.0 {
+            0.9 * r
+        } else {
+            -0.1 * r
+        }
+    };
+    let mut out = String::from(
+        "\nTPOT p90 losses by hardware class: pinball of the relative error / of the log ratio / requests let through \
+         on their TPOT goal that missed it\n\n| class | requests | served | prior x its p90 factor |\n|---|---:|---|---|\n",
+    );
+    let mut classes: Vec<u32> = points.iter().map(|p| p.class).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    for class in classes {
+        let of: Vec<&Point> = points.iter().filter(|p| p.class == class && p.predicted[1] > 0.0).collect();
+        let mut ratios: Vec<f64> = of.iter().map(|p| p.measured / p.predicted[1]).collect();
+        ratios.sort_by(f64::total_cmp);
+        let factor = ratios[(ratios.len() * 9 / 10).min(ratios.len() - 1)];
+        let scores = |predicted: &dyn Fn(&Point) -> f64| {
+            let n = of.len() as f64;
+            let mean = |f: &dyn Fn(&Point) -> f64| of.iter().map(|p| f(p)).sum::<f64>() / n;
+            let missed = |p: &Point| p.slo.is_some_and(|slo| predicted(p) <= slo && p.measured > slo);
+            format!(
+                "{:.3} / {:.3} / {:.1}%",
+                mean(&|p| relative(predicted(p), p.measured)),
+                mean(&|p| training::loss(P90, predicted(p), p.measured)),
+                100.0 * of.iter().filter(|p| missed(p)).count() as f64 / n
+            )
+        };
+        out += &format!(
+            "| {class} | {} | {} | {} (x{factor:.2}) |\n",
+            of.len(),
+            scores(&|p| p.predicted[2]),
+            scores(&|p| p.predicted[1] * factor)
+        );
+    }
+    out
 }
 
 /// "MAPE / median ratio / coverage" of (measured, predicted) pairs.
