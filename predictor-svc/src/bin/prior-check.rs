@@ -164,7 +164,7 @@ fn losses(points: &[Point]) -> String {
         let of: Vec<&Point> = points.iter().filter(|p| p.class == class && p.predicted[1] > 0.0).collect();
         let mut ratios: Vec<f64> = of.iter().map(|p| p.measured / p.predicted[1]).collect();
         ratios.sort_by(f64::total_cmp);
-        let factor = ratios[(ratios.len() * 9 / 10).min(ratios.len() - 1)];
+        let Some(&factor) = ratios.get((ratios.len() * 9 / 10).min(ratios.len().saturating_sub(1))) else { continue };
         let scores = |predicted: &dyn Fn(&Point) -> f64| {
             let n = of.len() as f64;
             let mean = |f: &dyn Fn(&Point) -> f64| of.iter().map(|p| f(p)).sum::<f64>() / n;
