@@ -27,7 +27,8 @@ def main():
     for d in sys.argv[1:]:
         for f in sorted(glob.glob(d+'/requests/*.jsonl')):
             b=os.path.basename(f)
-            m=re.match(r'(\w+)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl',b)
+            # The workloads with a hyphen in their names first, or shared-prefix would read as workload "shared".
+            m=re.match(r'(shared-prefix|short-long|long-short|\w+)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl',b)
             wl,router,rate,seed=m.groups()
             rows=[json.loads(l) for l in open(f)]
             c=collections.Counter()
