@@ -169,6 +169,11 @@ impl Duel {
         self.contests[k][slot(class)].prior_at(at)
     }
 
+    /// [`Self::prior_serves`] for both targets (TTFT, TPOT).
+    pub fn prior_serves_targets(&self, class: f32, at: Instant) -> [bool; 2] {
+        [0, 1].map(|k| self.prior_serves(k, class, at))
+    }
+
     /// One report of target `k`, of a request dispatched at `dispatched` to an endpoint of
     /// hardware class `class`: what was served for it, what the corrected prior would have
     /// served, what it took. Judged only when the model served it; true when this report

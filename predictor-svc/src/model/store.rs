@@ -241,14 +241,15 @@ impl ModelStore {
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
         let (raw, name) = self.predict_raw(rows);
         let now = Instant::now();
-        // Locks in the order `train` takes them (the correction before the contest).
+        // The correction before the contest, the order `train` takes them in; the prior's
+        // correction last, and only when a row is handed to the prior (`observe` takes it on
+        // every report, and no other lock while it holds it).
         let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
-        let prior_calibration = self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner());
         // `PRIOR` here: no model, or it failed and the prior answered; nothing to hand over.
         let duel =
             (name != PRIOR && self.trained_model_serves()).then(|| self.duel.lock().unwrap_or_else(|p| p.into_inner()));
-        let by_prior =
-            |class: f32| duel.as_ref().map_or([false, false], |d| [0, 1].map(|k| d.prior_serves(k, class, now)));
+        let by_prior = |class: f32| duel.as_ref().map_or([false, false], |d| d.prior_serves_targets(class, now));
+        let mut prior_calibration = None;
         let mut handed = [false, false];
         let served = rows
             .iter()
@@ -261,6 +262,8 @@ impl ModelStore {
                     return model;
                 }
                 handed = [handed[0] || by_prior[0], handed[1] || by_prior[1]];
+                let prior_calibration = prior_calibration
+                    .get_or_insert_with(|| self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner()));
                 let prior = prior_calibration.apply(class, self.prior.predict(r));
                 (if by_prior[0] { prior.0 } else { model.0 }, if by_prior[1] { prior.1 } else { model.1 })
             })
@@ -284,8 +287,7 @@ impl ModelStore {
         if !self.trained_model_serves() {
             return [false, false];
         }
-        let duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
-        [duel.prior_serves(0, class, at), duel.prior_serves(1, class, at)]
+        self.duel.lock().unwrap_or_else(|p| p.into_inner()).prior_serves_targets(class, at)
     }
 
     /// The model's own predictions (the prior's when no model serves or it fails).
