@@ -137,7 +137,9 @@ fn residual_learning_extrapolates_where_no_sample_has_been() {
     };
     let (residual, scratch) = (error(true), error(false));
     assert!(residual < 0.05, "the residual model keeps the prior's shape: {residual:.3}");
-    assert!(scratch > 0.25, "from scratch, trees flatten outside their samples: {scratch:.3}");
+    // (Beyond the load it was trained on, the uncorrected prior bounds it from below,
+    // `seen`: 1 - 1/1.3 off at most.)
+    assert!(scratch > 0.2, "from scratch, trees flatten outside their samples: {scratch:.3}");
 }
 
 #[test]
@@ -416,9 +418,45 @@ fn the_contest_judges_both_sides_on_every_report_however_late_it_comes() {
     }
     let share = |from: usize, to: usize| by_prior[from..to].iter().filter(|p| **p).count() as f64 / (to - from) as f64;
     // The first reports come 20 s (2,000 dispatches) in; a judgment takes a few hundred.
-    assert_eq!(share(0, 2_000), 0.0, "nothing judged before the first reports");
+    // (A few rows beyond the load the model was trained on go to the prior: `seen`.)
+    assert!(share(0, 2_000) < 0.01, "nothing judged before the first reports: {}", share(0, 2_000));
     assert!(share(3_000, 6_000) > 0.99, "the prior holds TPOT while it is the better: {}", share(3_000, 6_000));
     assert!(share(9_000, 12_000) < 0.01, "the model wins it back: {}", share(9_000, 12_000));
     let view = store.duel();
     assert_eq!(view.tpot, "model", "{view:?}");
+}
+
+#[test]
+fn rows_beyond_the_load_a_model_was_trained_on_are_served_by_the_prior() {
+    // Trained while the fleet was light, where it runs at half what the prior says (the
+    // prior's physics is cautious there); then the load rises past anything the samples
+    // hold, where the fleet runs as the prior says. Trees answer with their outermost
+    // leaves there: half the truth.
+    let store = ModelStore::open(config(true, 0.0)).unwrap();
+    feed(&store, 0, 2000, 0.5, (50, 3000), 2);
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    let heavy = |i: u32| EndpointState {
+        running: 300 + i % 100,
+        waiting: 30 + i % 20,
+        in_flight: 300 + i % 100,
+        tokens_in_flight: 600_000,
+        uncached_tokens_in_flight: 20_000,
+        prefill_tokens_per_s: 20_000.0,
+        ..Default::default()
+    };
+    let req = RequestFeatures { input_tokens: 1000, ..Default::default() };
+    let rows: Vec<_> = (0..100).map(|i| store.row(&req, &heavy(i))).collect();
+    let (served, name) = store.predict(&rows);
+    assert!(name.ends_with("+prior:ttft,tpot"), "{name}");
+    for (i, (ttft, tpot)) in served.into_iter().enumerate() {
+        let truth = world(1.0, 1000, &heavy(i as u32));
+        assert!(
+            (ttft / truth.0 - 1.0).abs() < 0.01 && (tpot / truth.1 - 1.0).abs() < 0.01,
+            "{i}: {ttft} {tpot} {truth:?}"
+        );
+    }
+    // Within the load it was trained on, the model serves.
+    let (_, name) = store.predict(&[store.row(&req, &request(5, (50, 3000), 2).1)]);
+    assert!(!name.contains("+prior"), "{name}");
+    assert!(mape(&store, 0.5, (50, 3000), 2) < 0.1, "and serves it well");
 }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gbdt::Objective;
 use super::runtime::OnnxModel;
+use super::seen::Edge;
 use super::training::ErrorSpread;
 
 /// What is known about one model version.
@@ -49,6 +50,12 @@ pub struct ModelInfo {
     /// the newest held-out ones).
     #[serde(default)]
     pub trained_on_drift: bool,
+    /// The edge of the load it was trained on (`seen`): per target, by hardware class,
+    /// the highest prior prediction (ms) among its samples; rows beyond it are served
+    /// by the prior. Absent for a user's model and in models saved before 2026-11-28:
+    /// no edge.
+    #[serde(default)]
+    pub seen_prior_ms: Option<Edge>,
 }
 
 impl ModelInfo {
@@ -195,6 +202,7 @@ mod tests {
             train_ms: 0,
             sha256: None,
             trained_on_drift: false,
+            seen_prior_ms: None,
         };
         (onnx, info, bytes)
     }

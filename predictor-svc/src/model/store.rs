@@ -37,6 +37,7 @@ use super::prior::AnalyticPrior;
 use super::registry::{ActiveModel, Registry};
 use super::runtime::OnnxModel;
 use super::sampler::{Sample, Samples};
+use super::seen;
 use super::training::{self, ErrorSpread, Scores};
 use crate::config::ModelConfig;
 
@@ -189,6 +190,7 @@ impl ModelStore {
                 train_ms: 0,
                 sha256: Some(sha256_hex(&bytes)),
                 trained_on_drift: false,
+                seen_prior_ms: None,
             };
             tracing::info!(path = %path.display(), "using the user-supplied model; online training is off");
             store.registry.install(onnx, info, bytes);
@@ -236,18 +238,20 @@ impl ModelStore {
 
     /// (TTFT, TPOT) in ms for every row, in one batch, corrected by the live
     /// calibration, and the name of the model that made them (with `+prior:ttft` or
-    /// `+prior:tpot` for a target the contest has handed to the prior on the hardware
-    /// class of some of the rows).
+    /// `+prior:tpot` for a target the prior served on some of the rows: the contest
+    /// handed it the target on their hardware class, or they lie beyond the load the
+    /// model was trained on and the prior is the more cautious there, `seen`).
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
-        let (raw, name) = self.predict_raw(rows);
+        let active = self.registry.active();
+        let (raw, name) = self.predict_with(&active, rows);
         // The correction before the contest, the order `train` takes them in; the prior's
-        // correction last, and only when a row is handed to the prior (`observe` takes it on
+        // correction last, and only for a row the prior may serve (`observe` takes it on
         // every report, and no other lock while it holds it).
         let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
         // `PRIOR` here: no model, or it failed and the prior answered; nothing to hand over.
-        let duel =
-            (name != PRIOR && self.trained_model_serves()).then(|| self.duel.lock().unwrap_or_else(|p| p.into_inner()));
-        let by_prior = |class: f32| duel.as_ref().map_or([false, false], |d| d.prior_serves_targets(class));
+        let trained = name != PRIOR && self.trained_model_serves();
+        let duel = trained.then(|| self.duel.lock().unwrap_or_else(|p| p.into_inner()));
+        let edge = active.as_ref().as_ref().and_then(|m| m.info.seen_prior_ms.as_ref()).filter(|_| trained);
         let mut prior_calibration = None;
         let mut handed = [false, false];
         let served = rows
@@ -256,14 +260,21 @@ impl ModelStore {
             .map(|(r, p)| {
                 let class = r[features::HARDWARE_CLASS];
                 let model = calibration.apply(class, p);
-                let by_prior = by_prior(class);
-                if by_prior == [false, false] {
+                let contest = duel.as_ref().map_or([false, false], |d| d.prior_serves_targets(class));
+                let beyond = edge.map_or([false, false], |e| seen::beyond(e, r));
+                if contest == [false, false] && beyond == [false, false] {
                     return model;
                 }
-                handed = [handed[0] || by_prior[0], handed[1] || by_prior[1]];
                 let prior_calibration = prior_calibration
                     .get_or_insert_with(|| self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner()));
                 let prior = prior_calibration.apply(class, self.prior.predict(r));
+                // Handed by the contest, the prior serves; beyond the seen load, the more
+                // cautious of the two (`seen`).
+                let by_prior = [0, 1].map(|k| {
+                    let (m, p) = if k == 0 { (model.0, prior.0) } else { (model.1, prior.1) };
+                    contest[k] || (beyond[k] && p > m)
+                });
+                handed = [handed[0] || by_prior[0], handed[1] || by_prior[1]];
                 (if by_prior[0] { prior.0 } else { model.0 }, if by_prior[1] { prior.1 } else { model.1 })
             })
             .collect();
@@ -443,7 +454,7 @@ impl ModelStore {
             return TrainOutcome::KeptActive { candidate_error: candidate.error, active_error: current.error };
         }
         let (info, bytes) = training::export(&fitted, self.registry.next_version(), objective, &candidate, judge.len());
-        let info = ModelInfo { trained_on_drift: drifting, ..info };
+        let info = ModelInfo { trained_on_drift: drifting, seen_prior_ms: Some(seen::edge(&train)), ..info };
         if drifting {
             tracing::info!(train = train.len(), judged_on = judge.len(), "model drifted; trained on the samples since");
         }
