@@ -137,9 +137,7 @@ fn residual_learning_extrapolates_where_no_sample_has_been() {
     };
     let (residual, scratch) = (error(true), error(false));
     assert!(residual < 0.05, "the residual model keeps the prior's shape: {residual:.3}");
-    // (Beyond the load it was trained on, the uncorrected prior bounds it from below,
-    // `seen`: 1 - 1/1.3 off at most.)
-    assert!(scratch > 0.2, "from scratch, trees flatten outside their samples: {scratch:.3}");
+    assert!(scratch > 0.25, "from scratch, trees flatten outside their samples: {scratch:.3}");
 }
 
 #[test]
@@ -338,7 +336,7 @@ fn contest_after(live: fn(u32) -> f64) -> (String, f64) {
         let truth = world(live(input), input, &state);
         let served = store.predict(&[store.row(&req(input), &state)]).0[0];
         let mut o = observation(i, input, state, truth, served);
-        o.e2e_ms = 0.001; // reported as dispatched (late reports: the test below)
+        o.e2e_ms = 0.001; // reported as dispatched: the contest judges requests dispatched after the model
         store.observe(&o);
     }
     (store.duel().tpot.to_string(), served_mape(&store, 1, live, (50, 3000), 2))
@@ -381,82 +379,4 @@ fn the_prior_takes_a_target_only_on_the_hardware_class_the_model_serves_worse() 
     let serving = store.duel();
     assert_eq!(serving.tpot, "model+prior", "{serving:?}");
     assert_eq!(serving.prior_classes[1], vec![1], "{serving:?}");
-}
-
-#[test]
-fn the_contest_judges_both_sides_on_every_report_however_late_it_comes() {
-    // Trained as in `contest_after`. Live, one request every 10 ms, each reported 20 s
-    // after its dispatch (a long answer under load): for a minute every prompt runs 1.5x
-    // the prior (the corrected prior is the better), then the fleet runs as the model
-    // learnt it again. Judged only on the reports of what it served, a side that has
-    // handed a target over cannot win it back, so the hand-overs would be turns on a
-    // clock, each ending in the model serving unjudged for the reports' 20 s.
-    let shape = |input: u32| if input < 1500 { 3.0 } else { 1.0 };
-    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }).unwrap();
-    feed_with(&store, 0, 2000, |i| shape(request(i, (50, 3000), 2).0), (50, 3000), 2);
-    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
-    let (lag, step) = (Duration::from_secs(20), Duration::from_millis(10));
-    let t0 = Instant::now();
-    let mut in_flight = std::collections::VecDeque::new();
-    // Per dispatch: whether the prior served its TPOT.
-    let mut by_prior = Vec::new();
-    for i in 0..12_000u64 {
-        let now = t0 + step * i as u32;
-        while in_flight.front().is_some_and(|(at, _)| *at <= now) {
-            let Some((at, o)) = in_flight.pop_front() else { break };
-            store.observe_at(&o, at);
-        }
-        let (input, state) = request(10_000 + i, (50, 3000), 2);
-        let live = if i < 6_000 { 1.5 } else { shape(input) };
-        let truth = world(live, input, &state);
-        let req = RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
-        let (served, name) = store.predict(&[store.row(&req, &state)]);
-        by_prior.push(name.contains("+prior:") && name.contains("tpot"));
-        let mut o = observation(10_000 + i, input, state, truth, served[0]);
-        o.e2e_ms = lag.as_secs_f64() * 1000.0;
-        in_flight.push_back((now + lag, o));
-    }
-    let share = |from: usize, to: usize| by_prior[from..to].iter().filter(|p| **p).count() as f64 / (to - from) as f64;
-    // The first reports come 20 s (2,000 dispatches) in; a judgment takes a few hundred.
-    // (A few rows beyond the load the model was trained on go to the prior: `seen`.)
-    assert!(share(0, 2_000) < 0.01, "nothing judged before the first reports: {}", share(0, 2_000));
-    assert!(share(3_000, 6_000) > 0.99, "the prior holds TPOT while it is the better: {}", share(3_000, 6_000));
-    assert!(share(9_000, 12_000) < 0.01, "the model wins it back: {}", share(9_000, 12_000));
-    let view = store.duel();
-    assert_eq!(view.tpot, "model", "{view:?}");
-}
-
-#[test]
-fn rows_beyond_the_load_a_model_was_trained_on_are_served_by_the_prior() {
-    // Trained while the fleet was light, where it runs at half what the prior says (the
-    // prior's physics is cautious there); then the load rises past anything the samples
-    // hold, where the fleet runs as the prior says. Trees answer with their outermost
-    // leaves there: half the truth.
-    let store = ModelStore::open(config(true, 0.0)).unwrap();
-    feed(&store, 0, 2000, 0.5, (50, 3000), 2);
-    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
-    let heavy = |i: u32| EndpointState {
-        running: 300 + i % 100,
-        waiting: 30 + i % 20,
-        in_flight: 300 + i % 100,
-        tokens_in_flight: 600_000,
-        uncached_tokens_in_flight: 20_000,
-        prefill_tokens_per_s: 20_000.0,
-        ..Default::default()
-    };
-    let req = RequestFeatures { input_tokens: 1000, ..Default::default() };
-    let rows: Vec<_> = (0..100).map(|i| store.row(&req, &heavy(i))).collect();
-    let (served, name) = store.predict(&rows);
-    assert!(name.ends_with("+prior:ttft,tpot"), "{name}");
-    for (i, (ttft, tpot)) in served.into_iter().enumerate() {
-        let truth = world(1.0, 1000, &heavy(i as u32));
-        assert!(
-            (ttft / truth.0 - 1.0).abs() < 0.01 && (tpot / truth.1 - 1.0).abs() < 0.01,
-            "{i}: {ttft} {tpot} {truth:?}"
-        );
-    }
-    // Within the load it was trained on, the model serves.
-    let (_, name) = store.predict(&[store.row(&req, &request(5, (50, 3000), 2).1)]);
-    assert!(!name.contains("+prior"), "{name}");
-    assert!(mape(&store, 0.5, (50, 3000), 2) < 0.1, "and serves it well");
 }

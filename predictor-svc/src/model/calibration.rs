@@ -70,31 +70,12 @@ pub struct Calibration {
     /// [target][class] log ratio of the active model's raw predictions to those of
     /// the model the correction started on (0 until a model replaces another).
     level: Shifts,
-    /// The correction as it was, oldest first: each entry holds from its instant until
-    /// the next one's (to within `SNAPSHOT_EVERY` of updates).
-    history: VecDeque<Snapshot>,
+    /// The served level (`log_shift + level`) as it was, oldest first: each entry holds
+    /// from its instant until the next one's (to within `SNAPSHOT_EVERY` of updates).
+    history: VecDeque<(Instant, Shifts)>,
     /// Whether the oldest entry held before its instant too: true from construction
-    /// (no correction before it) until the history's first trimming.
+    /// (no correction before it) until a reset or the history's first trimming.
     covers_before: bool,
-    /// Reports of requests dispatched before this (the last reset) are not judged: they
-    /// were served with a correction that is gone. What was served then stays known
-    /// (`served_at`).
-    judged_from: Option<Instant>,
-}
-
-/// The correction in force from `at`.
-#[derive(Debug, Clone, Copy)]
-struct Snapshot {
-    at: Instant,
-    log_shift: Shifts,
-    level: Shifts,
-}
-
-impl Snapshot {
-    /// The served level: what a prediction served then is judged against.
-    fn served_level(&self) -> Shifts {
-        sum(self.log_shift, &self.level)
-    }
 }
 
 /// What `/v1/models` shows of the correction.
@@ -126,15 +107,14 @@ impl Calibration {
             rate: rate.max(0.0),
             log_shift: zero,
             level: zero,
-            history: VecDeque::from([Snapshot { at: now, log_shift: zero, level: zero }]),
+            history: VecDeque::from([(now, zero)]),
             covers_before: true,
-            judged_from: None,
         }
     }
 
-    /// The correction as it is now, for the history.
-    fn snapshot(&self, at: Instant) -> Snapshot {
-        Snapshot { at, log_shift: self.log_shift, level: self.level }
+    /// `log_shift + level`: what the history records.
+    fn served_level(&self) -> Shifts {
+        sum(self.log_shift, &self.level)
     }
 
     /// The served (TTFT, TPOT) for a raw prediction on an endpoint of `class`.
@@ -155,14 +135,10 @@ impl Calibration {
         actual: [Option<f64>; 2],
         now: Instant,
     ) {
-        let Some(then) = self.snapshot_at(now, e2e_ms) else { return };
-        if self.judged_from.is_some_and(|from| dispatched(now, e2e_ms).is_none_or(|d| d < from)) {
-            return;
-        }
-        let then = then.served_level();
-        if self.history.back().is_none_or(|s| now.saturating_duration_since(s.at) >= SNAPSHOT_EVERY) {
-            self.history.push_back(self.snapshot(now));
-            while self.history.front().is_some_and(|s| now.saturating_duration_since(s.at) > HISTORY) {
+        let Some(then) = self.shifts_at(now, e2e_ms) else { return };
+        if self.history.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= SNAPSHOT_EVERY) {
+            self.history.push_back((now, self.served_level()));
+            while self.history.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > HISTORY) {
                 self.history.pop_front();
                 self.covers_before = false;
             }
@@ -181,11 +157,11 @@ impl Calibration {
     }
 
     /// What this correction served `e2e_ms` before `now` for `raw` predictions on an
-    /// endpoint of `class` (`None`: before the history): exactly what it served then
-    /// when `raw` is what the model serving then said (`store` asks the model of that
-    /// instant, `Registry::active_at`).
+    /// endpoint of `class` (`None`: before the history). For a correction whose level
+    /// never moves (no model replaces another: the prior's shadow in `store`), that is
+    /// exactly what it served then.
     pub fn served_at(&self, class: u32, raw: (f64, f64), e2e_ms: f64, now: Instant) -> Option<(f64, f64)> {
-        let then = self.snapshot_at(now, e2e_ms)?.log_shift;
+        let then = self.shifts_at(now, e2e_ms)?;
         let c = slot(class as f32);
         Some((raw.0 * then[0][c].exp(), raw.1 * then[1][c].exp()))
     }
@@ -195,28 +171,28 @@ impl Calibration {
     /// stay; reports served before now are judged against the new model's level.
     pub fn model_replaced(&mut self, log_ratio: &Shifts, now: Instant) {
         self.level = sum(self.level, log_ratio);
-        self.history.push_back(self.snapshot(now));
+        self.history.push_back((now, self.served_level()));
     }
 
-    /// The correction in force `e2e_ms` before `now` (`None`: before the history).
-    fn snapshot_at(&self, now: Instant, e2e_ms: f64) -> Option<Snapshot> {
-        Duration::try_from_secs_f64(e2e_ms / 1000.0).ok()?;
-        let oldest = self.history.front().filter(|_| self.covers_before).copied();
-        let Some(then) = dispatched(now, e2e_ms) else { return oldest };
+    /// The served levels in force `e2e_ms` before `now` (`None`: before the history).
+    fn shifts_at(&self, now: Instant, e2e_ms: f64) -> Option<Shifts> {
+        let ago = Duration::try_from_secs_f64(e2e_ms / 1000.0).ok()?;
+        let oldest = self.history.front().filter(|_| self.covers_before).map(|(_, shifts)| *shifts);
+        let Some(then) = now.checked_sub(ago) else { return oldest };
         // Oldest first, so the entry in force then is the last one at or before it.
-        match self.history.partition_point(|s| s.at <= then) {
+        match self.history.partition_point(|(at, _)| *at <= then) {
             0 => oldest,
-            i => Some(self.history[i - 1]),
+            i => Some(self.history[i - 1].1),
         }
     }
 
     /// Forgets the correction: after a regime change (drift) it was learnt on traffic
-    /// that is gone. Reports of requests dispatched before now are no longer judged.
+    /// that is gone.
     pub fn reset(&mut self, now: Instant) {
         self.log_shift = [[0.0; CLASSES]; 2];
         self.level = [[0.0; CLASSES]; 2];
-        self.history.push_back(self.snapshot(now));
-        self.judged_from = Some(now);
+        self.history = VecDeque::from([(now, self.log_shift)]);
+        self.covers_before = false;
     }
 
     pub fn view(&self) -> CalibrationView {
@@ -248,12 +224,6 @@ pub fn log_ratios(classes: &[f32], new: &[(f64, f64)], old: &[(f64, f64)]) -> Sh
         }
     }
     out
-}
-
-/// When a request that ran `e2e_ms` and was reported at `now` was dispatched (`None`:
-/// no duration, or before this process's clock began).
-pub fn dispatched(now: Instant, e2e_ms: f64) -> Option<Instant> {
-    now.checked_sub(Duration::try_from_secs_f64(e2e_ms / 1000.0).ok()?)
 }
 
 /// `a + b`, element by element.

@@ -4,9 +4,8 @@
 //! (the sample reservoirs), `registry` (which model serves), `training` (one
 //! round's fit, scores and export), `persistence` (the data directory),
 //! `calibration` (the live correction of served predictions), `duel` (the
-//! corrected prior against the trained model, judged live), `seen` (the edge of
-//! the load a model was trained on, past which the prior serves), and `store`,
-//! which composes them for the service.
+//! corrected prior against the trained model, judged live), and `store`, which
+//! composes them for the service.
 
 pub mod calibration;
 pub mod duel;
@@ -18,6 +17,5 @@ pub mod prior;
 pub mod registry;
 pub mod runtime;
 pub mod sampler;
-pub mod seen;
 pub mod store;
 pub mod training;

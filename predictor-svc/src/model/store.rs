@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use headroom_protocol::{limits, EndpointState, Observation, RequestFeatures, RouteSource};
 use prometheus_client::metrics::counter::Counter;
@@ -37,7 +37,6 @@ use super::prior::AnalyticPrior;
 use super::registry::{ActiveModel, Registry};
 use super::runtime::OnnxModel;
 use super::sampler::{Sample, Samples};
-use super::seen;
 use super::training::{self, ErrorSpread, Scores};
 use crate::config::ModelConfig;
 
@@ -161,7 +160,7 @@ impl ModelStore {
             samples: Mutex::new(Samples::new(config.bucket_cap, config.holdout_percent)),
             calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, Instant::now())),
             prior_calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, Instant::now())),
-            duel: Mutex::new(Duel::new(config.objective())),
+            duel: Mutex::new(Duel::new(config.objective(), Instant::now())),
             live: Mutex::new(LiveErrors::default()),
             active_from: AtomicU64::new(0),
             prior: AnalyticPrior::default(),
@@ -190,7 +189,6 @@ impl ModelStore {
                 train_ms: 0,
                 sha256: Some(sha256_hex(&bytes)),
                 trained_on_drift: false,
-                seen_prior_ms: None,
             };
             tracing::info!(path = %path.display(), "using the user-supplied model; online training is off");
             store.registry.install(onnx, info, bytes);
@@ -238,20 +236,19 @@ impl ModelStore {
 
     /// (TTFT, TPOT) in ms for every row, in one batch, corrected by the live
     /// calibration, and the name of the model that made them (with `+prior:ttft` or
-    /// `+prior:tpot` for a target the prior served on some of the rows: the contest
-    /// handed it the target on their hardware class, or they lie beyond the load the
-    /// model was trained on and the prior is the more cautious there, `seen`).
+    /// `+prior:tpot` for a target the contest has handed to the prior on the hardware
+    /// class of some of the rows).
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
-        let active = self.registry.active();
-        let (raw, name) = self.predict_with(&active, rows);
+        let (raw, name) = self.predict_raw(rows);
+        let now = Instant::now();
         // The correction before the contest, the order `train` takes them in; the prior's
-        // correction last, and only for a row the prior may serve (`observe` takes it on
+        // correction last, and only when a row is handed to the prior (`observe` takes it on
         // every report, and no other lock while it holds it).
         let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
         // `PRIOR` here: no model, or it failed and the prior answered; nothing to hand over.
-        let trained = name != PRIOR && self.trained_model_serves();
-        let duel = trained.then(|| self.duel.lock().unwrap_or_else(|p| p.into_inner()));
-        let edge = active.as_ref().as_ref().and_then(|m| m.info.seen_prior_ms.as_ref()).filter(|_| trained);
+        let duel =
+            (name != PRIOR && self.trained_model_serves()).then(|| self.duel.lock().unwrap_or_else(|p| p.into_inner()));
+        let by_prior = |class: f32| duel.as_ref().map_or([false, false], |d| d.prior_serves_targets(class, now));
         let mut prior_calibration = None;
         let mut handed = [false, false];
         let served = rows
@@ -260,21 +257,14 @@ impl ModelStore {
             .map(|(r, p)| {
                 let class = r[features::HARDWARE_CLASS];
                 let model = calibration.apply(class, p);
-                let contest = duel.as_ref().map_or([false, false], |d| d.prior_serves_targets(class));
-                let beyond = edge.map_or([false, false], |e| seen::beyond(e, r));
-                if contest == [false, false] && beyond == [false, false] {
+                let by_prior = by_prior(class);
+                if by_prior == [false, false] {
                     return model;
                 }
+                handed = [handed[0] || by_prior[0], handed[1] || by_prior[1]];
                 let prior_calibration = prior_calibration
                     .get_or_insert_with(|| self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner()));
                 let prior = prior_calibration.apply(class, self.prior.predict(r));
-                // Handed by the contest, the prior serves; beyond the seen load, the more
-                // cautious of the two (`seen`).
-                let by_prior = [0, 1].map(|k| {
-                    let (m, p) = if k == 0 { (model.0, prior.0) } else { (model.1, prior.1) };
-                    contest[k] || (beyond[k] && p > m)
-                });
-                handed = [handed[0] || by_prior[0], handed[1] || by_prior[1]];
                 (if by_prior[0] { prior.0 } else { model.0 }, if by_prior[1] { prior.1 } else { model.1 })
             })
             .collect();
@@ -291,19 +281,18 @@ impl ModelStore {
         self.trains() && self.registry.active().is_some()
     }
 
+    /// Per target, whether the contest has handed it to the prior on hardware class
+    /// `class` at `at`.
+    fn prior_serves(&self, class: f32, at: Instant) -> [bool; 2] {
+        if !self.trained_model_serves() {
+            return [false, false];
+        }
+        self.duel.lock().unwrap_or_else(|p| p.into_inner()).prior_serves_targets(class, at)
+    }
+
     /// The model's own predictions (the prior's when no model serves or it fails).
     fn predict_raw(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
-        self.predict_with(&self.registry.active(), rows)
-    }
-
-    /// [`Self::predict_with`] for one row.
-    fn predict_one(&self, model: &Option<ActiveModel>, row: &Row) -> Option<(f64, f64)> {
-        self.predict_with(model, std::slice::from_ref(row)).0.first().copied()
-    }
-
-    /// [`Self::predict_raw`] by `model` (the active one, or one that served before).
-    fn predict_with(&self, model: &Option<ActiveModel>, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
-        if let Some(ActiveModel { onnx, info }) = model {
+        if let Some(ActiveModel { onnx, info }) = &*self.registry.active() {
             match onnx.predict(rows) {
                 Ok(out) if out.iter().all(|&(a, b)| limits::is_ms(a) && limits::is_ms(b)) => return (out, info.name()),
                 Ok(_) => {
@@ -336,53 +325,50 @@ impl ModelStore {
             return false;
         }
         let row = self.row(&o.request, state);
+        // Calibration judges what was served against the correction as it is now
+        // (`calibration`); drift is judged on what the model itself says now (a bias the
+        // correction hides is still a model gone stale).
+        let served = [o.predicted_ttft_ms, o.predicted_tpot_ms].map(ok);
         let class = state.hardware_class;
-        let actual = [ttft, tpot];
-        let pair = |p: Option<(f64, f64)>| [p.map(|p| p.0), p.map(|p| p.1)];
-        // What each side served or would have served at dispatch, each with its own
-        // correction then: the model that was active then (`Registry::active_at`; not one
-        // trained since on this request's neighbours) and the prior. Whichever served, both
-        // are exact; each correction learns from its own side's figure on every report, and
-        // the contest judges the two on every report.
-        let dispatched = calibration::dispatched(now, o.e2e_ms);
-        let model_then = dispatched.and_then(|at| self.registry.active_at(at));
-        let model_raw = model_then.as_ref().and_then(|m| self.predict_one(m, &row));
+        let dispatched = Duration::try_from_secs_f64(o.e2e_ms / 1000.0).ok().and_then(|d| now.checked_sub(d));
+        let dispatched = dispatched.unwrap_or(now);
+        // The prior's correction learns from every report, with what it would have served.
         let prior_served = {
             let mut prior_calibration = self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner());
-            let served = pair(prior_calibration.served_at(class, self.prior.predict(&row), o.e2e_ms, now));
-            prior_calibration.observe(class, served, o.e2e_ms, actual, now);
-            served
+            let at_dispatch = prior_calibration.served_at(class, self.prior.predict(&row), o.e2e_ms, now);
+            let prior_served = [at_dispatch.map(|p| p.0), at_dispatch.map(|p| p.1)];
+            prior_calibration.observe(class, prior_served, o.e2e_ms, [ttft, tpot], now);
+            prior_served
         };
-        let model_served = {
-            let mut calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
-            let served = pair(model_raw.and_then(|raw| calibration.served_at(class, raw, o.e2e_ms, now)));
-            calibration.observe(class, served, o.e2e_ms, actual, now);
-            served
-        };
-        // Judged only where a model this store trained was the model side at dispatch:
-        // before the first one, both sides were the prior.
+        // The model's correction, from the targets it served; the contest, on those too.
+        let by_prior = self.prior_serves(class as f32, dispatched);
+        let model_served = [0, 1].map(|k| served[k].filter(|_| !by_prior[k]));
+        self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(
+            class,
+            model_served,
+            o.e2e_ms,
+            [ttft, tpot],
+            now,
+        );
         let trained_model_serves = self.trained_model_serves();
-        if trained_model_serves && model_then.as_deref().is_some_and(Option::is_some) {
+        if trained_model_serves {
             let mut duel = self.duel.lock().unwrap_or_else(|p| p.into_inner());
             for (k, target) in ["ttft", "tpot"].into_iter().enumerate() {
-                let (Some(m), Some(p), Some(a)) = (model_served[k], prior_served[k], actual[k]) else { continue };
-                if let Some(prior) = duel.observe(k, class as f32, m, p, a) {
-                    let serves = if prior { "the corrected prior" } else { "the model" };
-                    tracing::info!(target, class, model = %self.active_name(), serves, "the contest handed this target on this hardware class over, on live reports");
+                let (Some(s), Some(p), Some(a)) = (model_served[k], prior_served[k], [ttft, tpot][k]) else { continue };
+                if duel.observe(k, class as f32, dispatched, s, p, a, now) {
+                    tracing::info!(target, class, model = %self.active_name(), "the corrected prior beat the model on live reports; it serves this target on this hardware class for a while");
                 }
             }
         }
-        // Drift is judged on what the active model itself says now (a bias the correction
-        // hides is still a model gone stale). Only when drift can act: training on (no user
-        // model), a model serving, and on.
+        // Only when drift can act: training on (no user model), a model serving, and on.
         if self.config.drift_factor > 0.0 && trained_model_serves {
-            let active = self.registry.active();
-            let same = model_then.as_ref().is_some_and(|m| Arc::ptr_eq(m, &active));
-            let raw = if same { model_raw } else { self.predict_one(&active, &row) };
-            let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-            for (k, (p, a)) in pair(raw).into_iter().zip(actual).enumerate() {
-                if let (Some(p), Some(a)) = (p, a) {
-                    live.push(k, (p - a).abs() / a);
+            let (raw, _) = self.predict_raw(&[row]);
+            if let Some(&(raw_ttft, raw_tpot)) = raw.first() {
+                let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                for (k, (p, a)) in [(raw_ttft, ttft), (raw_tpot, tpot)].into_iter().enumerate() {
+                    if let Some(a) = a {
+                        live.push(k, (p - a).abs() / a);
+                    }
                 }
             }
         }
@@ -454,7 +440,7 @@ impl ModelStore {
             return TrainOutcome::KeptActive { candidate_error: candidate.error, active_error: current.error };
         }
         let (info, bytes) = training::export(&fitted, self.registry.next_version(), objective, &candidate, judge.len());
-        let info = ModelInfo { trained_on_drift: drifting, seen_prior_ms: Some(seen::edge(&train)), ..info };
+        let info = ModelInfo { trained_on_drift: drifting, ..info };
         if drifting {
             tracing::info!(train = train.len(), judged_on = judge.len(), "model drifted; trained on the samples since");
         }
@@ -489,7 +475,10 @@ impl ModelStore {
                 let mut calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
                 match level {
                     Some(level) => calibration.model_replaced(&level, Instant::now()),
-                    None => calibration.reset(Instant::now()),
+                    None => {
+                        calibration.reset(Instant::now());
+                        self.duel.lock().unwrap_or_else(|p| p.into_inner()).reset(Instant::now());
+                    }
                 }
                 TrainOutcome::Activated(Box::new(info))
             }
@@ -530,7 +519,7 @@ impl ModelStore {
 
     /// What serves each target, and the contest's tally.
     pub fn duel(&self) -> DuelView {
-        self.duel.lock().unwrap_or_else(|p| p.into_inner()).view(self.registry.active().is_some())
+        self.duel.lock().unwrap_or_else(|p| p.into_inner()).view(Instant::now(), self.registry.active().is_some())
     }
 
     /// The serving model's own scores on `holdout` (the prior's when no model is active).

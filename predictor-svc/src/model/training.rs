@@ -218,7 +218,6 @@ pub fn export(
         train_ms: fitted.train_ms,
         sha256: None,
         trained_on_drift: false,
-        seen_prior_ms: None,
     };
     let meta = [
         ("version", info.name()),
