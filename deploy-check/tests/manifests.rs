@@ -13,8 +13,25 @@ fn checker() -> Checker {
     Checker::new(&std::fs::read_to_string(crds).unwrap()).unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("headroom-deploy-check-test-{}-{name}", std::process::id()))
+/// A scratch directory for one check, removed when the guard drops (the test's temporary
+/// does at the end of its statement, after the check has used it).
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
+    Scratch(std::env::temp_dir().join(format!("headroom-deploy-check-test-{}-{name}", std::process::id())))
 }
 
 /// Schema/type problems of a file plus, for gateway resources, what Envoy says of the assembly.
@@ -97,15 +114,15 @@ fn each_deliberately_broken_manifest_is_refused_naming_the_fault() {
 fn a_broken_file_in_the_tree_fails_the_tree_check() {
     // The same check `make test` runs, on a copy of istio/ with one manifest broken.
     let root = locate::root().join("istio");
-    let copy = scratch("broken-tree");
-    let _ = std::fs::remove_dir_all(&copy);
-    let status = std::process::Command::new("cp").arg("-r").arg(&root).arg(&copy).status().unwrap();
+    let guard = scratch("broken-tree");
+    let copy: &Path = &guard;
+    let _ = std::fs::remove_dir_all(copy);
+    let status = std::process::Command::new("cp").arg("-r").arg(&root).arg(copy).status().unwrap();
     assert!(status.success());
     let deployment = copy.join("base/predictor/deployment.yaml");
     let text = std::fs::read_to_string(&deployment).unwrap().replace("replicas: 1", "replicas: one");
     std::fs::write(&deployment, text).unwrap();
-    let report = check_tree(&checker(), &copy, &locate::envoy().unwrap(), &locate::wasm().unwrap(), &scratch("broken"));
+    let report = check_tree(&checker(), copy, &locate::envoy().unwrap(), &locate::wasm().unwrap(), &scratch("broken"));
     let problems: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     assert!(problems.iter().any(|p| p.contains("deployment.yaml") && p.contains("spec.replicas")), "{problems:#?}");
-    let _ = std::fs::remove_dir_all(&copy);
 }

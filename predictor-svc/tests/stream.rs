@@ -22,7 +22,10 @@ const TOKEN: &str = "stream-test-token-0123456789";
 
 /// A predictor over one pool of two endpoints nobody serves (predictions come from the prior).
 async fn predictor() -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
-    let token_file = std::env::temp_dir().join(format!("headroom-stream-token-{}", std::process::id()));
+    // One file per call: the tests run at once, and each removes its own.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let token_file = std::env::temp_dir().join(format!("headroom-stream-token-{}-{call}", std::process::id()));
     std::fs::write(&token_file, TOKEN).unwrap();
     let config = Config::parse(&format!(
         "auth_token_file = {:?}\n[[pool]]\nname = \"default\"\nendpoints = [\"127.0.0.1:9\", \"127.0.0.1:10\"]\n",
@@ -33,6 +36,15 @@ async fn predictor() -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandl
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let service = tokio::spawn(headroom_predictor::serve(config, listener, async move { stopped.await.unwrap_or(()) }));
+    // The service reads the token before it answers anything: once it does, the file can go.
+    let health = format!("http://{addr}/healthz");
+    for _ in 0..100 {
+        if reqwest::get(&health).await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = std::fs::remove_file(&token_file);
     (addr, stop, service)
 }
 

@@ -40,6 +40,19 @@ impl Reply {
     }
 }
 
+/// Stops the stack, then removes its run directory (logs, configs, the predictor's data)
+/// unless the test is failing: then the directory stays for the post-mortem, and is named.
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stack.stop();
+        if std::thread::panicking() {
+            eprintln!("stack logs kept in {}", self.stack.run_dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.stack.run_dir);
+        }
+    }
+}
+
 impl Harness {
     /// Starts a stack with 3 simulated H100 servers and the given filter config fields.
     pub fn start(plugin: Value) -> anyhow::Result<Harness> {
