@@ -34,7 +34,7 @@ enum Cmd {
         /// Seconds of each rate's traffic sent before its measured step and not counted, so the
         /// step measures the fleet at that load, not filling up from empty, for every workload;
         /// with a lead-in the traffic also goes on until the step's last request has ended.
-        /// Default: 20 for short-long, whose answers outlast most of a step, 0 for the others.
+        /// Default: 20 for short-long and azure, whose answers outlast most of a step, 0 for the others.
         #[arg(long)]
         lead_in: Option<f64>,
         /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.

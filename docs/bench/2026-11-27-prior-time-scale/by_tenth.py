@@ -5,12 +5,14 @@ Usage: python3 by_tenth.py OUT...   (`headroom-bench run --out` directories)
 For each run's request log (requests/*.jsonl), splits the measured step into tenths by arrival and prints per
 tenth: the share of answered requests whose measured TPOT was at or under the TPOT served at dispatch (what a
 p90 objective aims to hold at 0.9), the interactive requests that missed their SLOs (`by_class.met`, as in the
-per-class tables) out of those that arrived, and the requests shed (429). Every step starts on an empty fleet and
+per-class tables) out of those that arrived, the requests shed (429), and the share of all requests that met their
+SLOs (flat over the tenths: the step measured a load; falling: the fleet was filling up). Every step starts on an empty fleet and
 a fresh predictor, so the first tenths show how fast the served predictions reach the load's level.
 
 Where the run also wrote observations (observations/ beside requests/, same file names), the TPOT coverage is
 also split by the hardware class of the endpoint that served each request (`state_at_dispatch.hardware_class`),
-with how many answered in each tenth.
+with how many answered in each tenth, and the interactive requests each class served over the step, with how many
+of them missed.
 """
 import collections
 import glob
@@ -41,15 +43,23 @@ for out in sys.argv[1:]:
         rows = [json.loads(line) for line in open(f)]
         classes = hardware_classes(os.path.join(out, 'observations', os.path.basename(f)))
         end = max(r['at_s'] for r in rows) + 1e-9
-        n, covered, missed, arrived, shed = (collections.Counter() for _ in range(5))
+        n, covered, missed, arrived, shed, sent, met_all = (collections.Counter() for _ in range(7))
         # Per (hardware class, tenth): answered, covered.
         by_class = collections.defaultdict(lambda: [0, 0])
+        # Per hardware class: interactive requests served there, and how many of them missed.
+        interactive_on = collections.defaultdict(lambda: [0, 0])
         for r in rows:
             k = int(10 * r['at_s'] / end)
             shed[k] += r['status'] == 429
+            sent[k] += 1
+            met_all[k] += met(r)
             if r['class'] == 'interactive':
                 arrived[k] += 1
                 missed[k] += not met(r)
+                if classes and r['status'] == 200:
+                    cell = interactive_on[classes.get(r['served_by'], '?')]
+                    cell[0] += 1
+                    cell[1] += not met(r)
             if r['status'] == 200 and r['tpot_ms'] and r['predicted_tpot_ms']:
                 n[k] += 1
                 covered[k] += r['tpot_ms'] <= r['predicted_tpot_ms']
@@ -62,6 +72,9 @@ for out in sys.argv[1:]:
         print('  TPOT covered   ' + ' '.join('%5.2f' % (covered[k] / max(n[k], 1)) for k in range(10)))
         print('  interactive missed ' + ' '.join('%d/%d' % (missed[k], arrived[k]) for k in range(10)))
         print('  shed           ' + ' '.join('%5d' % shed[k] for k in range(10)))
+        print('  all met        ' + ' '.join('%5.2f' % (met_all[k] / max(sent[k], 1)) for k in range(10)))
         for cls in sorted({c for c, _ in by_class}, key=str):
             cells = [by_class[(cls, k)] for k in range(10)]
             print('  TPOT covered, class %-3s' % cls + ' '.join('%5.2f/%-4d' % (c / max(a, 1), a) for a, c in cells))
+        for cls, (served, miss) in sorted(interactive_on.items(), key=lambda kv: str(kv[0])):
+            print('  interactive served on class %s: %d, missed %d' % (cls, served, miss))
