@@ -232,10 +232,33 @@ fn a_request_that_would_only_slow_its_neighbours_goes_where_that_harm_is_done_al
         Decision::Route { source: RouteSource::PredictedNegative, .. }
     ));
     // Where it would miss its own TPOT SLO too, nothing is packed: the usual weighted pick
-    // by deficit, which sends some to the faster endpoint.
+    // by deficit, which favours the faster endpoint.
     let slow = [with_tight(160.0), with_tight(300.0)];
     let s = shares(&batch, &slow, &cfg(), 4000);
     assert!(s[0] > 0.2, "not packed: {s:?}");
+}
+
+#[test]
+fn nothing_in_time_anywhere_goes_mostly_where_the_deficit_is_smallest() {
+    // An overloaded fleet: every endpoint meets the interactive request's TTFT SLO and misses
+    // its TPOT SLO, by 5, 10 and 30 ms. The TTFT figure, no deficit anywhere, says nothing and
+    // must not flatten the ranking (with it blended in at the default 0.8, the worst endpoint
+    // got 0.8 of the best one's weight).
+    let interactive = req(Some(400.0), Some(40.0), true, 0);
+    let eps = [ep(Some(100.0), Some(45.0)), ep(Some(120.0), Some(50.0)), ep(Some(80.0), Some(70.0))];
+    let s = shares(&interactive, &eps, &cfg(), 4000);
+    assert!(s[0] > s[1] && s[2] < 0.02, "the smallest deficit first, the largest almost never: {s:?}");
+}
+
+#[test]
+fn a_figure_every_candidate_shares_does_not_flatten_the_strategy() {
+    // Only a TPOT SLO: the positive tier differs in TPOT headroom alone (30, 20 and 5 ms), and
+    // `least` packs onto the smallest. With the absent TTFT headroom blended in at the default
+    // 0.8 its weights were 0.8-1.0, close to a uniform pick.
+    let r = req(None, Some(40.0), true, 0);
+    let eps = [ep(Some(100.0), Some(10.0)), ep(Some(100.0), Some(20.0)), ep(Some(100.0), Some(35.0))];
+    let least = shares(&r, &eps, &FilterConfig { strategy: Strategy::Least, ..cfg() }, 4000);
+    assert!(least[2] > 0.6 && least[0] < 0.02, "least favours the smallest headroom: {least:?}");
 }
 
 #[test]
