@@ -38,13 +38,16 @@ async fn predictor() -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandl
     let service = tokio::spawn(headroom_predictor::serve(config, listener, async move { stopped.await.unwrap_or(()) }));
     // The service reads the token before it answers anything: once it does, the file can go.
     let health = format!("http://{addr}/healthz");
-    for _ in 0..100 {
-        if reqwest::get(&health).await.is_ok_and(|r| r.status().is_success()) {
+    let mut up = false;
+    for _ in 0..500 {
+        up = reqwest::get(&health).await.is_ok_and(|r| r.status().is_success());
+        if up {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = std::fs::remove_file(&token_file);
+    assert!(up, "the predictor did not answer /healthz within 10 s");
     (addr, stop, service)
 }
 

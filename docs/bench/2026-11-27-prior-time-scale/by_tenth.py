@@ -6,8 +6,9 @@ For each run's request log (requests/*.jsonl), splits the measured step into ten
 tenth: the share of answered requests whose measured TPOT was at or under the TPOT served at dispatch (what a
 p90 objective aims to hold at 0.9), the interactive requests that missed their SLOs (`by_class.met`, as in the
 per-class tables) out of those that arrived, the requests shed (429), and the share of all requests that met their
-SLOs (flat over the tenths: the step measured a load; falling: the fleet was filling up). Every step starts on an empty fleet and
-a fresh predictor, so the first tenths show how fast the served predictions reach the load's level.
+SLOs (flat over the tenths: the step measured a load; falling: the fleet was filling up). A step without a lead-in
+starts on an empty fleet and a fresh predictor, so its first tenths show how fast the served predictions reach the
+load's level.
 
 Where the run also wrote observations (observations/ beside requests/, same file names), the TPOT coverage is
 also split by the hardware class of the endpoint that served each request (`state_at_dispatch.hardware_class`),
@@ -51,15 +52,16 @@ for out in sys.argv[1:]:
         for r in rows:
             k = int(10 * r['at_s'] / end)
             shed[k] += r['status'] == 429
+            ok = met(r)
             sent[k] += 1
-            met_all[k] += met(r)
+            met_all[k] += ok
             if r['class'] == 'interactive':
                 arrived[k] += 1
-                missed[k] += not met(r)
+                missed[k] += not ok
                 if classes and r['status'] == 200:
                     cell = interactive_on[classes.get(r['served_by'], '?')]
                     cell[0] += 1
-                    cell[1] += not met(r)
+                    cell[1] += not ok
             if r['status'] == 200 and r['tpot_ms'] and r['predicted_tpot_ms']:
                 n[k] += 1
                 covered[k] += r['tpot_ms'] <= r['predicted_tpot_ms']
