@@ -24,6 +24,7 @@ use headroom_protocol::{
 };
 
 use crate::config::FilterConfig;
+use crate::header_map::HeaderMap;
 use crate::host::{callout_status, predictor_answer, Buffer, Event, FallbackCause, Host, Level, Map};
 use crate::vm::Vm;
 use crate::{error_json, fallback, headers as hints, policy};
@@ -83,6 +84,8 @@ pub struct Flow {
     meter: Option<ResponseMeter>,
     /// The first-token event is queued (once per request).
     first_token_queued: bool,
+    /// The upstream that serves it, once the host said (`Flow::served`).
+    served: Option<String>,
     status: u16,
     /// The tenant (`fairness_header`), sent with flow terms.
     fairness_id: String,
@@ -111,16 +114,22 @@ impl Flow {
     /// The request's headers arrived.
     pub fn on_request_headers(&mut self, host: &mut dyn Host, vm: &mut Vm, end_of_stream: bool) -> Step {
         let config = vm.config.clone();
+        // The map in one host call: a request carries few of the names asked for below.
+        let headers = host.headers(Map::RequestHeaders);
         // A client never chooses its own endpoint.
-        let _ = host.remove_header(Map::RequestHeaders, &config.destination_header);
-        let method = host.header(Map::RequestHeaders, ":method").unwrap_or_default();
-        self.path = host.header(Map::RequestHeaders, ":path").unwrap_or_default();
+        if headers.contains(&config.destination_header) {
+            let _ = host.remove_header(Map::RequestHeaders, &config.destination_header);
+        }
+        let method = headers.get(":method").unwrap_or_default();
+        self.path = headers.get(":path").unwrap_or_default().to_string();
         if method != "POST" || !config.is_inference_path(&self.path) {
             return Step::Continue;
         }
-        let parsed = hints::parse_hints(|name| host.header(Map::RequestHeaders, name), &config);
+        let parsed = hints::parse_hints(|name| headers.get(name).map(str::to_string), &config);
         for name in hints::hint_headers(&config.priority_header) {
-            let _ = host.remove_header(Map::RequestHeaders, name);
+            if headers.contains(name) {
+                let _ = host.remove_header(Map::RequestHeaders, name);
+            }
         }
         let parsed = match parsed {
             Ok(h) => h,
@@ -130,7 +139,7 @@ impl Flow {
         self.features.priority = parsed.priority;
         self.prediction_based = parsed.prediction_based.unwrap_or(false);
         if config.flow_control {
-            let tenant = host.header(Map::RequestHeaders, &config.fairness_header).unwrap_or_default();
+            let tenant = headers.get(&config.fairness_header).unwrap_or_default().to_string();
             if tenant.len() > limits::MAX_NAME_BYTES {
                 let message = format!("must be at most {} bytes", limits::MAX_NAME_BYTES);
                 return self.reject(host, 400, &config.fairness_header, &message);
@@ -141,7 +150,7 @@ impl Flow {
         self.request_id = vm.new_request_id();
         if !config.read_body {
             self.routed = true;
-            self.features_from_headers(host);
+            self.features_from_headers(&headers);
             return self.start_callout(host, vm);
         }
         if end_of_stream {
@@ -279,10 +288,10 @@ impl Flow {
             return Step::Continue;
         }
         let config = &vm.config;
-        self.status = host.header(Map::ResponseHeaders, ":status").and_then(|s| s.parse().ok()).unwrap_or(0);
-        let streaming = host
-            .header(Map::ResponseHeaders, "content-type")
-            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
+        let headers = host.headers(Map::ResponseHeaders);
+        self.status = headers.get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let streaming =
+            headers.get("content-type").is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
         self.meter = Some(ResponseMeter::new(streaming, self.forwarded_ns, config.max_response_parse_bytes));
         if let Some(c) = self.choice.as_ref().filter(|_| config.debug_headers) {
             let _ = host.set_header(Map::ResponseHeaders, DEBUG_ENDPOINT, &c.endpoint);
@@ -318,11 +327,11 @@ impl Flow {
         if self.first_token_queued || self.dispatch_seq == 0 || !vm.config.first_token_events {
             return;
         }
-        let (Some(ttft_ms), Some(choice)) = (self.meter.as_ref().and_then(ResponseMeter::ttft_ms), &self.choice) else {
-            return;
-        };
+        let Some(ttft_ms) = self.meter.as_ref().and_then(ResponseMeter::ttft_ms) else { return };
+        let served = self.served(host);
+        let Some(choice) = &self.choice else { return };
         self.first_token_queued = true;
-        if host.upstream_address().is_some_and(|served| served != choice.endpoint) {
+        if served.is_some_and(|served| served != choice.endpoint) {
             return; // served elsewhere: the dispatch's endpoint is not where it runs
         }
         let event = FirstToken {
@@ -364,7 +373,7 @@ impl Flow {
             host.record(Event::CutOff);
             self.status = 0;
         }
-        let served = host.upstream_address();
+        let served = self.served(host);
         let choice = self.choice.take();
         // Served elsewhere (a retry, or a chosen endpoint Envoy's cluster lacks): the
         // state and predictions of the chosen endpoint do not describe where it ran.
@@ -404,6 +413,15 @@ impl Flow {
         vm.outbox.report(std::mem::take(&mut self.dispatch_seq), observation);
     }
 
+    /// Where the request runs (`upstream.address`), asked of the host until it is known:
+    /// the first token and the log both need it, and it is fixed once the response began.
+    fn served(&mut self, host: &dyn Host) -> Option<String> {
+        if self.served.is_none() {
+            self.served = host.upstream_address();
+        }
+        self.served.clone()
+    }
+
     /// Answers locally with a JSON error naming `field`.
     fn reject(&mut self, host: &mut dyn Host, status: u32, field: &str, message: &str) -> Step {
         host.record(Event::BadRequest);
@@ -417,8 +435,8 @@ impl Flow {
 
     /// Header-only routing: the input size estimated from `content-length`; streaming
     /// assumed when a TPOT SLO is given (it only means something for a stream).
-    fn features_from_headers(&mut self, host: &dyn Host) {
-        let bytes = host.header(Map::RequestHeaders, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+    fn features_from_headers(&mut self, headers: &HeaderMap) {
+        let bytes = headers.get("content-length").and_then(|v| v.trim().parse::<u64>().ok());
         self.features.input_tokens = bytes.map_or(0, tokens::estimate_tokens_from_bytes);
         self.features.streaming = self.features.slo.tpot_ms.is_some();
     }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use headroom_protocol::{codec, FlowOutcome, Format, RouteSource};
 use serde::de::DeserializeOwned;
 
+use crate::header_map::HeaderMap;
 use crate::outbox::Counts;
 
 /// A header map the filter reads or writes.
@@ -169,6 +170,9 @@ pub trait Host {
 
     /// A header value; `None` when absent or the map is gone.
     fn header(&self, map: Map, name: &str) -> Option<String>;
+
+    /// The whole map in one call (empty when it is gone): cheaper than two reads of it.
+    fn headers(&self, map: Map) -> HeaderMap;
 
     /// Sets (replacing) a header.
     fn set_header(&mut self, map: Map, name: &str, value: &str) -> Result<(), HostError>;

@@ -10,6 +10,7 @@ pub mod coalesce;
 pub mod config;
 pub mod fallback;
 pub mod flow;
+pub mod header_map;
 pub mod headers;
 pub mod host;
 pub mod outbox;

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use crate::config::FilterConfig;
 use crate::rng::Rng;
-use crate::{fallback, headers, policy};
+use crate::{fallback, header_map, headers, policy};
 use headroom_protocol::meter::ResponseMeter;
 
 /// Any f64 a hostile or broken peer could send, specials over-represented.
@@ -213,6 +213,17 @@ proptest! {
         prop_assert!(m.e2e_ms.is_finite() && m.e2e_ms >= 0.0);
         prop_assert!(m.ttft_ms.is_none_or(|v| v.is_finite() && v >= 0.0));
         prop_assert!(m.tpot_ms.is_none_or(|v| v.is_finite() && v >= 0.0));
+    }
+
+    #[test]
+    fn header_maps_decode_any_bytes_and_round_trip(
+        bytes in proptest::collection::vec(any::<u8>(), 0..200),
+        pairs in proptest::collection::vec(("[a-z:-]{0,12}", "[ -~]{0,20}"), 0..8),
+    ) {
+        let _ = header_map::decode(&bytes);
+        let refs: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let decoded = header_map::decode(&header_map::encode(&refs));
+        prop_assert_eq!(decoded.as_ref().map(|m| m.pairs()), Some(&pairs[..]));
     }
 
     #[test]

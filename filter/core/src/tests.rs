@@ -2,6 +2,7 @@
 //! fake `Host`, callback by callback, the way Envoy drives them. Each test is one
 //! path the e2e suite also takes through the real Envoy.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use headroom_protocol::{
 };
 
 use crate::flow::{Flow, Step};
+use crate::header_map::HeaderMap;
 use crate::host::{Buffer, Event, FallbackCause, Host, HostError, Level, Map};
 use crate::vm::Vm;
 use crate::FilterConfig;
@@ -65,6 +67,12 @@ struct FakeHost {
     refuse_stream_sends: bool,
     /// Streams reset.
     cancelled: Vec<u32>,
+    /// Host calls on the request path: one name read of a stream's headers, a whole map
+    /// read, `upstream.address` read, and the names removed.
+    name_reads: Cell<u32>,
+    map_reads: Cell<u32>,
+    upstream_reads: Cell<u32>,
+    removed: Vec<String>,
 }
 
 impl Host for FakeHost {
@@ -73,7 +81,18 @@ impl Host for FakeHost {
     }
 
     fn header(&self, map: Map, name: &str) -> Option<String> {
+        if map != Map::CalloutHeaders {
+            self.name_reads.set(self.name_reads.get() + 1);
+        }
         self.headers.get(&(map, name.to_string())).cloned()
+    }
+
+    fn headers(&self, map: Map) -> HeaderMap {
+        self.map_reads.set(self.map_reads.get() + 1);
+        let mut pairs: Vec<(String, String)> =
+            self.headers.iter().filter(|((m, _), _)| *m == map).map(|((_, n), v)| (n.clone(), v.clone())).collect();
+        pairs.sort();
+        HeaderMap::new(pairs)
     }
 
     fn set_header(&mut self, map: Map, name: &str, value: &str) -> Result<(), HostError> {
@@ -82,6 +101,7 @@ impl Host for FakeHost {
     }
 
     fn remove_header(&mut self, map: Map, name: &str) -> Result<(), HostError> {
+        self.removed.push(name.to_string());
         self.headers.remove(&(map, name.to_string()));
         Ok(())
     }
@@ -91,6 +111,7 @@ impl Host for FakeHost {
     }
 
     fn upstream_address(&self) -> Option<String> {
+        self.upstream_reads.set(self.upstream_reads.get() + 1);
         self.upstream.clone()
     }
 
@@ -297,6 +318,35 @@ fn batches<T: serde::de::DeserializeOwned>(host: &FakeHost, path: &str) -> Vec<T
         .filter(|c| c.header(":path") == Some(path))
         .filter_map(|c| codec::decode(Format::MsgPack, &c.body).ok())
         .collect()
+}
+
+/// Each header read or removal is a crossing into Envoy (docs/performance.md, "One read
+/// of the header map"): a routed request reads each header map once, removes only the
+/// hint headers it carries, and asks where it runs once.
+#[test]
+fn a_routed_request_reads_each_header_map_once_and_removes_only_what_it_carries() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut flow = Flow::new();
+    let answer = predictions(&[("10.0.0.1:8000", Some(200.0))]);
+    assert_eq!(routed(&mut flow, &mut host, &mut vm, 200, &answer), Step::Resume);
+    host.upstream = Some("10.0.0.1:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 50);
+    assert!(host.has(Event::Routed(RouteSource::PredictedPositive)));
+    assert_eq!(host.name_reads.get(), 0, "no header read by name");
+    assert_eq!(host.map_reads.get(), 2, "the request's map, then the response's");
+    assert_eq!(host.upstream_reads.get(), 1, "asked at the first token, remembered for the log");
+    let mut removed = host.removed.clone();
+    removed.sort();
+    assert_eq!(removed, ["x-prediction-based-scheduling", "x-slo-ttft-ms"], "the hints it carried, nothing else");
+
+    // A client's own destination is still removed, and a request that is not ours costs one read.
+    let (mut host, mut flow) = (FakeHost::new(), Flow::new());
+    host.new_stream(&[(":method", "GET"), ("x-gateway-destination-endpoint", "10.9.9.9:80")], "");
+    assert_eq!(flow.on_request_headers(&mut host, &mut vm, true), Step::Continue);
+    assert_eq!((host.name_reads.get(), host.map_reads.get()), (0, 1), "one map read");
+    assert_eq!(host.removed, ["x-gateway-destination-endpoint"]);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint"), None);
 }
 
 #[test]

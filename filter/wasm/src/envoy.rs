@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use headroom_filter_core::header_map::HeaderMap;
 use headroom_filter_core::host::{Buffer, Event, Host, HostError, Level, Map};
 use proxy_wasm::types::{BufferType, MapType};
 
@@ -31,6 +32,10 @@ impl Host for Envoy<'_> {
 
     fn header(&self, map: Map, name: &str) -> Option<String> {
         host::header(map_type(map), name)
+    }
+
+    fn headers(&self, map: Map) -> HeaderMap {
+        host::headers(map_type(map))
     }
 
     fn set_header(&mut self, map: Map, name: &str, value: &str) -> HostResult<()> {

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use headroom_filter_core::header_map::{self, HeaderMap};
 use headroom_filter_core::host::{HostError, Level};
 use proxy_wasm::types::{BufferType, MapType};
 
@@ -37,6 +38,7 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(map_type: u32, return_map_data: *mut *mut u8, return_map_size: *mut usize) -> u32;
     fn proxy_replace_header_map_value(
         map_type: u32,
         key_data: *const u8,
@@ -141,6 +143,16 @@ pub fn header(map: MapType, name: &str) -> Option<String> {
     }
 }
 
+/// A whole header map in one call; empty when the map is gone or its bytes do not decode.
+pub fn headers(map: MapType) -> HeaderMap {
+    let mut data = std::ptr::null_mut();
+    let mut size = 0usize;
+    match unsafe { proxy_get_header_map_pairs(map as u32, &mut data, &mut size) } {
+        OK => unsafe { take_host_buffer(data, size) }.and_then(|b| header_map::decode(&b)).unwrap_or_default(),
+        _ => HeaderMap::default(),
+    }
+}
+
 /// Sets (replacing) a header.
 pub fn set_header(map: MapType, name: &str, value: &str) -> HostResult<()> {
     check(unsafe { proxy_replace_header_map_value(map as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
@@ -173,7 +185,7 @@ pub fn resume_request() -> HostResult<()> {
 
 /// Answers the request locally with `status`, `headers` and `body`.
 pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> HostResult<()> {
-    let headers = serialize_headers(headers);
+    let headers = header_map::encode(headers);
     check(unsafe {
         proxy_send_local_response(
             status,
@@ -186,23 +198,6 @@ pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> Host
             -1,
         )
     })
-}
-
-/// proxy-wasm's header map encoding: count, (name len, value len)*, then NUL-terminated names and values.
-fn serialize_headers(headers: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(&(headers.len() as u32).to_le_bytes());
-    for (name, value) in headers {
-        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    }
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_bytes());
-        out.push(0);
-        out.extend_from_slice(value.as_bytes());
-        out.push(0);
-    }
-    out
 }
 
 /// Starts an HTTP call to an Envoy cluster; the answer arrives in `on_http_call_response`.
