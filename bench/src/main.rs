@@ -45,8 +45,8 @@ enum Cmd {
         #[arg(long)]
         servers: Option<String>,
         /// Simulator speed for every workload: below 1 keeps the host's CPU out of the measurement
-        /// (rates stay in simulated time). Default: real time, half speed for shared-prefix and
-        /// 0.15x for short-long, whose ladders would saturate this host.
+        /// (rates stay in simulated time). Default (`default_time_scale`): real time, half speed for
+        /// shared-prefix, 0.25x for azure and 0.15x for short-long, whose ladders would saturate this host.
         #[arg(long)]
         time_scale: Option<f64>,
         /// Comma-separated routers to run (default: all).
