@@ -161,9 +161,9 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
     })?;
     println!("\nstack up: 2 simulated H100 + 1 A100, objective {objective}, {} req/s\n", opts.rate);
     println!(
-        "| time | phase | model | train samples | live MAPE TTFT | live MAPE TPOT | coverage TTFT | coverage TPOT | recent MAPE TTFT | recent MAPE TPOT | tier precision |"
+        "| time | phase | model | serving TTFT / TPOT | train samples | live MAPE TTFT | live MAPE TPOT | coverage TTFT | coverage TPOT | recent MAPE TTFT | recent MAPE TPOT | tier precision |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let target = runner::Target::slo_routed(format!("http://{}", stack.state.gateway));
     let runtime = tokio::runtime::Runtime::new()?;
     let started = Instant::now();
@@ -335,9 +335,13 @@ impl Sample {
     fn row(&self, started: Instant, phase: &str) -> String {
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
         format!(
-            "| {:>4.0} s | {phase} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {:>4.0} s | {phase} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             started.elapsed().as_secs_f64(),
             self.models["active"].as_str().unwrap_or("?"),
+            // Which side of the contest serves each target (`/v1/models`' `serving`): the
+            // active model, the prior, or each on the hardware classes it won.
+            self.models["serving"]["ttft"].as_str().unwrap_or("-"),
+            self.models["serving"]["tpot"].as_str().unwrap_or("-"),
             self.models["samples"]["train"],
             pct(self.live_mape[0]),
             pct(self.live_mape[1]),
