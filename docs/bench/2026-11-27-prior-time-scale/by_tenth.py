@@ -39,44 +39,49 @@ def hardware_classes(observations):
     return classes
 
 
-for out in sys.argv[1:]:
-    for f in sorted(glob.glob(out + '/requests/*.jsonl')):
-        rows = [json.loads(line) for line in open(f)]
-        classes = hardware_classes(os.path.join(out, 'observations', os.path.basename(f)))
-        end = max(r['at_s'] for r in rows) + 1e-9
-        n, covered, missed, arrived, shed, sent, met_all = (collections.Counter() for _ in range(7))
-        # Per (hardware class, tenth): answered, covered.
-        by_class = collections.defaultdict(lambda: [0, 0])
-        # Per hardware class: interactive requests served there, and how many of them missed.
-        interactive_on = collections.defaultdict(lambda: [0, 0])
-        for r in rows:
-            k = int(10 * r['at_s'] / end)
-            shed[k] += r['status'] == 429
-            ok = met(r)
-            sent[k] += 1
-            met_all[k] += ok
-            if r['class'] == 'interactive':
-                arrived[k] += 1
-                missed[k] += not ok
-                if classes and r['status'] == 200:
-                    cell = interactive_on[classes.get(r['served_by'], '?')]
-                    cell[0] += 1
-                    cell[1] += not ok
-            if r['status'] == 200 and r['tpot_ms'] and r['predicted_tpot_ms']:
-                n[k] += 1
-                covered[k] += r['tpot_ms'] <= r['predicted_tpot_ms']
-                if classes:
-                    cell = by_class[(classes.get(r['served_by'], '?'), k)]
-                    cell[0] += 1
-                    cell[1] += r['tpot_ms'] <= r['predicted_tpot_ms']
-        interactive = sum(arrived.values())
-        print('%s: interactive met %.1f%%, shed %d' % (f, 100 - 100 * sum(missed.values()) / interactive, sum(shed.values())))
-        print('  TPOT covered   ' + ' '.join('%5.2f' % (covered[k] / max(n[k], 1)) for k in range(10)))
-        print('  interactive missed ' + ' '.join('%d/%d' % (missed[k], arrived[k]) for k in range(10)))
-        print('  shed           ' + ' '.join('%5d' % shed[k] for k in range(10)))
-        print('  all met        ' + ' '.join('%5.2f' % (met_all[k] / max(sent[k], 1)) for k in range(10)))
-        for cls in sorted({c for c, _ in by_class}, key=str):
-            cells = [by_class[(cls, k)] for k in range(10)]
-            print('  TPOT covered, class %-3s' % cls + ' '.join('%5.2f/%-4d' % (c / max(a, 1), a) for a, c in cells))
-        for cls, (served, miss) in sorted(interactive_on.items(), key=lambda kv: str(kv[0])):
-            print('  interactive served on class %s: %d, missed %d' % (cls, served, miss))
+def main():
+    for out in sys.argv[1:]:
+        for f in sorted(glob.glob(out + '/requests/*.jsonl')):
+            rows = [json.loads(line) for line in open(f)]
+            classes = hardware_classes(os.path.join(out, 'observations', os.path.basename(f)))
+            end = max(r['at_s'] for r in rows) + 1e-9
+            n, covered, missed, arrived, shed, sent, met_all = (collections.Counter() for _ in range(7))
+            # Per (hardware class, tenth): answered, covered.
+            by_class = collections.defaultdict(lambda: [0, 0])
+            # Per hardware class: interactive requests served there, and how many of them missed.
+            interactive_on = collections.defaultdict(lambda: [0, 0])
+            for r in rows:
+                k = int(10 * r['at_s'] / end)
+                shed[k] += r['status'] == 429
+                ok = met(r)
+                sent[k] += 1
+                met_all[k] += ok
+                if r['class'] == 'interactive':
+                    arrived[k] += 1
+                    missed[k] += not ok
+                    if classes and r['status'] == 200:
+                        cell = interactive_on[classes.get(r['served_by'], '?')]
+                        cell[0] += 1
+                        cell[1] += not ok
+                if r['status'] == 200 and r['tpot_ms'] and r['predicted_tpot_ms']:
+                    n[k] += 1
+                    covered[k] += r['tpot_ms'] <= r['predicted_tpot_ms']
+                    if classes:
+                        cell = by_class[(classes.get(r['served_by'], '?'), k)]
+                        cell[0] += 1
+                        cell[1] += r['tpot_ms'] <= r['predicted_tpot_ms']
+            interactive = sum(arrived.values())
+            print('%s: interactive met %.1f%%, shed %d' % (f, 100 - 100 * sum(missed.values()) / interactive, sum(shed.values())))
+            print('  TPOT covered   ' + ' '.join('%5.2f' % (covered[k] / max(n[k], 1)) for k in range(10)))
+            print('  interactive missed ' + ' '.join('%d/%d' % (missed[k], arrived[k]) for k in range(10)))
+            print('  shed           ' + ' '.join('%5d' % shed[k] for k in range(10)))
+            print('  all met        ' + ' '.join('%5.2f' % (met_all[k] / max(sent[k], 1)) for k in range(10)))
+            for cls in sorted({c for c, _ in by_class}, key=str):
+                cells = [by_class[(cls, k)] for k in range(10)]
+                print('  TPOT covered, class %-3s' % cls + ' '.join('%5.2f/%-4d' % (c / max(a, 1), a) for a, c in cells))
+            for cls, (served, miss) in sorted(interactive_on.items(), key=lambda kv: str(kv[0])):
+                print('  interactive served on class %s: %d, missed %d' % (cls, served, miss))
+
+
+if __name__ == '__main__':
+    main()
