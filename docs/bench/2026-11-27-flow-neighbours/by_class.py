@@ -22,13 +22,24 @@ def met(o):
         return ok
     d=(o['slo_ttft_ms'] or 0)+(o['slo_tpot_ms'] or 0)*o['max_tokens']
     return o['e2e_ms']<=d
+def workload_names(d):
+    """The run's workloads, longest first (from its results.json; the bench's own names when it has none), so a
+    file of workload "shared-prefix" never reads as workload "shared"."""
+    try:
+        names=[w['workload'] for w in json.load(open(os.path.join(d,'results.json')))['workloads']]
+    except (OSError, KeyError, TypeError, ValueError):
+        names=['mixed','azure','hetero','shared-prefix','short-long','long-short']
+    return sorted(names, key=len, reverse=True)
+
 def main():
     res=collections.defaultdict(list)
     for d in sys.argv[1:]:
+        names='|'.join(re.escape(n) for n in workload_names(d))
         for f in sorted(glob.glob(d+'/requests/*.jsonl')):
             b=os.path.basename(f)
-            # The workloads with a hyphen in their names first, or shared-prefix would read as workload "shared".
-            m=re.match(r'(shared-prefix|short-long|long-short|\w+)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl',b)
+            m=re.match(r'(%s)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl'%names,b)
+            if m is None:
+                sys.exit('%s: not a request file of this run (workloads %s)'%(f,names))
             wl,router,rate,seed=m.groups()
             rows=[json.loads(l) for l in open(f)]
             c=collections.Counter()
