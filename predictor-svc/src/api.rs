@@ -257,11 +257,10 @@ async fn observations(
 /// `GET /v1/models`: the active model and every kept version with its held-out error (JSON).
 async fn models(State(state): State<Arc<AppState>>) -> Response {
     let (versions, active) = state.models.versions();
-    let (train, holdout) = state.models.sample_counts();
     let body = serde_json::json!({
         "active": active,
         "training": state.models.trains(),
-        "samples": {"train": train, "holdout": holdout, "since_training": state.models.samples_since_training()},
+        "samples": state.models.sample_counts(),
         "versions": versions,
         "calibration": state.models.calibration(),
         "prior_calibration": state.models.prior_calibration(),

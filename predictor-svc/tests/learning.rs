@@ -214,7 +214,7 @@ fn drift_seen_before_min_samples_of_the_new_regime_retrains_on_the_newest_and_se
     assert!(fresh < 0.75 * stale, "the new model moved toward the new fleet: {stale:.3} -> {fresh:.3}");
     // It used every new sample, and with nothing new there is nothing to retrain on: when
     // the traffic stops, training settles (a round that could not fit left them pending).
-    assert_eq!(store.samples_since_training(), 0);
+    assert_eq!(store.sample_counts().since_training, 0);
     assert_eq!(store.train_if_due(), TrainOutcome::Skipped);
     // The live errors were the old model's, and went with it: the new model is judged on its
     // own, and against no held-out figure of a handful (kept, they set drift off round after

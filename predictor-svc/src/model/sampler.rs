@@ -227,12 +227,18 @@ impl Samples {
     }
 
     /// Forgets the reservoirs for these samples (a finished regime): both sides refilled
-    /// from them under the current caps.
-    pub fn refill(&mut self, train: Vec<Sample>, holdout: Vec<Sample>) {
+    /// from them under the current caps, then the samples filed from sequence number
+    /// `since` on (those that arrived while the round fitted, after `train` and
+    /// `holdout` were copied): they belong to the new regime and are not lost.
+    pub fn refill(&mut self, train: Vec<Sample>, holdout: Vec<Sample>, since: u64) {
         self.train = Reservoir::new(self.train.cap);
         self.holdout = Reservoir::new(self.holdout.cap);
-        train.into_iter().for_each(|s| self.train.push(s));
-        holdout.into_iter().for_each(|s| self.holdout.push(s));
+        let arrived = |q: &VecDeque<(u64, Sample)>| -> Vec<Sample> {
+            q.iter().filter(|(n, _)| *n >= since).map(|(_, s)| s.clone()).collect()
+        };
+        let (late_train, late_holdout) = (arrived(&self.recent_train), arrived(&self.recent_holdout));
+        train.into_iter().chain(late_train).for_each(|s| self.train.push(s));
+        holdout.into_iter().chain(late_holdout).for_each(|s| self.holdout.push(s));
     }
 
     /// 0..100: below `holdout_percent` is the holdout. Keyed SipHash of the id.
@@ -276,6 +282,18 @@ mod tests {
         (0..7).for_each(|i| s.push(&format!("b{i}"), sample(0.0, 0.1, 0.0))); // and fits while these arrive
         s.trained_on(taken);
         assert_eq!(s.new_since_training, 7);
+    }
+
+    #[test]
+    fn a_refill_keeps_the_samples_that_arrived_while_the_round_fitted() {
+        let mut s = Samples::new(1000, 20);
+        (0..300).for_each(|i| s.push(&format!("a{i}"), sample(0.0, 0.1, 0.0)));
+        let copied_at = s.filed; // a drift round copies its stretch here
+        let stretch = s.recent_stretch(250, 40);
+        let copied = stretch.train.len() + stretch.holdout.len();
+        (0..25).for_each(|i| s.push(&format!("b{i}"), sample(0.0, 0.1, 0.0))); // and fits while these arrive
+        s.refill(stretch.train, stretch.holdout, copied_at);
+        assert_eq!(s.train.len() + s.holdout.len(), copied + 25, "the stretch and every sample filed since");
     }
 
     #[test]

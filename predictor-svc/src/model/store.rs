@@ -464,7 +464,7 @@ impl ModelStore {
                     // A new regime: the reservoirs, the live correction and the live errors of
                     // the old one go. The old model's errors are what set drift off: kept,
                     // they judged the new model drifting at once, round after round.
-                    self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout);
+                    self.samples.lock().unwrap_or_else(|p| p.into_inner()).refill(train, holdout, filed);
                     self.live.lock().unwrap_or_else(|p| p.into_inner()).clear();
                 }
                 // The correction and the drift window carry over from one trained model to
@@ -546,17 +546,32 @@ impl ModelStore {
         self.registry.onnx_bytes(name)
     }
 
-    /// (train, holdout) sample counts.
-    pub fn sample_counts(&self) -> (usize, usize) {
+    /// The samples' counts, under one lock.
+    pub fn sample_counts(&self) -> SampleCounts {
         let s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-        (s.train.len(), s.holdout.len())
+        SampleCounts {
+            train: s.train.len(),
+            holdout: s.holdout.len(),
+            since_training: s.new_since_training,
+            filed: s.filed,
+        }
     }
+}
 
-    /// Training samples filed since the last training round used them (a round
-    /// starts once there are `min_new_samples`).
-    pub fn samples_since_training(&self) -> usize {
-        self.samples.lock().unwrap_or_else(|p| p.into_inner()).new_since_training
-    }
+/// What `GET /v1/models` says of the samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SampleCounts {
+    /// Kept in the training reservoir.
+    pub train: usize,
+    /// Kept in the held-out reservoir.
+    pub holdout: usize,
+    /// Training samples no round has used yet (a round starts once there are
+    /// `min_new_samples`).
+    pub since_training: usize,
+    /// Every sample filed since the data directory began, kept or not: the reservoirs
+    /// cap their buckets and forget a finished regime on drift, so their sizes do not
+    /// say whether every report became a sample.
+    pub filed: u64,
 }
 
 #[cfg(test)]
