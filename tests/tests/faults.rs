@@ -140,7 +140,7 @@ fn predictor_frozen_past_the_timeout_under_load_falls_back_then_recovers() {
         .map(|s| (s.done - s.at).as_secs_f64())
         .collect();
     assert!(slow.len() >= 5, "traffic went on while the predictor was frozen");
-    // The callout gives up after predictor_timeout_ms (100 ms by default): never a hang.
+    // The callout gives up after predictor_timeout_ms (50 ms by default): never a hang.
     assert!(slow.iter().all(|&s| s < 2.0), "requests during the freeze took {slow:?} s");
     let after = predicted_between(&sent, thawed + Duration::from_secs(1), Instant::now());
     assert!(after >= 10, "routing by prediction resumes after the thaw ({after} requests)");
