@@ -162,18 +162,21 @@ async fn reports_for_requests_never_dispatched_teach_nothing() {
     let (status, body) = send(&s, "POST", "/v1/report", None, json!({"observations": forged})).await;
     assert_eq!(status, StatusCode::OK, "still acknowledged (they end nothing in flight)");
     assert_eq!(body["accepted"], 300);
-    assert_eq!(s.models.sample_counts().filed, 0, "no sample filed from a forged report");
+    let c = s.models.sample_counts();
+    assert_eq!((c.train, c.holdout, c.filed), (0, 0, 0), "no sample filed from a forged report");
 
     // The same report after its dispatch is learned from.
     send(&s, "POST", "/v1/dispatch", None, dispatch("real", json!({}))).await;
     send(&s, "POST", "/v1/report", None, json!({"observations": [observation("real", 1)]})).await;
-    assert_eq!(s.models.sample_counts().filed, 1);
+    let c = s.models.sample_counts();
+    assert_eq!((c.train + c.holdout, c.filed), (1, 1));
     // Served by another endpoint than the one dispatched to: not learned either.
     send(&s, "POST", "/v1/dispatch", None, dispatch("moved", json!({}))).await;
     let mut o = observation("moved", 2);
     o["endpoint"] = json!("127.0.0.1:2");
     send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
-    assert_eq!(s.models.sample_counts().filed, 1);
+    let c = s.models.sample_counts();
+    assert_eq!((c.train + c.holdout, c.filed), (1, 1));
 }
 
 fn data_dir(name: &str) -> PathBuf {
@@ -270,7 +273,8 @@ fn arbitrary_bytes_in_the_data_dir_never_stop_the_start() {
         std::fs::write(models.join("v1.onnx"), bytes).unwrap();
         let store = ModelStore::open(store_config(&dir, 5)).unwrap();
         assert_eq!(store.active_name(), "analytic-prior", "case {i}");
-        assert_eq!(store.sample_counts().filed, 0, "case {i}");
+        let c = store.sample_counts();
+        assert_eq!((c.train, c.holdout), (0, 0), "case {i}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -124,7 +124,8 @@ fn a_restart_keeps_models_and_samples() {
     }
     let store = ModelStore::open(config(Some(dir.clone()))).unwrap();
     assert_eq!(store.active_name(), "v1");
-    let (train, holdout) = (store.sample_counts().train, store.sample_counts().holdout);
+    let c = store.sample_counts();
+    let (train, holdout) = (c.train, c.holdout);
     assert!(train > 1000 && holdout > 100, "samples restored: {train} / {holdout}");
     let (ttft, _) = mape(&store);
     assert!(ttft < 0.10);
@@ -151,11 +152,8 @@ fn a_corrupt_model_file_is_refused_and_the_last_good_one_kept() {
     assert_eq!(store.active_name(), "v1", "v2 is corrupt: the last good model serves");
     std::fs::write(dir.join("samples.msgpack"), b"not msgpack").unwrap();
     let store = ModelStore::open(config(Some(dir.clone()))).unwrap();
-    assert_eq!(
-        store.sample_counts().train + store.sample_counts().holdout,
-        0,
-        "corrupt samples are refused, not half-loaded"
-    );
+    let c = store.sample_counts();
+    assert_eq!((c.train, c.holdout), (0, 0), "corrupt samples are refused, not half-loaded");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

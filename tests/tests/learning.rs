@@ -78,9 +78,11 @@ fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
         let s = &models(&h)["samples"];
         s["filed"].as_u64() == Some(work.len() as u64) && s["since_training"].as_u64().is_some_and(|n| n < 50)
     });
-    let reports = h.get(&format!("{}/metrics", h.predictor())).map(|r| r.body).unwrap_or_default();
-    let reports: Vec<&str> = reports.lines().filter(|l| l.starts_with("headroom_reports_total")).collect();
-    assert!(settled, "samples never settled: {} ({reports:?})", models(&h)["samples"]);
+    if !settled {
+        let metrics = h.get(&format!("{}/metrics", h.predictor())).map(|r| r.body).unwrap_or_default();
+        let reports: Vec<&str> = metrics.lines().filter(|l| l.starts_with("headroom_reports_total")).collect();
+        panic!("samples never settled: {} ({reports:?})", models(&h)["samples"]);
+    }
     let active = models(&h)["active"].as_str().unwrap().to_string();
 
     let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;

@@ -100,6 +100,11 @@ pub struct Stretch {
     pub judge: Vec<Sample>,
 }
 
+/// The samples of an arrival-ordered queue filed from sequence number `from` on.
+fn filed_since(q: &VecDeque<(u64, Sample)>, from: u64) -> Vec<Sample> {
+    q.iter().filter(|(n, _)| *n >= from).map(|(_, s)| s.clone()).collect()
+}
+
 /// The training and held-out reservoirs, and how many samples arrived since the last training.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Samples {
@@ -210,13 +215,10 @@ impl Samples {
             tpot += usize::from(s.tpot_ms.is_some());
             start = start.min(*n);
         }
-        let since = |q: &VecDeque<(u64, Sample)>, start: u64| {
-            q.iter().filter(|(n, _)| *n >= start).map(|(_, s)| s.clone()).collect()
-        };
         Stretch {
-            train: since(&self.recent_train, start),
-            holdout: since(&self.recent_holdout, start),
-            judge: since(&self.recent_holdout, from),
+            train: filed_since(&self.recent_train, start),
+            holdout: filed_since(&self.recent_holdout, start),
+            judge: filed_since(&self.recent_holdout, from),
         }
     }
 
@@ -233,10 +235,8 @@ impl Samples {
     pub fn refill(&mut self, train: Vec<Sample>, holdout: Vec<Sample>, since: u64) {
         self.train = Reservoir::new(self.train.cap);
         self.holdout = Reservoir::new(self.holdout.cap);
-        let arrived = |q: &VecDeque<(u64, Sample)>| -> Vec<Sample> {
-            q.iter().filter(|(n, _)| *n >= since).map(|(_, s)| s.clone()).collect()
-        };
-        let (late_train, late_holdout) = (arrived(&self.recent_train), arrived(&self.recent_holdout));
+        let (late_train, late_holdout) =
+            (filed_since(&self.recent_train, since), filed_since(&self.recent_holdout, since));
         train.into_iter().chain(late_train).for_each(|s| self.train.push(s));
         holdout.into_iter().chain(late_holdout).for_each(|s| self.holdout.push(s));
     }
