@@ -274,7 +274,7 @@ fn arbitrary_bytes_in_the_data_dir_never_stop_the_start() {
         let store = ModelStore::open(store_config(&dir, 5)).unwrap();
         assert_eq!(store.active_name(), "analytic-prior", "case {i}");
         let c = store.sample_counts();
-        assert_eq!((c.train, c.holdout), (0, 0), "case {i}");
+        assert_eq!((c.train, c.holdout, c.filed), (0, 0, 0), "case {i}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
