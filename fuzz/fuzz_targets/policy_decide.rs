@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
             tightest_tpot_slo_ms: next(),
             running: next().map_or(0, |v| v as u32),
             in_flight: next().map_or(0, |v| v as u32),
+            tighter_tpot_in_flight: next().map_or(0, |v| v as u32),
             ..Default::default()
         };
         endpoints.push(EndpointPrediction { address: format!("10.0.0.{i}:8000"), ttft_ms, tpot_ms, state });

@@ -29,7 +29,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use headroom_protocol::headroom::{busiest_with_own_room, headroom};
+use headroom_protocol::headroom::{headroom, least_harm_with_own_room};
 use headroom_protocol::{
     EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, FlowTerms, PredictRequest, PredictResponse,
 };
@@ -373,15 +373,16 @@ fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction
     best.map(|(i, _)| i)
 }
 
-/// Where `req` would go at its neighbours' expense (the busiest endpoint with room for its
-/// own SLOs, as the filter's policy places it), if anywhere.
+/// Where `req` would go at its neighbours' expense (of the endpoints with room for its own
+/// SLOs, where it slows the fewest tighter decodes, as the filter's policy places it), if
+/// anywhere.
 fn own_room(
     req: &PredictRequest,
     terms: &FlowTerms,
     endpoints: &[EndpointPrediction],
     waited_ms: f64,
 ) -> Option<usize> {
-    busiest_with_own_room(&remaining(req, waited_ms), endpoints, terms.tpot_buffer)
+    least_harm_with_own_room(&remaining(req, waited_ms), endpoints, terms.tpot_buffer)
 }
 
 /// Whether `req`, which has headroom at `best`, should go there now: the wait ahead of it
@@ -427,8 +428,9 @@ fn ready(
 ) -> Option<usize> {
     match fits(req, terms, endpoints, waited_ms) {
         Some(best) => goes_now(req, terms, &endpoints[best], service_ms(best), waited_ms, config).then_some(best),
-        None => own_room(req, terms, endpoints, waited_ms)
-            .filter(|&busiest| must_go(req, &endpoints[busiest], waited_ms, config)),
+        None => {
+            own_room(req, terms, endpoints, waited_ms).filter(|&at| must_go(req, &endpoints[at], waited_ms, config))
+        }
     }
 }
 

@@ -537,6 +537,9 @@ impl Pool {
             }
             if let Some(slo) = f.tpot_slo_ms {
                 s.tightest_tpot_slo_ms = Some(s.tightest_tpot_slo_ms.map_or(slo, |t: f64| t.min(slo)));
+                if request.streaming && request.slo.tpot_ms.is_some_and(|own| slo < own) {
+                    s.tighter_tpot_in_flight = s.tighter_tpot_in_flight.saturating_add(1);
+                }
             }
         }
         states
@@ -620,6 +623,11 @@ mod tests {
         assert_eq!(s[0].tokens_in_flight, 170);
         assert_eq!(s[0].tightest_tpot_slo_ms, Some(10.0));
         assert_eq!(s[1].in_flight, 0);
+        // Counted against the asking request's own TPOT SLO: the decodes it would slow past theirs.
+        let asking =
+            |tpot| RequestFeatures { streaming: true, slo: Slo { ttft_ms: None, tpot_ms: tpot }, ..Default::default() };
+        let tighter = |tpot| p.states_for(&asking(tpot), now)[0].tighter_tpot_in_flight;
+        assert_eq!((tighter(Some(150.0)), tighter(Some(15.0)), tighter(Some(10.0)), tighter(None)), (2, 1, 0, 0));
         assert_eq!(p.finish("r1", now).as_deref(), Some("a:1"));
         p.finish("r2", now);
         assert_eq!(p.in_flight_on("a:1"), 0);

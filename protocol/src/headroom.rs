@@ -36,13 +36,15 @@ pub fn own_headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tp
     judge(request, endpoint, tpot_buffer, None)
 }
 
-/// Of `endpoints`, the busiest with room for the request's own SLOs ([`own_headroom`]
-/// positive): the least TPOT headroom where TPOT is judged (the slowest decode that
-/// still serves it), else the least TTFT headroom. Where a request can go only at the
-/// expense of running requests' tighter TPOT SLO, this is where that harm is done
-/// already; the endpoints where tight requests still meet theirs are left alone. The
-/// filter's policy and the predictor's flow control both place such requests here.
-pub fn busiest_with_own_room(
+/// Of `endpoints`, where the request does least harm among those with room for its own
+/// SLOs ([`own_headroom`] positive): the fewest requests in flight with a tighter TPOT SLO
+/// than its own (`tighter_tpot_in_flight`, the decodes its own would slow past theirs),
+/// and among those the busiest: the least TPOT headroom where TPOT is judged (the slowest
+/// decode that still serves it), else the least TTFT headroom. Loose work goes where it
+/// slows the fewest tight decodes, and, where it slows some everywhere, where the harm is
+/// done already: the endpoints where tight requests still meet theirs are left alone.
+/// The filter's policy and the predictor's flow control both place such requests here.
+pub fn least_harm_with_own_room(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],
     tpot_buffer: f64,
@@ -51,9 +53,9 @@ pub fn busiest_with_own_room(
         .iter()
         .enumerate()
         .filter_map(|(i, e)| own_headroom(request, e, tpot_buffer).filter(Headroom::is_positive).map(|h| (i, h)))
-        .filter_map(|(i, h)| h.tpot.or(h.ttft).map(|slack| (i, slack)))
-        .reduce(|a, b| if b.1 < a.1 { b } else { a })
-        .map(|(i, _)| i)
+        .filter_map(|(i, h)| h.tpot.or(h.ttft).map(|slack| (i, endpoints[i].state.tighter_tpot_in_flight, slack)))
+        .min_by(|(_, harm_a, slack_a), (_, harm_b, slack_b)| harm_a.cmp(harm_b).then(slack_a.total_cmp(slack_b)))
+        .map(|(i, _, _)| i)
 }
 
 fn judge(
@@ -107,7 +109,13 @@ mod tests {
         busy.tpot_ms = Some(120.0);
         let mut too_slow = e.clone();
         too_slow.tpot_ms = Some(200.0);
-        assert_eq!(busiest_with_own_room(&request, &[e, busy, too_slow.clone()], 1.0), Some(1));
-        assert_eq!(busiest_with_own_room(&request, &[too_slow], 1.0), None);
+        assert_eq!(least_harm_with_own_room(&request, &[e.clone(), busy.clone(), too_slow.clone()], 1.0), Some(1));
+        assert_eq!(least_harm_with_own_room(&request, &[too_slow], 1.0), None);
+        // Fewer tight decodes to slow outweighs being the busiest.
+        let mut crowded = busy.clone();
+        crowded.state.tighter_tpot_in_flight = 5;
+        let mut few = e.clone();
+        few.state.tighter_tpot_in_flight = 1;
+        assert_eq!(least_harm_with_own_room(&request, &[crowded, few], 1.0), Some(1));
     }
 }

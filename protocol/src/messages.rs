@@ -144,6 +144,10 @@ pub struct EndpointState {
     /// Tightest TPOT SLO among requests in flight there, if any stated one.
     #[serde(default)]
     pub tightest_tpot_slo_ms: Option<f64>,
+    /// Requests in flight there whose TPOT SLO is tighter than this request's own: the
+    /// decodes its own would slow past theirs (0 when it states no TPOT SLO).
+    #[serde(default)]
+    pub tighter_tpot_in_flight: u32,
     /// Requests dispatched there and not yet reported.
     pub in_flight: u32,
     /// Uncached prompt tokens of in-flight requests still expected to be in prefill.

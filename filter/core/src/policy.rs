@@ -18,11 +18,11 @@
 //! 4. nothing positive: shed a sheddable request (priority < 0) when every
 //!    endpoint has a prediction and none is idle or cold. Otherwise, where some
 //!    endpoints would meet the request's own SLOs and fail only the running
-//!    requests' tighter TPOT SLO, the busiest of those (the least own TPOT
-//!    headroom): the harm is done there already. Else idle endpoints first, then
+//!    requests' tighter TPOT SLO, the one where the fewest such requests run, the
+//!    busiest among equals (the harm is done there already). Else idle endpoints first, then
 //!    the smallest deficit (only TPOT short, only TTFT short, both short).
 
-pub use headroom_protocol::headroom::{busiest_with_own_room, headroom, Headroom};
+pub use headroom_protocol::headroom::{headroom, least_harm_with_own_room, Headroom};
 use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
 
 use crate::config::{DefaultProfile, FilterConfig, Strategy};
@@ -80,12 +80,12 @@ pub fn decide(
         return Decision::Shed;
     }
     // It meets its own SLOs somewhere, but only by slowing the requests running there past
-    // their TPOT SLO (a batch request where interactive ones decode): the busiest such
-    // endpoint, where that harm is done already, rather than the least busy, where tight
-    // requests still meet theirs. Loose work packed together leaves the others fast.
+    // their TPOT SLO (a batch request where interactive ones decode): where it slows the
+    // fewest of them, and among equals the busiest, where that harm is done already,
+    // rather than the least busy, where tight requests still meet theirs.
     if positive.is_empty() {
-        if let Some(busiest) = busiest_with_own_room(request, endpoints, config.tpot_buffer) {
-            let ranked = with_fallbacks(vec![busiest], endpoints, config.fallback_endpoints);
+        if let Some(least_harm) = least_harm_with_own_room(request, endpoints, config.tpot_buffer) {
+            let ranked = with_fallbacks(vec![least_harm], endpoints, config.fallback_endpoints);
             return Decision::Route { ranked, source: RouteSource::PredictedNegative };
         }
     }

@@ -43,6 +43,7 @@ fn any_state() -> impl Strategy<Value = EndpointState> {
             kv_usage,
             prefix_match,
             tightest_tpot_slo_ms: tightest,
+            tighter_tpot_in_flight: in_flight / 2,
             in_flight,
             uncached_tokens_in_flight: tokens / 2,
             tokens_in_flight: tokens,
