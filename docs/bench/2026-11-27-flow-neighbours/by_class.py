@@ -1,6 +1,7 @@
 """Per-class SLO attainment of benchmark runs, every rate and seed: mean over the seeds and their range.
 
-Usage: python3 by_class.py OUT [OUT...]   (each OUT a `headroom-bench run --out` directory with requests/*.jsonl)
+Usage: python3 by_class.py [--per-seed] OUT [OUT...]   (each OUT a `headroom-bench run --out` directory with
+requests/*.jsonl; `--per-seed`: one row per seed instead of the mean, so two arms run on the same seeds pair up)
 
 The bench report gives per-class figures for the first seed at the equal-load point only; this reads every
 request file. `met` is `Outcome::met_slo` (loadgen/src/runner.rs): streaming requests against their TTFT and
@@ -32,8 +33,10 @@ def workload_names(d):
     return sorted(names, key=len, reverse=True)
 
 def main():
+    args=sys.argv[1:]
+    per_seed='--per-seed' in args
     res=collections.defaultdict(list)
-    for d in sys.argv[1:]:
+    for d in [a for a in args if a!='--per-seed']:
         names='|'.join(re.escape(n) for n in workload_names(d))
         for f in sorted(glob.glob(d+'/requests/*.jsonl')):
             b=os.path.basename(f)
@@ -48,7 +51,8 @@ def main():
                 if o['class']!='sheddable': c['crit']+=1; c['crit_met']+=met(o)
                 c['all']+=1; c['all_met']+=met(o)
                 if o['status']==429: c['shed']+=1
-            res[(d.split('/')[-1],wl,router,int(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
+            run=d.rstrip('/').split('/')[-1] + (' seed %s'%(seed or 11) if per_seed else '')  # unsuffixed: the ladder's seed, LADDER_SEED in bench/src/lib.rs
+            res[(run,wl,router,int(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
     print('| run | workload | router | rate | seeds | all | interactive | batch | sheddable | non-sheddable | shed |')
     print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
     for k in sorted(res, key=lambda k:(k[1],k[2],k[3],k[0])):
