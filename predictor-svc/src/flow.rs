@@ -12,7 +12,8 @@
 //! within its `dispatch_horizon_ms` (its server's queue is short), or earlier than the
 //! horizon allows when its own SLO is about to run out. One with room for its own SLOs
 //! only where its decode would slow running requests past their tighter TPOT SLO waits
-//! for them, and when its own SLO presses goes to the busiest such endpoint.
+//! for them, and when its own SLO presses goes where it slows the fewest of them (the
+//! busiest such endpoint among equals).
 //! It expires at its deadline (arrival + TTFT SLO - its service time on an idle
 //! endpoint): a sheddable request is then shed, any other placed as best it can be.
 //!
@@ -753,6 +754,11 @@ mod tests {
         lost.state.tightest_tpot_slo_ms = Some(40.0);
         let both = [eps[0].clone(), lost];
         assert_eq!(ready(&req, &terms, &both, own, 3550.0, &config), Some(1));
+        // Unless more of those tight decodes run there: fewer slowed outweighs the busiest.
+        let [mut few, mut many] = both;
+        few.state.tighter_tpot_in_flight = 1;
+        many.state.tighter_tpot_in_flight = 3;
+        assert_eq!(ready(&req, &terms, &[few, many], own, 3550.0, &config), Some(0));
     }
 
     #[test]
