@@ -65,7 +65,7 @@ impl InFlight {
             input_tokens: r.input_tokens,
             uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
             expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
-            tpot_slo_ms: r.slo.tpot_ms.filter(|_| r.streaming),
+            tpot_slo_ms: r.streamed_tpot_slo_ms(),
             // Checked: a prediction too large for an Instant means "not known", never a panic.
             prefill_done_by: ttft_ms
                 .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
@@ -527,6 +527,7 @@ impl Pool {
             })
             .collect();
         let events = self.first_token_events(now);
+        let own_tpot_slo = request.streamed_tpot_slo_ms();
         for f in self.in_flight.values() {
             let Some(s) = states.get_mut(f.endpoint) else { continue };
             s.in_flight = s.in_flight.saturating_add(1);
@@ -537,7 +538,7 @@ impl Pool {
             }
             if let Some(slo) = f.tpot_slo_ms {
                 s.tightest_tpot_slo_ms = Some(s.tightest_tpot_slo_ms.map_or(slo, |t: f64| t.min(slo)));
-                if request.streaming && request.slo.tpot_ms.is_some_and(|own| slo < own) {
+                if own_tpot_slo.is_some_and(|own| slo < own) {
                     s.tighter_tpot_in_flight = s.tighter_tpot_in_flight.saturating_add(1);
                 }
             }

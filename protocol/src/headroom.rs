@@ -52,8 +52,10 @@ pub fn least_harm_with_own_room(
     endpoints
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| own_headroom(request, e, tpot_buffer).filter(Headroom::is_positive).map(|h| (i, h)))
-        .filter_map(|(i, h)| h.tpot.or(h.ttft).map(|slack| (i, endpoints[i].state.tighter_tpot_in_flight, slack)))
+        .filter_map(|(i, e)| {
+            let own = own_headroom(request, e, tpot_buffer).filter(Headroom::is_positive)?;
+            own.tpot.or(own.ttft).map(|slack| (i, e.state.tighter_tpot_in_flight, slack))
+        })
         .min_by(|(_, harm_a, slack_a), (_, harm_b, slack_b)| harm_a.cmp(harm_b).then(slack_a.total_cmp(slack_b)))
         .map(|(i, _, _)| i)
 }
@@ -68,9 +70,8 @@ fn judge(
         Some(slo) => Some(slo - endpoint.ttft_ms?),
         None => None,
     };
-    // A non-streaming caller never sees tokens one by one: TPOT is not judged.
-    let tpot = match request.slo.tpot_ms {
-        Some(slo) if request.streaming => {
+    let tpot = match request.streamed_tpot_slo_ms() {
+        Some(slo) => {
             // Only a real (positive) running SLO tightens the target; a missing
             // one never weakens it (the reference let "no SLO" enter as 0).
             let target = match running_tpot_slo_ms {
@@ -79,7 +80,7 @@ fn judge(
             };
             Some(target * tpot_buffer - endpoint.tpot_ms?)
         }
-        _ => None,
+        None => None,
     };
     Some(Headroom { ttft, tpot })
 }

@@ -43,6 +43,15 @@ pub struct RequestFeatures {
     pub priority: i32,
 }
 
+impl RequestFeatures {
+    /// The TPOT SLO that holds for this request: its stated one when it streams. A
+    /// non-streaming caller never sees tokens one by one, so neither headroom nor the
+    /// running requests' tightest TPOT SLO judges its TPOT.
+    pub fn streamed_tpot_slo_ms(&self) -> Option<f64> {
+        self.slo.tpot_ms.filter(|_| self.streaming)
+    }
+}
+
 /// `POST /v1/predict` body: predict every endpoint of `pool` for one request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PredictRequest {
@@ -145,7 +154,7 @@ pub struct EndpointState {
     #[serde(default)]
     pub tightest_tpot_slo_ms: Option<f64>,
     /// Requests in flight there whose TPOT SLO is tighter than this request's own: the
-    /// decodes its own would slow past theirs (0 when it states no TPOT SLO).
+    /// decodes its own would slow past theirs (0 unless it streams with a TPOT SLO).
     #[serde(default)]
     pub tighter_tpot_in_flight: u32,
     /// Requests dispatched there and not yet reported.
