@@ -30,8 +30,8 @@ def main():
                 requests[k] += 1
                 if not met(o):
                     missed[k] += 1
-                    late = o['status'] == 200 and o['ttft_ms'] is not None and o['slo_ttft_ms'] is not None
-                    ttft_missed[k] += late and o['ttft_ms'] > o['slo_ttft_ms']
+                    timed = o['status'] == 200 and o['ttft_ms'] is not None and o['slo_ttft_ms'] is not None
+                    ttft_missed[k] += timed and o['ttft_ms'] > o['slo_ttft_ms']
         print('## %s\n' % out.rstrip('/').split('/')[-1])
         print('| class | flow | requests | missed | of which TTFT late |\n|---|---|---:|---:|---:|')
         for k in sorted(requests):
