@@ -64,6 +64,14 @@ pub struct Contender {
 /// a third of the workloads' tightest TTFT SLO (interactive, 400 ms).
 pub const FLOW_HORIZON_MS: f64 = 150.0;
 
+/// The longest a flow-control contender's request waits in the queue (engine time): the
+/// filter's default `flow_max_wait_ms`, 10 s. Scaled like the horizon: left at 10 s of wall
+/// time, azure at 0.25x held a batch request (TTFT SLO 4 s) at most 2.5 simulated seconds,
+/// where a deployment at real time holds it until its deadline. In wall time it is capped at
+/// the predictor's own longest wait (its `[flow] max_wait_ms`, which the stack leaves at its
+/// default), past which the queue holds nothing longer and the filter would refuse the value.
+pub const FLOW_MAX_WAIT_MS: f64 = 10_000.0;
+
 /// How long the filter waits for the predictor's answer before the fallback places the
 /// request (engine time): the filter's default, 50 ms. Set like the SLOs, in wall time
 /// divided by the time scale: on a slowed run the client's latencies are scaled back to
@@ -612,6 +620,8 @@ fn plugin(contender: &Contender, time_scale: f64) -> Map<String, serde_json::Val
     plugin.insert("default_profile".into(), contender.default_profile.into());
     plugin.insert("flow_control".into(), contender.flow_control.into());
     plugin.insert("flow_dispatch_horizon_ms".into(), wall_ms(FLOW_HORIZON_MS));
+    let predictor_longest = headroom_predictor_config::FlowConfig::default().max_wait_ms as f64;
+    plugin.insert("flow_max_wait_ms".into(), wall_ms(FLOW_MAX_WAIT_MS.min(predictor_longest * time_scale)));
     plugin.insert("predictor_timeout_ms".into(), wall_ms(PREDICTOR_TIMEOUT_MS));
     plugin
 }
@@ -800,14 +810,14 @@ mod tests {
     fn a_slowed_run_gives_the_filter_its_durations_in_wall_time() {
         let predicted = CONTENDERS.iter().find(|c| c.name == "headroom predicted").unwrap();
         let real = plugin(predicted, 1.0);
-        assert_eq!(
-            (real["predictor_timeout_ms"].as_u64(), real["flow_dispatch_horizon_ms"].as_u64()),
-            (Some(50), Some(150))
-        );
+        let durations = |p: &Map<String, serde_json::Value>| {
+            ["predictor_timeout_ms", "flow_dispatch_horizon_ms", "flow_max_wait_ms"].map(|k| p[k].as_u64())
+        };
+        assert_eq!(durations(&real), [Some(50), Some(150), Some(10_000)]);
         // At 0.15x an engine millisecond lasts 6.7 wall milliseconds, for the callout too.
         let slowed = plugin(predicted, 0.15);
-        assert_eq!(slowed["predictor_timeout_ms"].as_u64(), Some(333));
-        assert_eq!(slowed["flow_dispatch_horizon_ms"].as_u64(), Some(1000));
+        assert_eq!(durations(&slowed), [Some(333), Some(1000), Some(60_000)], "the wait capped at the predictor's");
+        assert_eq!(durations(&plugin(predicted, 0.25))[2], Some(40_000));
     }
 
     #[test]
