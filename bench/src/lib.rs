@@ -68,8 +68,9 @@ pub const FLOW_HORIZON_MS: f64 = 150.0;
 /// filter's default `flow_max_wait_ms`, 10 s. Scaled like the horizon: left at 10 s of wall
 /// time, azure at 0.25x held a batch request (TTFT SLO 4 s) at most 2.5 simulated seconds,
 /// where a deployment at real time holds it until its deadline. In wall time it is capped at
-/// the predictor's own longest wait (its `[flow] max_wait_ms`, which the stack leaves at its
-/// default), past which the queue holds nothing longer and the filter would refuse the value.
+/// the predictor's own longest wait (its `[flow] max_wait_ms`, 60 s, which the stack leaves at
+/// its default): the queue holds nothing longer, and a very slow run (under 1/60x) would
+/// otherwise ask for more than the filter accepts (600 s).
 pub const FLOW_MAX_WAIT_MS: f64 = 10_000.0;
 
 /// How long the filter waits for the predictor's answer before the fallback places the
