@@ -41,10 +41,11 @@ demo: build
 # Every router on identical traffic over a rate ladder, six workloads, 8 simulated servers, the rates
 # near each cliff repeated with 3 seeds: results/report.md, one SVG chart per workload, raw results
 # (docs/benchmark.md). It took about four and a half hours (a workload 30-45 minutes with eight
-# routers and three seeds) before short-long moved to 0.15x speed with a 20 s lead-in per rate and
-# the load held after each step; estimated about nineteen hours now (a short-long point takes 8-18
-# wall minutes), three quarters of it short-long. BENCH_ARGS="--seeds 1" skips the repeats,
-# --workloads runs a part.
+# routers and three seeds) before four workloads were held at their load (a 20 s lead-in per rate,
+# the load held after each step) and slowed to keep this host out of the result; estimated about
+# a day now (a short-long point takes 8-18 wall minutes, a mixed one about 2, a hetero one about
+# 1), more than half of it short-long. BENCH_ARGS="--seeds 1" skips the repeats, --workloads runs
+# a part, and `headroom-bench report --merge` puts the parts together.
 BENCH_ARGS ?=
 bench: build
 	@$(BENCH) run --out results $(BENCH_ARGS)

@@ -193,10 +193,11 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
 /// streams and runs at 0.15x (over its ladder of 120-320 req/s the host was 43-81% busy, Envoy
 /// using about one of its cores to meter the streams). `azure`'s answers stream many tokens too,
 /// which Envoy meters one by one: at half speed 2-9% of the predictor's callouts still timed
-/// out, at 0.25x under 1% (the host at most 51% busy).
+/// out, at 0.25x under 1% (the host at most 51% busy). `mixed` held at its cliff (170 req/s,
+/// [`default_lead_in`]) kept the host 95-97% busy in real time and 52-79% at half speed.
 pub fn default_time_scale(workload: &str) -> f64 {
     match workload {
-        "shared-prefix" => 0.5,
+        "shared-prefix" | "mixed" => 0.5,
         "short-long" => 0.15,
         "azure" => 0.25,
         _ => 1.0,
@@ -213,13 +214,15 @@ pub fn default_time_scale(workload: &str) -> f64 {
 /// most of a 15 s step: measured from empty, 320 req/s looked held (95-99%) while held for
 /// 45 s every router fell to 41-45%. `azure`'s answers (the trace's, up to 1,000 tokens)
 /// decode for 8 s and more near its cliff: measured from empty, llm-d's default held 90% to
-/// 132 req/s; held, it met 47% at 140 and 89% at 120. The other workloads' requests end
-/// within a few seconds below their cliffs; on `mixed` a 20 s lead-in left every router's
-/// 90% crossing where it was (139.9 against 138.8 req/s for least request,
-/// docs/benchmark.md), so they need none and keep their time.
+/// 132 req/s; held, it met 47% at 140 and 89% at 120. `hetero`'s answers (up to 500 tokens)
+/// and `mixed`'s long ones do the same at their cliffs: from empty, least request kept 79% of
+/// hetero at 140 req/s, held 51%, and llm-d's default kept 90% of mixed to about 141 req/s
+/// from empty in real time, 132 held at half speed (docs/benchmark.md, "Hetero held"). `long-short` (answers of a few
+/// dozen tokens) and `shared-prefix` (30-200) end within a few seconds below their cliffs and
+/// keep their time.
 pub fn default_lead_in(workload: &str) -> f64 {
     match workload {
-        "short-long" | "azure" => 20.0,
+        "short-long" | "azure" | "hetero" | "mixed" => 20.0,
         _ => 0.0,
     }
 }
@@ -320,20 +323,86 @@ pub struct BenchResults {
 }
 
 impl BenchResults {
-    /// Adds `other`'s workloads, replacing any of the same name; each keeps the command
-    /// and time scale it was measured with (a report made in parts says which part is which).
-    pub fn merge(&mut self, other: BenchResults) {
+    /// Adds `other`'s workloads and says, one line each, what became of them. A workload this
+    /// run already has, measured the same way (step, lead-in, fleet, speed, trace window), gains
+    /// `other`'s routers, so a workload too long for one sitting compares in one table; a router
+    /// in both keeps its rates and takes `other`'s where both measured one (a rung added below a
+    /// cliff, or a rate measured again). Measured another way, it is replaced whole: points
+    /// measured differently cannot share a table. Each keeps the commands and time scale it was
+    /// measured with (a report made in parts says which part is which).
+    pub fn merge(&mut self, other: BenchResults) -> Vec<String> {
+        let mut said = Vec::new();
         for mut w in other.workloads {
             w.time_scale.get_or_insert(other.time_scale);
             w.command.get_or_insert_with(|| other.command.clone());
             if w.profiles.is_empty() {
                 w.profiles = other.profiles.clone();
             }
-            match self.workloads.iter_mut().find(|mine| mine.workload == w.workload) {
-                Some(mine) => *mine = w,
-                None => self.workloads.push(w),
+            let Some(i) = self.workloads.iter().position(|mine| mine.workload == w.workload) else {
+                said.push(format!("{}: added", w.workload));
+                self.workloads.push(w);
+                continue;
+            };
+            let (profiles, time_scale, command) = (self.profiles.clone(), self.time_scale, self.command.clone());
+            let mine = &mut self.workloads[i];
+            mine.time_scale.get_or_insert(time_scale);
+            mine.command.get_or_insert(command);
+            if mine.profiles.is_empty() {
+                mine.profiles = profiles;
+            }
+            if let Some(differs) = mine.measured_otherwise(&w) {
+                said.push(format!("{}: replaced (measured with another {differs})", w.workload));
+                *mine = w;
+                continue;
+            }
+            let routers: Vec<&str> = w.runs.iter().map(|r| r.router.as_str()).collect();
+            said.push(format!("{}: routers added or measured again: {}", w.workload, routers.join(", ")));
+            for run in w.runs {
+                match mine.runs.iter_mut().find(|r| r.router == run.router) {
+                    Some(r) => r.merge(run),
+                    None => mine.runs.push(run),
+                }
+            }
+            // Baselines first, then headroom's routers, in the order the benchmark runs them.
+            mine.runs.sort_by_key(|r| CONTENDERS.iter().position(|c| c.name == r.router).unwrap_or(CONTENDERS.len()));
+            if let (Some(mine_cmd), Some(theirs)) = (&mut mine.command, w.command) {
+                if !mine_cmd.lines().any(|l| l == theirs) {
+                    mine_cmd.push('\n');
+                    mine_cmd.push_str(&theirs);
+                }
             }
         }
+        said
+    }
+}
+
+impl RouterRun {
+    /// Adds `other`'s measurements of the same router: a rate both measured is `other`'s, with
+    /// its seeds, and the points stay in increasing rate.
+    fn merge(&mut self, other: RouterRun) {
+        let measured = |rate: f64| other.points.iter().any(|(r, _)| *r == rate);
+        self.points.retain(|(r, _)| !measured(*r));
+        self.repeats.retain(|(r, _)| !measured(*r));
+        self.points.extend(other.points.iter().cloned());
+        self.repeats.extend(other.repeats);
+        self.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.repeats.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+}
+
+impl WorkloadRun {
+    /// What, if anything, `other` was measured with that this run was not (both with their
+    /// fleet and speed filled in). The rate ladder may differ: each router climbs its own.
+    fn measured_otherwise(&self, other: &WorkloadRun) -> Option<&'static str> {
+        [
+            (self.step_s != other.step_s, "step"),
+            (self.lead_in_s != other.lead_in_s || self.load_held_after != other.load_held_after, "lead-in"),
+            (self.profiles != other.profiles, "fleet"),
+            (self.time_scale != other.time_scale, "time scale"),
+            (self.trace_window != other.trace_window, "trace window"),
+        ]
+        .into_iter()
+        .find_map(|(differs, what)| differs.then_some(what))
     }
 }
 

@@ -34,7 +34,8 @@ enum Cmd {
         /// Seconds of each rate's traffic sent before its measured step and not counted, so the
         /// step measures the fleet at that load, not filling up from empty, for every workload;
         /// with a lead-in the traffic also goes on until the step's last request has ended.
-        /// Default: 20 for short-long and azure, whose answers outlast most of a step, 0 for the others.
+        /// Default: 20 for short-long, azure, hetero and mixed, whose long answers outlast most of a
+        /// step near their cliffs, 0 for long-short and shared-prefix.
         #[arg(long)]
         lead_in: Option<f64>,
         /// Seconds of traffic (another seed, lowest rate) before measuring headroom, so its models are trained.
@@ -46,7 +47,8 @@ enum Cmd {
         servers: Option<String>,
         /// Simulator speed for every workload: below 1 keeps the host's CPU out of the measurement
         /// (rates stay in simulated time). Default (`default_time_scale`): real time, half speed for
-        /// shared-prefix, 0.25x for azure and 0.15x for short-long, whose ladders would saturate this host.
+        /// shared-prefix and mixed, 0.25x for azure and 0.15x for short-long, whose ladders would
+        /// saturate this host.
         #[arg(long)]
         time_scale: Option<f64>,
         /// Comma-separated routers to run (default: all).
@@ -86,9 +88,10 @@ enum Cmd {
     Report {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
-        /// Another run's results.json (repeatable): its workloads are added to OUT's, replacing
-        /// those of the same name, and OUT's results.json is rewritten with them. For a reference
-        /// run made in parts; each merged workload keeps its own command and time scale.
+        /// Another run's results.json (repeatable): its workloads are added to OUT's, and OUT's
+        /// results.json is rewritten with them. A workload OUT has too gains its routers when both
+        /// were measured the same way (step, lead-in, fleet, speed), and is replaced otherwise.
+        /// For a reference run made in parts; each merged workload keeps its commands and speed.
         #[arg(long)]
         merge: Vec<std::path::PathBuf>,
         /// Summarize every measurement again from the per-request results under OUT/requests
@@ -105,7 +108,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Report { out, merge, recompute } => {
             let mut results = read_results(&out.join("results.json"))?;
             for path in &merge {
-                results.merge(read_results(path)?);
+                for line in results.merge(read_results(path)?) {
+                    println!("{}: {line}", path.display());
+                }
             }
             if recompute {
                 let n = headroom_bench::recompute(&out, &mut results)?;

@@ -601,7 +601,12 @@ fn provenance(w: &WorkloadRun, results: &BenchResults) -> String {
     }
     let command = w.command.as_deref().unwrap_or(&results.command);
     if command != results.command {
-        let _ = writeln!(s, "Measured by another run than the header's: `{command}`.");
+        // One line per part when routers were measured in several sittings (`BenchResults::merge`).
+        let parts: Vec<String> = command.lines().map(|c| format!("`{c}`")).collect();
+        match parts.as_slice() {
+            [one] => _ = writeln!(s, "Measured by another run than the header's: {one}."),
+            _ => _ = writeln!(s, "Measured in parts, some routers each: {}.", parts.join(", then ")),
+        }
     }
     s
 }
@@ -862,6 +867,57 @@ mod tests {
         let md = markdown(&first);
         assert_eq!(md.matches("Measured by another run than the header's: `part 2`.").count(), 2, "{md}");
         assert_eq!(md.matches("Simulator speed: 0.5x real time").count(), 2, "{md}");
+    }
+
+    #[test]
+    fn a_workload_measured_the_same_way_in_parts_gains_the_other_parts_routers() {
+        let part = |command: &str, runs: Vec<RouterRun>| BenchResults {
+            command: command.into(),
+            workloads: vec![WorkloadRun { runs, lead_in_s: 20.0, load_held_after: true, ..workload() }],
+            ..one_run(vec![])
+        };
+        let mut first = part(
+            "part 1",
+            vec![
+                run("envoy least request", true, &[(10.0, 0.99), (20.0, 0.8)]),
+                run("headroom flow control p90", false, &[(10.0, 0.99), (20.0, 0.85)]),
+            ],
+        );
+        let second = part(
+            "part 2",
+            vec![
+                run("headroom flow control p90", false, &[(10.0, 1.0), (20.0, 0.97), (30.0, 0.7)]),
+                run("llm-d prefix + token load", true, &[(10.0, 0.95), (20.0, 0.6)]),
+            ],
+        );
+        let said = first.merge(second.clone());
+        assert_eq!(
+            said,
+            ["mixed: routers added or measured again: headroom flow control p90, llm-d prefix + token load"]
+        );
+        let mixed = &first.workloads[0];
+        let routers: Vec<&str> = mixed.runs.iter().map(|r| r.router.as_str()).collect();
+        assert_eq!(routers, ["envoy least request", "llm-d prefix + token load", "headroom flow control p90"]);
+        let rates = |r: &RouterRun| r.points.iter().map(|(rate, p)| (*rate, p.attainment)).collect::<Vec<_>>();
+        assert_eq!(rates(&mixed.runs[2]), [(10.0, 1.0), (20.0, 0.97), (30.0, 0.7)], "the later part's points");
+        assert_eq!(mixed.command.as_deref(), Some("part 1\npart 2"));
+        assert!(markdown(&first).contains("Measured in parts, some routers each: `part 1`, then `part 2`."));
+        // Merged twice, the command is named once.
+        first.merge(second);
+        assert_eq!(first.workloads[0].command.as_deref(), Some("part 1\npart 2"));
+        // A rung added below a router's cliff joins its ladder, with its seeds.
+        let mut rung = run("envoy least request", true, &[(5.0, 1.0)]);
+        rung.repeats = vec![point(5.0, 0.98)];
+        first.merge(part("part 3", vec![rung]));
+        let lr = &first.workloads[0].runs[0];
+        assert_eq!(rates(lr), [(5.0, 1.0), (10.0, 0.99), (20.0, 0.8)]);
+        assert_eq!(lr.repeats.len(), 1);
+
+        // Measured another way (here without the lead-in), the later part replaces the workload whole.
+        let other = BenchResults { workloads: vec![workload()], ..one_run(vec![]) };
+        assert_eq!(first.merge(other), ["mixed: replaced (measured with another lead-in)"]);
+        assert_eq!(first.workloads[0].runs.len(), 3);
+        assert_eq!(first.workloads[0].runs[0].router, "rr");
     }
 
     #[test]
