@@ -505,6 +505,29 @@ pub fn to_engine(mut outcomes: Vec<runner::Outcome>, scale: f64) -> Vec<runner::
     outcomes
 }
 
+/// The routers named in a comma-separated list (`--routers`), in its order. Split on commas
+/// alone, "headroom predicted, least" would read as two names and could not be chosen, so each
+/// name is matched against [`CONTENDERS`], the longest that ends at a comma or the list's end.
+pub fn parse_routers(list: &str) -> anyhow::Result<Vec<String>> {
+    let mut rest = list.trim_start_matches([',', ' ']);
+    let mut names = Vec::new();
+    while !rest.is_empty() {
+        let ends_a_name = |n: &str| {
+            rest.strip_prefix(n)
+                .is_some_and(|after| after.trim_start().is_empty() || after.trim_start().starts_with(','))
+        };
+        let name =
+            CONTENDERS.iter().map(|c| c.name).filter(|n| ends_a_name(n)).max_by_key(|n| n.len()).ok_or_else(|| {
+                let known: Vec<&str> = CONTENDERS.iter().map(|c| c.name).collect();
+                let given = rest.split(',').next().unwrap_or(rest).trim();
+                anyhow::anyhow!("--routers: unknown router {given:?}: one of {known:?}")
+            })?;
+        names.push(name.to_string());
+        rest = rest[name.len()..].trim_start_matches([',', ' ']);
+    }
+    Ok(names)
+}
+
 fn contenders(opts: &BenchOptions) -> anyhow::Result<Vec<Contender>> {
     if opts.routers.is_empty() {
         return Ok(CONTENDERS.to_vec());
@@ -874,6 +897,16 @@ mod tests {
         assert!(after > LONGEST_REQUEST_S - 1.0, "as long as a request may last: {after:.1} s");
         let (alone, measured) = step(0.0);
         assert_eq!((alone.len(), measured), (requests("short-long", 1, 100.0, 15.0, 1).unwrap().len(), alone.len()));
+    }
+
+    #[test]
+    fn routers_are_read_by_name_even_where_a_name_holds_a_comma() {
+        let names = parse_routers("headroom predicted, least,envoy round robin , headroom predicted").unwrap();
+        assert_eq!(names, ["headroom predicted, least", "envoy round robin", "headroom predicted"]);
+        assert_eq!(parse_routers(" ").unwrap(), Vec::<String>::new());
+        let unknown = parse_routers("envoy round robin,least").unwrap_err().to_string();
+        assert!(unknown.contains("unknown router \"least\""), "{unknown}");
+        assert!(parse_routers("headroom predictedx").is_err(), "a name is matched whole");
     }
 
     #[test]

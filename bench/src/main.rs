@@ -163,7 +163,7 @@ fn main() -> anyhow::Result<()> {
                 warmup_s: warmup,
                 profiles: servers.as_deref().map(list),
                 time_scale,
-                routers: list(&routers),
+                routers: headroom_bench::parse_routers(&routers)?,
                 seeds,
                 run_dir,
                 out: out.clone(),
