@@ -272,12 +272,16 @@ pub fn verdict(w: &WorkloadRun) -> String {
     }
     // Why a capacity target can be out of reach: no router serves more than the fleet can.
     // With goodput at most G, 90% attainment is possible only up to G / 0.9 offered.
-    let goodput = w.runs.iter().flat_map(|r| r.points.iter().map(|(_, s)| s.goodput_rps)).fold(0.0, f64::max);
+    // Every measurement counts, each seed's too: the most the fleet was seen to deliver.
+    let goodput =
+        w.runs.iter().flat_map(|r| r.points.iter().chain(&r.repeats).map(|(_, s)| s.goodput_rps)).fold(0.0, f64::max);
     if let Some(b) = best(true) {
         let (cb, ceiling) = (router_capacity(b).rps(), goodput / TARGET);
-        // Only meaningful when every sweep reached its crossing: an open-ended capacity
-        // says the ladder, not the fleet, stopped.
-        let closed = w.runs.iter().all(|r| matches!(router_capacity(r), Capacity::At(_)));
+        // Only meaningful when the best baseline has a crossing and no sweep ran out of ladder
+        // still over the threshold: that one says the ladder, not the fleet, stopped. A router
+        // already under it at the lowest rate does not: the others still found the fleet's most.
+        let closed = matches!(router_capacity(b), Capacity::At(_))
+            && !w.runs.iter().any(|r| matches!(router_capacity(r), Capacity::AtLeast(_)));
         let short = (100.0 * ceiling / cb.max(f64::MIN_POSITIVE)).round() < (100.0 * CAPACITY_TARGET_RATIO).round();
         if closed && cb > 0.0 && goodput > 0.0 && short {
             let _ = writeln!(
@@ -760,6 +764,16 @@ mod tests {
         w.runs[2] = run("pred", false, &[(10.0, 1.0), (20.0, 0.99), (30.0, 0.5)]);
         let v = verdict(&w);
         assert!(v.contains(": missed)") && v.contains("Ceiling: 1.3x the best baseline"), "{v}");
+        // A router under the threshold from the lowest rate on leaves the ceiling standing;
+        // one still over it at the ladder's top does not (its most is not the fleet's).
+        w.runs.push(run("pred, least", false, &[(10.0, 0.8), (20.0, 0.7)]));
+        assert!(verdict(&w).contains("Ceiling:"), "{}", verdict(&w));
+        // A seed's measurement counts toward the most delivered: here 30 * 0.95 is past the ceiling.
+        let mut seeded = w.clone();
+        seeded.runs[2].repeats = vec![point(30.0, 0.95)];
+        assert!(!verdict(&seeded).contains("Ceiling:"), "{}", verdict(&seeded));
+        w.runs.push(run("pred, open", false, &[(10.0, 1.0)]));
+        assert!(!verdict(&w).contains("Ceiling:"), "{}", verdict(&w));
     }
 
     #[test]
