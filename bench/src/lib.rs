@@ -217,9 +217,9 @@ pub fn default_time_scale(workload: &str) -> f64 {
 /// 132 req/s; held, it met 47% at 140 and 89% at 120. `hetero`'s answers (up to 500 tokens)
 /// and `mixed`'s long ones do the same at their cliffs: from empty, least request kept 79% of
 /// hetero at 140 req/s, held 51%, and llm-d's default kept 90% of mixed to about 141 req/s
-/// from empty in real time, 132 held at half speed (docs/benchmark.md, "Hetero held"). `long-short` (answers of a few
-/// dozen tokens) and `shared-prefix` (30-200) end within a few seconds below their cliffs and
-/// keep their time.
+/// from empty in real time, 132 held at half speed (docs/benchmark.md, "Hetero held").
+/// `long-short` (answers of a few dozen tokens) and `shared-prefix` (30-200) end within a few
+/// seconds below their cliffs and keep their time.
 pub fn default_lead_in(workload: &str) -> f64 {
     match workload {
         "short-long" | "azure" | "hetero" | "mixed" => 20.0,
@@ -332,24 +332,15 @@ impl BenchResults {
     /// measured with (a report made in parts says which part is which).
     pub fn merge(&mut self, other: BenchResults) -> Vec<String> {
         let mut said = Vec::new();
+        let BenchResults { command, profiles, time_scale, workloads } = self;
         for mut w in other.workloads {
-            w.time_scale.get_or_insert(other.time_scale);
-            w.command.get_or_insert_with(|| other.command.clone());
-            if w.profiles.is_empty() {
-                w.profiles = other.profiles.clone();
-            }
-            let Some(i) = self.workloads.iter().position(|mine| mine.workload == w.workload) else {
+            w.fill_from_run(&other.command, &other.profiles, other.time_scale);
+            let Some(mine) = workloads.iter_mut().find(|mine| mine.workload == w.workload) else {
                 said.push(format!("{}: added", w.workload));
-                self.workloads.push(w);
+                workloads.push(w);
                 continue;
             };
-            let (profiles, time_scale, command) = (self.profiles.clone(), self.time_scale, self.command.clone());
-            let mine = &mut self.workloads[i];
-            mine.time_scale.get_or_insert(time_scale);
-            mine.command.get_or_insert(command);
-            if mine.profiles.is_empty() {
-                mine.profiles = profiles;
-            }
+            mine.fill_from_run(command, profiles, *time_scale);
             if let Some(differs) = mine.measured_otherwise(&w) {
                 said.push(format!("{}: replaced (measured with another {differs})", w.workload));
                 *mine = w;
@@ -380,10 +371,10 @@ impl RouterRun {
     /// Adds `other`'s measurements of the same router: a rate both measured is `other`'s, with
     /// its seeds, and the points stay in increasing rate.
     fn merge(&mut self, other: RouterRun) {
-        let measured = |rate: f64| other.points.iter().any(|(r, _)| *r == rate);
-        self.points.retain(|(r, _)| !measured(*r));
-        self.repeats.retain(|(r, _)| !measured(*r));
-        self.points.extend(other.points.iter().cloned());
+        let measured: Vec<f64> = other.points.iter().map(|(r, _)| *r).collect();
+        self.points.retain(|(r, _)| !measured.contains(r));
+        self.repeats.retain(|(r, _)| !measured.contains(r));
+        self.points.extend(other.points);
         self.repeats.extend(other.repeats);
         self.points.sort_by(|a, b| a.0.total_cmp(&b.0));
         self.repeats.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -391,6 +382,17 @@ impl RouterRun {
 }
 
 impl WorkloadRun {
+    /// Takes the command, fleet and speed of the run it was measured in where it records none
+    /// of its own (results written before they were recorded per workload), so that it keeps
+    /// them once merged into another run's results.
+    fn fill_from_run(&mut self, command: &str, profiles: &[String], time_scale: f64) {
+        self.time_scale.get_or_insert(time_scale);
+        self.command.get_or_insert_with(|| command.to_string());
+        if self.profiles.is_empty() {
+            self.profiles = profiles.to_vec();
+        }
+    }
+
     /// What, if anything, `other` was measured with that this run was not (both with their
     /// fleet and speed filled in). The rate ladder may differ: each router climbs its own.
     fn measured_otherwise(&self, other: &WorkloadRun) -> Option<&'static str> {
@@ -516,16 +518,22 @@ pub fn parse_routers(list: &str) -> anyhow::Result<Vec<String>> {
             rest.strip_prefix(n)
                 .is_some_and(|after| after.trim_start().is_empty() || after.trim_start().starts_with(','))
         };
-        let name =
-            CONTENDERS.iter().map(|c| c.name).filter(|n| ends_a_name(n)).max_by_key(|n| n.len()).ok_or_else(|| {
-                let known: Vec<&str> = CONTENDERS.iter().map(|c| c.name).collect();
-                let given = rest.split(',').next().unwrap_or(rest).trim();
-                anyhow::anyhow!("--routers: unknown router {given:?}: one of {known:?}")
-            })?;
+        let name = CONTENDERS
+            .iter()
+            .map(|c| c.name)
+            .filter(|n| ends_a_name(n))
+            .max_by_key(|n| n.len())
+            .ok_or_else(|| unknown_router(rest.split(',').next().unwrap_or(rest).trim()))?;
         names.push(name.to_string());
         rest = rest[name.len()..].trim_start_matches([',', ' ']);
     }
     Ok(names)
+}
+
+/// A router name that is none of [`CONTENDERS`], with the names that are.
+fn unknown_router(given: &str) -> anyhow::Error {
+    let known: Vec<&str> = CONTENDERS.iter().map(|c| c.name).collect();
+    anyhow::anyhow!("unknown router {given:?}: one of {known:?}")
 }
 
 fn contenders(opts: &BenchOptions) -> anyhow::Result<Vec<Contender>> {
@@ -534,12 +542,7 @@ fn contenders(opts: &BenchOptions) -> anyhow::Result<Vec<Contender>> {
     }
     opts.routers
         .iter()
-        .map(|r| {
-            CONTENDERS.iter().find(|c| c.name == r.as_str()).copied().ok_or_else(|| {
-                let known: Vec<&str> = CONTENDERS.iter().map(|c| c.name).collect();
-                anyhow::anyhow!("unknown router {r:?}: one of {known:?}")
-            })
-        })
+        .map(|r| CONTENDERS.iter().find(|c| c.name == r.as_str()).copied().ok_or_else(|| unknown_router(r)))
         .collect()
 }
 
