@@ -356,10 +356,13 @@ impl BenchResults {
             }
             // Baselines first, then headroom's routers, in the order the benchmark runs them.
             mine.runs.sort_by_key(|r| CONTENDERS.iter().position(|c| c.name == r.router).unwrap_or(CONTENDERS.len()));
+            // One line per part, each named once (a part may itself be merged from parts).
             if let (Some(mine_cmd), Some(theirs)) = (&mut mine.command, w.command) {
-                if !mine_cmd.lines().any(|l| l == theirs) {
-                    mine_cmd.push('\n');
-                    mine_cmd.push_str(&theirs);
+                for part in theirs.lines() {
+                    if !mine_cmd.lines().any(|l| l == part) {
+                        mine_cmd.push('\n');
+                        mine_cmd.push_str(part);
+                    }
                 }
             }
         }

@@ -916,8 +916,10 @@ mod tests {
         assert_eq!(rates(&mixed.runs[2]), [(10.0, 1.0), (20.0, 0.97), (30.0, 0.7)], "the later part's points");
         assert_eq!(mixed.command.as_deref(), Some("part 1\npart 2"));
         assert!(markdown(&first).contains("Measured in parts, some routers each: `part 1`, then `part 2`."));
-        // Merged twice, the command is named once.
+        // Merged twice, the command is named once; so is each part of a run itself merged.
         first.merge(second);
+        assert_eq!(first.workloads[0].command.as_deref(), Some("part 1\npart 2"));
+        first.merge(first.clone());
         assert_eq!(first.workloads[0].command.as_deref(), Some("part 1\npart 2"));
         // A rung added below a router's cliff joins its ladder, with its seeds.
         let mut rung = run("envoy least request", true, &[(5.0, 1.0)]);
