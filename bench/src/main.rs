@@ -47,7 +47,7 @@ enum Cmd {
         servers: Option<String>,
         /// Simulator speed for every workload: below 1 keeps the host's CPU out of the measurement
         /// (rates stay in simulated time). Default (`default_time_scale`): real time, half speed for
-        /// shared-prefix and mixed, 0.25x for azure and 0.15x for short-long, whose ladders would
+        /// mixed, 0.25x for azure and shared-prefix and 0.15x for short-long, whose ladders would
         /// saturate this host.
         #[arg(long)]
         time_scale: Option<f64>,
