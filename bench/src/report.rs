@@ -321,7 +321,7 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
         "SLO attainment by requested rate (req/s); `-`: not run, the router was already under {}. Rates near the cliff were measured once per seed: the mean, then the range; a capacity's range is over the seeds' curves (its noise band):\n",
         pct(crate::STOP_BELOW)
     );
-    let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    let header: Vec<String> = rates.iter().map(|r| format!("{r}")).collect();
     let _ = writeln!(
         s,
         "| router | {} | capacity at {} (req/s) | critical capacity (req/s) |",
@@ -425,7 +425,7 @@ fn rate_table(w: &WorkloadRun, rates: &[f64], title: &str, cell: impl Fn(&[&Summ
     if rows.is_empty() {
         return String::new();
     }
-    let header: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    let header: Vec<String> = rates.iter().map(|r| format!("{r}")).collect();
     let mut s = format!("\n{title}\n\n| router | {} |\n| --- |{}\n", header.join(" | "), " ---: |".repeat(rates.len()));
     for (router, cells) in rows {
         let _ = writeln!(s, "| {router} | {} |", cells.join(" | "));
@@ -520,7 +520,7 @@ fn conditions(w: &WorkloadRun) -> String {
     let mut s = String::new();
     let overflows = recorded(w, |m| m.gateway_overflow);
     let capped: Vec<String> =
-        overflows.iter().filter(|m| m.2 > 0).map(|(r, rate, n)| format!("{r} at {rate:.0} req/s ({n})")).collect();
+        overflows.iter().filter(|m| m.2 > 0).map(|(r, rate, n)| format!("{r} at {rate} req/s ({n})")).collect();
     if !capped.is_empty() {
         let _ = writeln!(
             s,
@@ -573,11 +573,7 @@ fn conditions(w: &WorkloadRun) -> String {
 
 /// The recorded shares above `limit`, each named as "router at rate req/s (share)".
 fn shares_over(recorded: &[(&str, f64, f64)], limit: f64) -> Vec<String> {
-    recorded
-        .iter()
-        .filter(|m| m.2 > limit)
-        .map(|(r, rate, v)| format!("{r} at {rate:.0} req/s ({})", pct(*v)))
-        .collect()
+    recorded.iter().filter(|m| m.2 > limit).map(|(r, rate, v)| format!("{r} at {rate} req/s ({})", pct(*v))).collect()
 }
 
 /// The lines a workload needs where its speed or its command is not the header's: a
