@@ -180,7 +180,7 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // empty the cliffs looked near 130-170 (docs/benchmark.md, "Azure at a sustained load").
         "azure" => vec![80.0, 100.0, 110.0, 120.0, 130.0, 140.0],
         // Cached system prompts make these cheap: at 0.25x least request falls under 90% near
-        // 352 req/s, llm-d's default near 240 (its affinity hot-spots the 8 prompts), and flow
+        // 352 req/s, llm-d's default near 220-240 (its affinity hot-spots the 8 prompts), and flow
         // control p90 kept its critical classes at 425, the old ladder's top (docs/benchmark.md,
         // "The shared-prefix workload with the current method"): 500 bounds it.
         "shared-prefix" => vec![125.0, 200.0, 275.0, 350.0, 425.0, 500.0],
@@ -197,8 +197,8 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
 /// report names points over [`host::BUSY`]). `shared-prefix`, whose ladder reaches 500 req/s,
 /// runs at 0.25x (the host at most 64% busy to 425); `short-long` streams 300-800 tokens per
 /// request to thousands of open streams and runs at 0.15x (over its ladder of 120-320 req/s the
-/// host was 43-81% busy, Envoy using about one of its cores to meter the streams). `azure`'s answers stream many tokens too,
-/// which Envoy meters one by one: at half speed 2-9% of the predictor's callouts still timed
+/// host was 43-81% busy, Envoy using about one of its cores to meter the streams). `azure`'s
+/// answers stream many tokens too, which Envoy meters one by one: at half speed 2-9% of the predictor's callouts still timed
 /// out, at 0.25x under 1% (the host at most 51% busy). `mixed` held at its cliff (170 req/s,
 /// [`default_lead_in`]) kept the host 95-97% busy in real time and 52-79% at half speed.
 pub fn default_time_scale(workload: &str) -> f64 {
