@@ -198,9 +198,10 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
 /// runs at 0.25x (the host at most 64% busy to 425); `short-long` streams 300-800 tokens per
 /// request to thousands of open streams and runs at 0.15x (over its ladder of 120-320 req/s the
 /// host was 43-81% busy, Envoy using about one of its cores to meter the streams). `azure`'s
-/// answers stream many tokens too, which Envoy meters one by one: at half speed 2-9% of the predictor's callouts still timed
-/// out, at 0.25x under 1% (the host at most 51% busy). `mixed` held at its cliff (170 req/s,
-/// [`default_lead_in`]) kept the host 95-97% busy in real time and 52-79% at half speed.
+/// answers stream many tokens too, which Envoy meters one by one: at half speed 2-9% of the
+/// predictor's callouts still timed out, at 0.25x under 1% (the host at most 51% busy). `mixed`
+/// held at its cliff (170 req/s, [`default_lead_in`]) kept the host 95-97% busy in real time
+/// and 52-79% at half speed.
 pub fn default_time_scale(workload: &str) -> f64 {
     match workload {
         "mixed" => 0.5,
