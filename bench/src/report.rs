@@ -217,7 +217,7 @@ pub fn verdict(w: &WorkloadRun) -> String {
             };
             let _ = write!(
                 out,
-                "At equal load ({rate:.0} req/s requested, the heaviest at which the best baseline still met {}) {lead}",
+                "At equal load ({rate} req/s requested, the heaviest at which the best baseline still met {}) {lead}",
                 pct(TARGET),
             );
             match (top(false), top(true)) {
@@ -355,7 +355,7 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
     if let Some(rate) = equal_load_rate(w) {
         let _ = writeln!(
             s,
-            "\nAt {rate:.0} req/s requested (the equal-load point):\n\n| router | requests | offered req/s | SLO attainment | goodput (req/s) | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | shed | failed | requests per server (min-max) |\n| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |"
+            "\nAt {rate} req/s requested (the equal-load point):\n\n| router | requests | offered req/s | SLO attainment | goodput (req/s) | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | shed | failed | requests per server (min-max) |\n| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |"
         );
         for r in &w.runs {
             if let Some(x) = at_rate(r, rate) {
@@ -383,7 +383,7 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
             let names: Vec<String> = classes.iter().map(|c| format!("{c} (shed)")).collect();
             let _ = writeln!(
                 s,
-                "\nBy SLO class at {rate:.0} req/s (attainment, and the share shed):\n\n| router | non-sheddable together | {} |\n| --- | ---: |{}",
+                "\nBy SLO class at {rate} req/s (attainment, and the share shed):\n\n| router | non-sheddable together | {} |\n| --- | ---: |{}",
                 names.join(" | "),
                 " ---: |".repeat(classes.len())
             );
@@ -742,6 +742,27 @@ mod tests {
         w.runs[1] = run("lr", true, &[(10.0, 0.8), (20.0, 0.7), (30.0, 0.5)]);
         w.runs[0] = run("rr", true, &[(10.0, 0.85), (20.0, 0.7), (30.0, 0.5)]);
         assert_eq!(equal_load_rate(&w), Some(10.0), "never at 90%: the lightest rate");
+    }
+
+    #[test]
+    fn a_rate_between_whole_numbers_is_printed_as_measured() {
+        // A rung at 22.5 where every router still holds: it is the equal-load point.
+        let mut w = workload();
+        for r in &mut w.runs {
+            r.points.push(point(22.5, 0.96));
+            r.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        w.runs[0].points.retain(|(rate, _)| *rate <= 22.5);
+        assert_eq!(equal_load_rate(&w), Some(22.5));
+        let text = section(&w, &one_run(vec![]));
+        for said in [
+            "| 10 | 20 | 22.5 | 30 |",
+            "At equal load (22.5 req/s",
+            "At 22.5 req/s requested",
+            "By SLO class at 22.5 req/s",
+        ] {
+            assert!(text.contains(said), "{said:?} in {text}");
+        }
     }
 
     #[test]
