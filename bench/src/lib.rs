@@ -186,7 +186,7 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         "shared-prefix" => vec![125.0, 200.0, 275.0, 350.0, 425.0, 500.0],
         // On 4 H100 + 4 A100 (`default_fleet`).
         "hetero" => vec![40.0, 65.0, 90.0, 115.0, 140.0, 165.0],
-        // mixed, held at half speed: llm-d's default falls under 90% near 132 req/s, flow
+        // mixed, held at half speed: llm-d's default falls under 90% near 128-132 req/s, flow
         // control p90's critical classes near 166 (docs/flow-control.md, "Mixed held"). Rungs
         // 15 apart from 110: across 110-140 alone a line put llm-d's crossing at 124. The low
         // rungs stay for the routers that fall early (round robin, composite: 65-77 from empty).
