@@ -217,7 +217,7 @@ pub fn verdict(w: &WorkloadRun) -> String {
             };
             let _ = write!(
                 out,
-                "At equal load ({rate} req/s requested, the heaviest at which the best baseline still met {}) {lead}",
+                "At equal load ({rate} req/s requested: of the rates every router ran, the heaviest at which the best baseline still met {}) {lead}",
                 pct(TARGET),
             );
             match (top(false), top(true)) {
