@@ -666,6 +666,39 @@ mod tests {
     }
 
     #[test]
+    fn a_ladder_goes_on_while_the_critical_classes_hold() {
+        let (_, mut s) = point(140.0, 0.7);
+        s.critical_attainment = Some(0.93);
+        assert!(!crate::ladder_done(&s), "critical classes at 93%: their cliff is ahead");
+        s.critical_attainment = Some(0.6);
+        assert!(crate::ladder_done(&s));
+        s.critical_attainment = None;
+        assert!(crate::ladder_done(&s), "without the figure, all requests decide");
+        s.attainment = 0.8;
+        assert!(!crate::ladder_done(&s));
+    }
+
+    #[test]
+    fn the_critical_classes_cliff_is_repeated_too_where_shedding_puts_it_apart() {
+        let mut w = workload();
+        // A router that sheds: all requests under 90% from 20 req/s, the non-sheddable
+        // classes kept to 30 and lost at 40.
+        let mut shedder = run("fc", false, &[(10.0, 0.99), (20.0, 0.8), (30.0, 0.78), (40.0, 0.5)]);
+        for ((_, s), critical) in shedder.points.iter_mut().zip([1.0, 0.97, 0.92, 0.6]) {
+            s.critical_attainment = Some(critical);
+        }
+        w.runs = vec![shedder];
+        // Overall: 10 and 20; critical: 30 and 40. Without the second, the critical band
+        // would rest on one seed at 30 and 40.
+        assert_eq!(crate::cliff_rates(&w), vec![10.0, 20.0, 30.0, 40.0]);
+        // Results without the critical figure repeat the overall cliff alone.
+        for (_, s) in &mut w.runs[0].points {
+            s.critical_attainment = None;
+        }
+        assert_eq!(crate::cliff_rates(&w), vec![10.0, 20.0]);
+    }
+
+    #[test]
     fn repeats_average_into_the_capacity_and_their_spread_decides_a_tie() {
         let mut w = workload();
         assert_eq!(crate::cliff_rates(&w), vec![10.0, 20.0, 30.0, 40.0]);
