@@ -255,6 +255,10 @@ pub struct BenchOptions {
     pub workloads: Vec<String>,
     /// Rate ladder for every workload (`None`: [`default_rates`]).
     pub rates: Option<Vec<f64>>,
+    /// How many of the trace's requests `azure` replays at every rate (`None`: [`trace_window`]
+    /// of the ladder). Set to another run's window to add rungs to its ladder on the same
+    /// traffic: `--rates 160` alone would replay the first 2,400 requests, not its 1,200.
+    pub trace_window: Option<usize>,
     /// Seconds of measured traffic per rate.
     pub step_s: f64,
     /// Seconds of the same rate's traffic sent before each measured step and not counted,
@@ -750,9 +754,10 @@ struct Ladder {
 }
 
 impl Ladder {
-    fn new(rates: &[f64], step_s: f64, fleet: Vec<String>, time_scale: f64, lead_in_s: f64) -> Ladder {
+    fn new(opts: &BenchOptions, rates: &[f64], fleet: Vec<String>, time_scale: f64, lead_in_s: f64) -> Ladder {
         let steps = (1..).zip(rates.iter().copied()).collect();
-        Ladder { steps, window: trace_window(rates, step_s), fleet, time_scale, lead_in_s }
+        let window = opts.trace_window.unwrap_or_else(|| trace_window(rates, opts.step_s));
+        Ladder { steps, window, fleet, time_scale, lead_in_s }
     }
 
     /// A fresh stack for `c`, warmed up at the ladder's lowest rate.
@@ -874,7 +879,7 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
             opts.step_s
         );
         let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet(name));
-        let ladder = Ladder::new(&rates, opts.step_s, fleet.clone(), time_scale, lead_in_s);
+        let ladder = Ladder::new(opts, &rates, fleet.clone(), time_scale, lead_in_s);
         let mut w = WorkloadRun {
             workload: name.clone(),
             step_s: opts.step_s,

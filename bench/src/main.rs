@@ -28,6 +28,11 @@ enum Cmd {
         /// stretch of its trace compressed to each rate).
         #[arg(long)]
         rates: Option<String>,
+        /// How many of the azure trace's requests every rate replays (default: as many as the
+        /// ladder's lowest rate sends in one step). To add rungs to another run's ladder on the
+        /// same traffic, give its `trace_window` from results.json.
+        #[arg(long)]
+        trace_window: Option<usize>,
         /// Seconds of measured traffic per router and rate.
         #[arg(long, default_value_t = 15.0)]
         step: f64,
@@ -146,7 +151,19 @@ fn main() -> anyhow::Result<()> {
             headroom_bench::gateway::run(&opts, command.trim())?;
             println!("report: {}", opts.out.join("gateway.md").display());
         }
-        Cmd::Run { workloads, rates, step, lead_in, warmup, servers, time_scale, routers, seeds, out } => {
+        Cmd::Run {
+            workloads,
+            rates,
+            trace_window,
+            step,
+            lead_in,
+            warmup,
+            servers,
+            time_scale,
+            routers,
+            seeds,
+            out,
+        } => {
             let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
             let rates = rates
                 .map(|r| {
@@ -155,9 +172,13 @@ fn main() -> anyhow::Result<()> {
                         .collect::<anyhow::Result<Vec<f64>>>()
                 })
                 .transpose()?;
+            if trace_window == Some(0) {
+                anyhow::bail!("--trace-window: must be at least 1 request");
+            }
             let opts = BenchOptions {
                 workloads: list(&workloads),
                 rates,
+                trace_window,
                 step_s: step,
                 lead_in_s: lead_in,
                 warmup_s: warmup,
