@@ -770,7 +770,8 @@ impl Ladder {
 
 /// Whether a ladder stops after this measurement: both capacities are behind it. A router
 /// that sheds meets under [`STOP_BELOW`] of all requests well before its critical classes
-/// fall (flow control p90 on azure held: 78% of all, 93% of the non-sheddable at 140 req/s);
+/// fall (flow control p90 on azure held, 2026-11-28: 78% of all requests, 91% of the
+/// non-sheddable at 140 req/s);
 /// stopping on the first alone would leave its critical capacity open-ended at that rate.
 pub fn ladder_done(s: &Summary) -> bool {
     s.attainment < STOP_BELOW && s.critical_attainment.is_none_or(|c| c < STOP_BELOW)
@@ -798,9 +799,9 @@ fn sweep(opts: &BenchOptions, c: &Contender, name: &str, ladder: &Ladder) -> any
 /// router and each of its two capacities (all requests, and the non-sheddable classes'
 /// critical capacity), the last rate it kept [`TARGET`] at and the next one it ran (the
 /// first rate when it never kept it, the last when it never lost it). Both, because a router
-/// that sheds crosses them apart: flow control on azure held lost 90% of all requests near
-/// 120 req/s and of the critical classes near 143, and a band taken from repeats at the first
-/// cliff alone says nothing of the second (its far rung was one seed's).
+/// that sheds crosses them apart: flow control p90 on the prior, azure held, lost 90% of all
+/// requests near 141 req/s and of the critical classes near 152, and a band taken from repeats
+/// at the first cliff alone says little of the second (its far rung would be one seed's).
 pub fn cliff_rates(w: &WorkloadRun) -> Vec<f64> {
     let mut out: Vec<f64> = Vec::new();
     for r in &w.runs {
