@@ -43,7 +43,8 @@ demo: build
 # (docs/benchmark.md). It took about four and a half hours (a workload 30-45 minutes with eight
 # routers and three seeds) before four workloads were held at their load (a 20 s lead-in per rate,
 # the load held after each step) and slowed to keep this host out of the result; estimated about
-# a day now (a short-long point takes 8-18 wall minutes, a mixed one about 2, a shared-prefix one
+# a day now (a short-long point takes 8-18 wall minutes, an azure one 4-7 at 0.25x (one router
+# on its held ladder with repeats about 55 minutes), a mixed one about 2, a shared-prefix one
 # about 1.4 at 0.25x, a hetero one about 1), more than half of it short-long. BENCH_ARGS="--seeds 1"
 # skips the repeats, --workloads runs a part, and `headroom-bench report --merge` puts the parts
 # together.
