@@ -771,8 +771,8 @@ impl Ladder {
 /// Whether a ladder stops after this measurement: both capacities are behind it. A router
 /// that sheds meets under [`STOP_BELOW`] of all requests well before its critical classes
 /// fall (flow control p90 on azure held, 2026-11-28: 78% of all requests, 91% of the
-/// non-sheddable at 140 req/s);
-/// stopping on the first alone would leave its critical capacity open-ended at that rate.
+/// non-sheddable at 140 req/s); stopping on the first alone would leave its critical
+/// capacity open-ended at that rate.
 pub fn ladder_done(s: &Summary) -> bool {
     s.attainment < STOP_BELOW && s.critical_attainment.is_none_or(|c| c < STOP_BELOW)
 }
@@ -805,8 +805,8 @@ fn sweep(opts: &BenchOptions, c: &Contender, name: &str, ladder: &Ladder) -> any
 pub fn cliff_rates(w: &WorkloadRun) -> Vec<f64> {
     let mut out: Vec<f64> = Vec::new();
     for r in &w.runs {
-        out.extend(crossing_rungs(&r.points, |s| Some(s.attainment)));
-        out.extend(crossing_rungs(&r.points, |s| s.critical_attainment));
+        out.extend(crossing_rungs(&r.points, report::overall));
+        out.extend(crossing_rungs(&r.points, report::critical));
     }
     out.sort_by(f64::total_cmp);
     out.dedup();
@@ -816,7 +816,7 @@ pub fn cliff_rates(w: &WorkloadRun) -> Vec<f64> {
 /// The rungs either side of where `pick` of a ladder's points crosses [`TARGET`]: the last
 /// kept and the next, or the first rate when it never kept it. Empty when no point has the
 /// value (older results, or a workload without non-sheddable requests).
-fn crossing_rungs(points: &[(f64, Summary)], pick: fn(&Summary) -> Option<f64>) -> Vec<f64> {
+fn crossing_rungs(points: &[(f64, Summary)], pick: report::Pick) -> Vec<f64> {
     let values: Vec<(f64, f64)> = points.iter().filter_map(|(rate, s)| Some((*rate, pick(s)?))).collect();
     match values.iter().rposition(|(_, v)| *v >= TARGET) {
         Some(i) => values[i..].iter().take(2).map(|p| p.0).collect(),

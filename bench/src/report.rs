@@ -19,13 +19,13 @@ fn ms(v: &[Option<f64>; 3], digits: usize) -> String {
 }
 
 /// What a curve plots of each measurement: overall attainment, or the critical classes'.
-type Pick = fn(&Summary) -> Option<f64>;
+pub(crate) type Pick = fn(&Summary) -> Option<f64>;
 
-fn overall(s: &Summary) -> Option<f64> {
+pub(crate) fn overall(s: &Summary) -> Option<f64> {
     Some(s.attainment)
 }
 
-fn critical(s: &Summary) -> Option<f64> {
+pub(crate) fn critical(s: &Summary) -> Option<f64> {
     s.critical_attainment
 }
 
