@@ -437,6 +437,10 @@ pub fn trace_window(rates: &[f64], step_s: f64) -> usize {
     (lowest * step_s).round().max(1.0) as usize
 }
 
+/// The one workload that replays a trace (its first `window` requests at every rate) instead
+/// of generating its requests from a seed; the only one `--trace-window` applies to.
+const TRACE: &str = "azure";
+
 /// The requests of `workload` at `rate`, in engine time. Synthetic workloads keep their
 /// seed at every rate; the trace plays its first `window` requests at every rate.
 fn requests(
@@ -447,7 +451,7 @@ fn requests(
     window: usize,
 ) -> anyhow::Result<Vec<workload::RequestSpec>> {
     let generated = match name {
-        "azure" => workload::azure_window(seed, window, rate, duration),
+        TRACE => workload::azure_window(seed, window, rate, duration),
         _ => workload::by_name(name, seed, rate, duration, 1.0),
     };
     generated.map_err(anyhow::Error::msg)
@@ -860,6 +864,13 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     anyhow::ensure!(opts.step_s > 0.0, "--step must be > 0");
     anyhow::ensure!(opts.lead_in_s.is_none_or(|l| l >= 0.0 && l.is_finite()), "--lead-in must be >= 0");
     anyhow::ensure!(opts.time_scale.is_none_or(|t| t > 0.0 && t <= 1.0), "--time-scale must be within (0, 1]");
+    anyhow::ensure!(opts.trace_window != Some(0), "--trace-window: must be at least 1 request");
+    // A window given where no workload replays the trace would be dropped without a word, and
+    // the run would not be the one asked for.
+    anyhow::ensure!(
+        opts.trace_window.is_none() || opts.workloads.iter().any(|w| w == TRACE),
+        "--trace-window: only the {TRACE} workload replays a trace; --workloads does not name it"
+    );
     std::fs::create_dir_all(opts.out.join("requests"))?;
     std::fs::create_dir_all(opts.out.join("observations"))?;
     let contenders = contenders(opts)?;
@@ -889,7 +900,7 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
             load_held_after: lead_in_s > 0.0,
             servers: fleet.len(),
             profiles: fleet,
-            trace_window: (name == "azure").then_some(ladder.window),
+            trace_window: (name == TRACE).then_some(ladder.window),
             time_scale: Some(time_scale),
             command: Some(command.to_string()),
             runs: Vec::new(),
@@ -942,6 +953,29 @@ mod tests {
         assert!(after > LONGEST_REQUEST_S - 1.0, "as long as a request may last: {after:.1} s");
         let (alone, measured) = step(0.0);
         assert_eq!((alone.len(), measured), (requests("short-long", 1, 100.0, 15.0, 1).unwrap().len(), alone.len()));
+    }
+
+    #[test]
+    fn a_trace_window_is_refused_where_it_would_not_apply_before_anything_starts() {
+        let dir = std::env::temp_dir().join(format!("headroom-bench-window-{}", std::process::id()));
+        let opts = |workloads: &[&str], trace_window| BenchOptions {
+            workloads: workloads.iter().map(|w| w.to_string()).collect(),
+            rates: None,
+            trace_window,
+            step_s: 15.0,
+            lead_in_s: None,
+            warmup_s: 0.0,
+            profiles: None,
+            time_scale: None,
+            routers: Vec::new(),
+            seeds: 1,
+            run_dir: dir.join("run"),
+            out: dir.join("out"),
+        };
+        let refused = |o: BenchOptions| run(&o, "test").unwrap_err().to_string();
+        assert!(refused(opts(&["mixed"], Some(1200))).contains("only the azure workload"));
+        assert!(refused(opts(&["mixed", TRACE], Some(0))).contains("at least 1 request"));
+        assert!(!dir.exists(), "refused before any directory or stack");
     }
 
     #[test]

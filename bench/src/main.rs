@@ -172,17 +172,8 @@ fn main() -> anyhow::Result<()> {
                         .collect::<anyhow::Result<Vec<f64>>>()
                 })
                 .transpose()?;
-            if trace_window == Some(0) {
-                anyhow::bail!("--trace-window: must be at least 1 request");
-            }
-            let workloads: Vec<String> = list(&workloads);
-            // Only azure replays a trace; a window given for the others alone would be dropped
-            // without a word, and the run would not be the one asked for.
-            if trace_window.is_some() && !workloads.iter().any(|w| w == "azure") {
-                anyhow::bail!("--trace-window: only the azure workload replays a trace; --workloads does not name it");
-            }
             let opts = BenchOptions {
-                workloads,
+                workloads: list(&workloads),
                 rates,
                 trace_window,
                 step_s: step,
