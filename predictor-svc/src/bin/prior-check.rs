@@ -25,14 +25,12 @@
 //! it (the pool's hardware names in order, from 1): the benchmark's fleet is
 //! `--scale 1=2` (a100 = 1, h100 = 2; `model.prior_hardware_scale`).
 
-use std::io::BufRead;
-
 use anyhow::Context;
 use headroom_predictor::model::features::row;
 use headroom_predictor::model::gbdt::Objective;
 use headroom_predictor::model::prior::AnalyticPrior;
+use headroom_predictor::model::replay;
 use headroom_predictor::model::training;
-use headroom_protocol::Observation;
 
 /// Bands of the prefill share the table splits by (upper bounds).
 const BANDS: [f64; 5] = [0.2, 0.4, 0.6, 0.8, f64::INFINITY];
@@ -80,30 +78,19 @@ fn main() -> anyhow::Result<()> {
     let without = AnalyticPrior { max_prefill_share: 0.0, ..prior.clone() };
 
     let mut points: Vec<Point> = Vec::new();
-    for file in &files {
-        let reader = std::io::BufReader::new(std::fs::File::open(file).with_context(|| file.clone())?);
-        for line in reader.lines() {
-            let line = line?;
-            let value: serde_json::Value = match serde_json::from_str(&line) {
-                Ok(v) => v,
-                Err(_) => continue,
-            };
-            // The accuracy run's dump wraps each one: {"phase": ..., "observation": {...}}.
-            let value = if value.get("observation").is_some() { value["observation"].clone() } else { value };
-            let Ok(o) = serde_json::from_value::<Observation>(value) else { continue };
-            let (Some(state), Some(measured), Some(served)) = (&o.state_at_dispatch, o.tpot_ms, o.predicted_tpot_ms)
-            else {
-                continue;
-            };
-            if o.status != 200 || !o.request.streaming || o.output_tokens.unwrap_or(0) < 2 || measured <= 0.0 {
-                continue;
-            }
-            let r = row(&o.request, state, &prior);
-            let share = prior.prefill_share(&r);
-            let predicted = [without.predict(&r).1, prior.predict(&r).1, served];
-            let slo = o.request.slo.tpot_ms;
-            points.push(Point { share, class: state.hardware_class, measured, predicted, slo });
+    for recorded in replay::read(&files)? {
+        let o = recorded.observation;
+        let (Some(state), Some(measured), Some(served)) = (&o.state_at_dispatch, o.tpot_ms, o.predicted_tpot_ms) else {
+            continue;
+        };
+        if o.status != 200 || !o.request.streaming || o.output_tokens.unwrap_or(0) < 2 || measured <= 0.0 {
+            continue;
         }
+        let r = row(&o.request, state, &prior);
+        let share = prior.prefill_share(&r);
+        let predicted = [without.predict(&r).1, prior.predict(&r).1, served];
+        let slo = o.request.slo.tpot_ms;
+        points.push(Point { share, class: state.hardware_class, measured, predicted, slo });
     }
     anyhow::ensure!(!points.is_empty(), "no observation with a measured TPOT and its state at dispatch");
 

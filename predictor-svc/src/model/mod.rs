@@ -4,8 +4,9 @@
 //! (the sample reservoirs), `registry` (which model serves), `training` (one
 //! round's fit, scores and export), `persistence` (the data directory),
 //! `calibration` (the live correction of served predictions), `duel` (the
-//! corrected prior against the trained model, judged live), and `store`, which
-//! composes them for the service.
+//! corrected prior against the trained model, judged live), `store`, which
+//! composes them for the service, and `replay` (recorded observations read back
+//! by the offline tools).
 
 pub mod calibration;
 pub mod duel;
@@ -15,6 +16,7 @@ pub mod onnx;
 pub mod persistence;
 pub mod prior;
 pub mod registry;
+pub mod replay;
 pub mod runtime;
 pub mod sampler;
 pub mod store;

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use headroom_protocol::{EndpointState, Observation, RouteSource};
 use serde::{Deserialize, Serialize};
 
 use super::features::Row;
@@ -28,6 +29,19 @@ pub struct Sample {
     pub ttft_ms: Option<f64>,
     /// Observed TPOT (streaming requests with at least two tokens).
     pub tpot_ms: Option<f64>,
+}
+
+/// What a report can teach, if anything: the state its features came from and the
+/// TTFT and TPOT it measured. Only a 200 whose features came from a predict call
+/// (fallback-routed requests carry stale state), with TTFT and TPOT from streaming
+/// requests only (a non-streaming response's first token arrives with the whole body).
+pub fn learnable(o: &Observation) -> Option<(&EndpointState, Option<f64>, Option<f64>)> {
+    let from_predict =
+        matches!(o.source, RouteSource::PredictedPositive | RouteSource::PredictedNegative | RouteSource::Composite);
+    let state = o.state_at_dispatch.as_ref().filter(|_| from_predict && o.status == 200)?;
+    let ok = |v: Option<f64>| v.filter(|x| x.is_finite() && *x > 0.0);
+    let (ttft, tpot) = if o.request.streaming { (ok(o.ttft_ms), ok(o.tpot_ms)) } else { (None, None) };
+    (ttft.is_some() || tpot.is_some()).then_some((state, ttft, tpot))
 }
 
 type Bucket = (u8, u8, u8);
@@ -135,6 +149,12 @@ fn random_key() -> u64 {
 
 impl Samples {
     pub fn new(bucket_cap: usize, holdout_percent: u64) -> Self {
+        Self::keyed(bucket_cap, holdout_percent, random_key())
+    }
+
+    /// [`Self::new`] with the holdout hash's key given: the same split every time
+    /// (`train-check` replays a run the same way for every variant it compares).
+    pub fn keyed(bucket_cap: usize, holdout_percent: u64, key: u64) -> Self {
         Samples {
             train: Reservoir::new(bucket_cap),
             holdout: Reservoir::new(bucket_cap.div_ceil(4).max(1)),
@@ -143,7 +163,7 @@ impl Samples {
             filed: 0,
             recent_train: VecDeque::new(),
             recent_holdout: VecDeque::new(),
-            key: random_key(),
+            key,
         }
     }
 

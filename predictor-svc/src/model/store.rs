@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use headroom_protocol::{limits, EndpointState, Observation, RequestFeatures, RouteSource};
+use headroom_protocol::{limits, EndpointState, Observation, RequestFeatures};
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 
@@ -36,7 +36,7 @@ use super::persistence::{self, sha256_hex, DataDir};
 use super::prior::AnalyticPrior;
 use super::registry::{ActiveModel, Registry};
 use super::runtime::OnnxModel;
-use super::sampler::{Sample, Samples};
+use super::sampler::{self, Sample, Samples};
 use super::training::{self, ErrorSpread, Scores};
 use crate::config::ModelConfig;
 
@@ -312,18 +312,10 @@ impl ModelStore {
 
     /// [`Self::observe`] of a report that arrived at `now` (tests replay reports late).
     pub fn observe_at(&self, o: &Observation, now: Instant) -> bool {
-        let from_predict = matches!(
-            o.source,
-            RouteSource::PredictedPositive | RouteSource::PredictedNegative | RouteSource::Composite
-        );
-        let Some(state) = o.state_at_dispatch.as_ref().filter(|_| from_predict && o.status == 200) else {
+        let Some((state, ttft, tpot)) = sampler::learnable(o) else {
             return false;
         };
         let ok = |v: Option<f64>| v.filter(|x| x.is_finite() && *x > 0.0);
-        let (ttft, tpot) = if o.request.streaming { (ok(o.ttft_ms), ok(o.tpot_ms)) } else { (None, None) };
-        if ttft.is_none() && tpot.is_none() {
-            return false;
-        }
         let row = self.row(&o.request, state);
         // Calibration judges what was served against the correction as it is now
         // (`calibration`); drift is judged on what the model itself says now (a bias the

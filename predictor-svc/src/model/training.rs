@@ -48,16 +48,6 @@ impl Fitted {
 /// With `model.residual` (the default) the trees learn the residual of the prior's
 /// columns (`gbdt::fit_residual`), else the latency from scratch.
 pub fn fit(train: &[Sample], config: &ModelConfig) -> Option<Fitted> {
-    let residual = config.residual;
-    let column = |f: fn(&Sample) -> Option<f64>| -> (Vec<Row>, Vec<f64>) {
-        train.iter().filter_map(|s| f(s).map(|y| (s.row, y))).unzip()
-    };
-    let (ttft_rows, ttft_y) = column(|s| s.ttft_ms);
-    let (tpot_rows, tpot_y) = column(|s| s.tpot_ms);
-    if ttft_rows.len() < config.min_samples || tpot_rows.len() < config.min_samples {
-        return None;
-    }
-    let started = Instant::now();
     let params = Params {
         trees: config.trees,
         max_depth: config.max_depth,
@@ -65,9 +55,23 @@ pub fn fit(train: &[Sample], config: &ModelConfig) -> Option<Fitted> {
         objective: config.objective(),
         ..Params::default()
     };
+    fit_with(train, &params, config.residual, config.min_samples)
+}
+
+/// [`fit`] with the trees' parameters given whole (`train-check` tries others).
+pub fn fit_with(train: &[Sample], params: &Params, residual: bool, min_samples: usize) -> Option<Fitted> {
+    let column = |f: fn(&Sample) -> Option<f64>| -> (Vec<Row>, Vec<f64>) {
+        train.iter().filter_map(|s| f(s).map(|y| (s.row, y))).unzip()
+    };
+    let (ttft_rows, ttft_y) = column(|s| s.ttft_ms);
+    let (tpot_rows, tpot_y) = column(|s| s.tpot_ms);
+    if ttft_rows.len() < min_samples || tpot_rows.len() < min_samples {
+        return None;
+    }
+    let started = Instant::now();
     Some(Fitted {
-        ttft: gbdt::fit_residual(&ttft_rows, &ttft_y, &params, residual.then_some(features::PRIOR_LOG_TTFT))?,
-        tpot: gbdt::fit_residual(&tpot_rows, &tpot_y, &params, residual.then_some(features::PRIOR_LOG_TPOT))?,
+        ttft: gbdt::fit_residual(&ttft_rows, &ttft_y, params, residual.then_some(features::PRIOR_LOG_TTFT))?,
+        tpot: gbdt::fit_residual(&tpot_rows, &tpot_y, params, residual.then_some(features::PRIOR_LOG_TPOT))?,
         train_samples_ttft: ttft_rows.len(),
         train_samples_tpot: tpot_rows.len(),
         train_ms: started.elapsed().as_millis() as u64,
