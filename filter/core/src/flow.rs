@@ -19,8 +19,8 @@ use headroom_protocol::headers::{
 };
 use headroom_protocol::meter::{Measurement, ResponseMeter};
 use headroom_protocol::{
-    codec, limits, openai, paths, tokens, Abandoned, Dispatch, EndpointState, FirstToken, FlowOutcome, FlowTerms,
-    Format, Observation, PredictRequest, PredictResponse, RequestFeatures, RouteSource,
+    codec, limits, openai, paths, tokens, Abandoned, Dispatch, EndpointState, FirstToken, FlowAnswer, FlowOutcome,
+    FlowTerms, Format, Observation, PredictRequest, PredictResponse, RequestFeatures, RouteSource,
 };
 
 use crate::config::FilterConfig;
@@ -238,12 +238,14 @@ impl Flow {
         // Judged against what is left of the TTFT SLO after waiting in the flow queue:
         // the client's clock ran while it waited.
         let mut judged = self.features.clone();
-        if let Some(flow) = answer.flow.filter(|f| f.waited_ms.is_finite() && f.waited_ms >= 0.0) {
+        let flow = answer.flow.filter(|f| f.waited_ms.is_finite() && f.waited_ms >= 0.0);
+        if let Some(flow) = flow {
             host.record(Event::Flow { outcome: flow.outcome, waited_ms: flow.waited_ms as u64 });
             self.queued = (flow.outcome != FlowOutcome::Immediate).then_some((flow.outcome, flow.waited_ms));
             let gone = matches!(flow.outcome, FlowOutcome::Expired | FlowOutcome::Saturated);
             if gone && self.features.priority < 0 {
-                return self.shed(host, &config, "sheddable request: the fleet has no room for it within its SLO");
+                let why = "sheddable request: the fleet has no room for it within its SLO";
+                return self.shed(host, &config, flow, why);
             }
             judged.slo.ttft_ms = judged.slo.ttft_ms.map(|slo| (slo - flow.waited_ms).max(MIN_REMAINING_TTFT_MS));
         }
@@ -264,12 +266,31 @@ impl Flow {
                 self.route(host, vm, Some(choice), true)
             }
             policy::Decision::NoPrediction => self.fall_back(host, vm, FallbackCause::NoPredictions, true),
-            policy::Decision::Shed => self.shed(host, &config, "sheddable request: no endpoint can meet its SLO now"),
+            policy::Decision::Shed => match flow {
+                Some(flow) => self.shed(host, &config, flow, "sheddable request: no endpoint can meet its SLO now"),
+                None => self.shed_unqueued(host, &config, "sheddable request: no endpoint can meet its SLO now"),
+            },
         }
     }
 
-    /// Answers a sheddable request `429` with `retry-after`.
-    fn shed(&mut self, host: &mut dyn Host, config: &FilterConfig, why: &str) -> Step {
+    /// Answers a sheddable request `429` with `retry-after`, after flow control's answer
+    /// `flow`: with debug headers the reply says how the request left the queue
+    /// (`x-headroom-flow`: `saturated` at admission, `expired` after waiting, or
+    /// `immediate`/`released` when the tiers shed it after) and how long it waited, so a
+    /// benchmark's per-request log can tell admission from expiry.
+    fn shed(&mut self, host: &mut dyn Host, config: &FilterConfig, flow: FlowAnswer, why: &str) -> Step {
+        let mut step = self.shed_unqueued(host, config, why);
+        if let Step::Reply { headers, .. } = &mut step {
+            if config.debug_headers {
+                headers.push((DEBUG_FLOW, flow.outcome.name().to_string()));
+                headers.push((DEBUG_QUEUED, format!("{:.0}", flow.waited_ms)));
+            }
+        }
+        step
+    }
+
+    /// Answers a sheddable request `429` with `retry-after`: no flow control answered for it.
+    fn shed_unqueued(&mut self, host: &mut dyn Host, config: &FilterConfig, why: &str) -> Step {
         host.record(Event::Shed);
         self.routed = false;
         Step::Reply {

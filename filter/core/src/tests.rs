@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use headroom_protocol::{
-    codec, paths, DispatchBatch, EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, Format, PredictBatch,
-    PredictBatchResponse, PredictRequest, PredictResponse, ReportBatch, RouteSource,
+    codec, headers, paths, DispatchBatch, EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, Format,
+    PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse, ReportBatch, RouteSource,
 };
 
 use crate::flow::{Flow, Step};
@@ -580,6 +580,38 @@ fn a_sheddable_request_expired_or_refused_by_a_saturated_fleet_gets_429_even_wit
         assert!(matches!(step, Step::Reply { status: 429, .. }), "{outcome:?}: {step:?}");
         assert!(host.has(Event::Shed));
     }
+}
+
+#[test]
+fn a_429_after_the_queue_names_how_the_request_left_it_when_debug_headers_are_on() {
+    // The benchmark's per-request log reads these from every response: without them on
+    // the 429s, refusals at admission and after waiting could not be told apart.
+    let reply = |config: &str, outcome: FlowOutcome| {
+        let mut host = FakeHost::new();
+        let mut vm = vm(config);
+        let mut flow = Flow::new();
+        let headers = [SLO[0], SLO[1], ("x-request-priority", "-1")];
+        assert_eq!(send_request(&mut flow, &mut host, &mut vm, &headers, BODY), Step::Pause);
+        // Released with room nowhere (900 ms against a 500 ms SLO): the tiers shed it.
+        let predicted = if outcome == FlowOutcome::Released { 900.0 } else { 100.0 };
+        let answer =
+            predictions_after(&[("10.0.0.1:8000", Some(predicted))], Some(FlowAnswer { outcome, waited_ms: 480.0 }));
+        let token = host.answer(200, &answer);
+        match flow.on_callout_answer(&mut host, &mut vm, token, answer.len()) {
+            Step::Reply { status: 429, headers, .. } => headers,
+            other => panic!("{outcome:?}: {other:?}"),
+        }
+    };
+    let debug = r#"{"flow_control":true,"debug_headers":true}"#;
+    for (outcome, name) in
+        [(FlowOutcome::Saturated, "saturated"), (FlowOutcome::Expired, "expired"), (FlowOutcome::Released, "released")]
+    {
+        let headers = reply(debug, outcome);
+        assert!(headers.contains(&(headers::DEBUG_FLOW, name.to_string())), "{outcome:?}: {headers:?}");
+        assert!(headers.contains(&(headers::DEBUG_QUEUED, "480".to_string())), "{outcome:?}: {headers:?}");
+    }
+    let quiet = reply(r#"{"flow_control":true,"debug_headers":false}"#, FlowOutcome::Saturated);
+    assert!(quiet.iter().all(|(h, _)| !h.starts_with("x-headroom-")), "debug headers off: {quiet:?}");
 }
 
 #[test]
