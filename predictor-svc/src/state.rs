@@ -34,9 +34,12 @@ impl AppState {
     /// Builds the state; fails when ONNX Runtime, a configured model or the token cannot be loaded.
     pub fn new(config: Config) -> anyhow::Result<AppState> {
         let prior = AnalyticPrior { hardware_scale: config.prior_hardware_scale(), ..AnalyticPrior::default() };
+        // The pools drain their prefill backlogs at the cost the prior charges per token.
+        let classes = prior.hardware_scale.len().max(1) as u32;
+        let prefill_cost: Vec<f64> = (0..classes).map(|c| prior.prefill_ms_per_token(c)).collect();
         let models = ModelStore::open(config.model.clone())?.with_prior(prior);
         Ok(AppState {
-            pools: Pools::from_config(&config),
+            pools: Pools::from_config(&config, &prefill_cost),
             metrics: Metrics::new(models.persist_failures.clone()),
             models,
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),

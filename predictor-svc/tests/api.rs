@@ -131,13 +131,17 @@ async fn a_batch_answers_each_request_as_predict_would() {
         let (_, _, body) = call(&s, "/v1/predict", codec::JSON, codec::MSGPACK, one.to_string().into_bytes()).await;
         let alone: PredictResponse = codec::decode(Format::MsgPack, &body).unwrap();
         assert!(alone.endpoints.iter().all(|e| e.ttft_ms.is_some()), "scraped endpoints are predicted");
-        // What moves with the clock (metrics age, decaying rates) aside, the same answer: TPOT
-        // reads the endpoint's prefill rate, which decays between the two calls.
+        // What moves with the clock (metrics age, decaying rates) aside, the same answer: TTFT
+        // reads the prefill backlog, which drains between the two calls (a 3000-token prompt
+        // over 90 ms), TPOT the endpoint's prefill rate, which decays; the long prompt's
+        // answer is twice the short one's, far outside either.
         let view = |a: &PredictResponse| -> Vec<_> {
-            a.endpoints.iter().map(|e| (e.address.clone(), e.ttft_ms, e.state.in_flight)).collect()
+            a.endpoints.iter().map(|e| (e.address.clone(), e.state.in_flight)).collect()
         };
         assert_eq!(view(&batch.answers[i]), view(&alone), "answer {i} of the batch is what /v1/predict answers");
         for (b, a) in batch.answers[i].endpoints.iter().zip(&alone.endpoints) {
+            let (bt, at) = (b.ttft_ms.unwrap(), a.ttft_ms.unwrap());
+            assert!((bt / at - 1.0).abs() < 0.05, "answer {i}: TTFT {bt} in the batch, {at} alone");
             let (b, a) = (b.tpot_ms.unwrap(), a.tpot_ms.unwrap());
             assert!((b / a - 1.0).abs() < 1e-4, "answer {i}: TPOT {b} in the batch, {a} alone");
         }
@@ -270,4 +274,38 @@ async fn the_service_prior_uses_the_configured_hardware_scales() {
     let (out, version) = s.models.predict(&rows);
     assert_eq!(version, "analytic-prior");
     assert!((out[0].1 / out[1].1 - 2.0).abs() < 1e-9, "a100 TPOT is twice the h100's: {out:?}");
+}
+
+#[tokio::test]
+async fn a_prompt_the_engine_has_had_time_to_prefill_is_no_longer_work_ahead() {
+    // A slow class prefills at ten times an H100's cost a token: the service drains each
+    // pool's backlog at the prior's cost for the endpoint's class.
+    let config = Config::parse(
+        "[[pool]]\nname = \"default\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n\
+         hardware = {\"127.0.0.1:1\" = \"h100\", \"127.0.0.1:2\" = \"a100\"}\n\
+         [model]\nprior_hardware_scale = {a100 = 10.0}\n",
+    )
+    .unwrap();
+    let s = Arc::new(AppState::new(config).unwrap());
+    let dispatch = |endpoint: &str, id: &str| {
+        json!({"pool": "default", "request_id": id, "endpoint": endpoint, "predicted_ttft_ms": 60000.0,
+               "request": {"model": "m", "input_tokens": 3000, "streaming": true}})
+    };
+    let both = json!({"dispatches": [dispatch("127.0.0.1:1", "h"), dispatch("127.0.0.1:2", "a")]});
+    call(&s, "/v1/dispatch", codec::JSON, codec::JSON, both.to_string().into_bytes()).await;
+    // 3000 tokens take an H100 90 ms at the prior's 0.03 ms a token, the slow class 900 ms.
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let (_, _, body) = call(&s, "/v1/predict", codec::JSON, codec::JSON, predict_body().to_string().into_bytes()).await;
+    let answer = json_of(&body);
+    let state = |i: usize| &answer["endpoints"][i]["state"];
+    // Both still count as in prefill (no first token seen, predicted far off)...
+    assert_eq!(
+        (state(0)["uncached_tokens_in_flight"].as_u64(), state(1)["uncached_tokens_in_flight"].as_u64()),
+        (Some(3000), Some(3000))
+    );
+    // ...but the H100 has had time for all of it, the slow class for some (a sixth, or more
+    // if the sleep ran long).
+    assert_eq!(state(0)["prefill_backlog_tokens"].as_u64(), Some(0), "{answer}");
+    let left = state(1)["prefill_backlog_tokens"].as_u64().unwrap();
+    assert!(left > 0 && left < 3000, "the slow class has {left} of 3000 left: {answer}");
 }

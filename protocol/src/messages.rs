@@ -161,6 +161,13 @@ pub struct EndpointState {
     pub in_flight: u32,
     /// Uncached prompt tokens of in-flight requests still expected to be in prefill.
     pub uncached_tokens_in_flight: u64,
+    /// Of those, the tokens the engine has likely not prefilled yet: the prompts drained
+    /// first come first served from their dispatch, at the endpoint's cost per prompt token
+    /// (the analytic prior's, for its hardware class). A prompt sent 40 ms ago is mostly
+    /// done; counted whole until its first token is seen, it read as work ahead of every
+    /// request placed meanwhile. `None` from a predictor that predates it.
+    #[serde(default)]
+    pub prefill_backlog_tokens: Option<u64>,
     /// Prompt plus expected output tokens of all in-flight requests.
     pub tokens_in_flight: u64,
     /// Age of the scraped metrics in milliseconds (`None`: never scraped).

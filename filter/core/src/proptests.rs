@@ -46,6 +46,7 @@ fn any_state() -> impl Strategy<Value = EndpointState> {
             tighter_tpot_in_flight: in_flight / 2,
             in_flight,
             uncached_tokens_in_flight: tokens / 2,
+            prefill_backlog_tokens: Some(tokens / 4),
             tokens_in_flight: tokens,
             metrics_age_ms: Some(0),
             hardware_class: 0,

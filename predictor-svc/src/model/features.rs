@@ -34,7 +34,7 @@ pub const NAMES: [&str; COUNT] = [
     "waiting",
     "running",
     "prefix_match",
-    "uncached_tokens_in_flight",
+    "prefill_backlog_tokens",
     "effective_input_tokens",
     "in_flight",
     "tokens_in_flight",
@@ -56,7 +56,7 @@ pub type Row = [f32; COUNT];
 /// | input_tokens | the request's prompt tokens (shared approximation) |
 /// | waiting, running | `vllm:num_requests_waiting` / `_running` at the last scrape |
 /// | prefix_match | share of the prompt's blocks the endpoint likely caches |
-/// | uncached_tokens_in_flight | uncached prompt tokens dispatched there, not yet past predicted TTFT |
+/// | prefill_backlog_tokens | uncached prompt tokens dispatched there that the engine has likely not prefilled yet (`EndpointState::prefill_backlog_tokens`; from an older predictor's state, every uncached token not yet past its first token) |
 /// | effective_input_tokens | `(1 - prefix_match) * input_tokens`: prompt tokens left to prefill |
 /// | in_flight | requests dispatched there and not yet reported |
 /// | tokens_in_flight | prompt + expected output tokens of those requests (KV they will read) |
@@ -73,7 +73,7 @@ pub fn row(request: &RequestFeatures, state: &EndpointState, prior: &AnalyticPri
         state.waiting as f32,
         state.running as f32,
         prefix as f32,
-        state.uncached_tokens_in_flight as f32,
+        state.prefill_backlog_tokens.unwrap_or(state.uncached_tokens_in_flight) as f32,
         (1.0 - prefix as f32) * input,
         state.in_flight as f32,
         state.tokens_in_flight as f32,
@@ -106,6 +106,12 @@ mod tests {
         assert_eq!(NAMES.len(), r.len());
         assert_eq!(NAMES[HARDWARE_CLASS], "hardware_class");
         assert_eq!(NAMES[PREFILL_TOKENS_PER_S], "prefill_tokens_per_s");
+        // The backlog the engine has left, where the predictor gave it; an older one's
+        // state has only the tokens not yet past their first token.
+        let both = EndpointState { uncached_tokens_in_flight: 900, prefill_backlog_tokens: Some(300), ..state.clone() };
+        assert_eq!(row(&req, &both, &prior)[5], 300.0);
+        let older = EndpointState { prefill_backlog_tokens: None, ..both };
+        assert_eq!(row(&req, &older, &prior)[5], 900.0);
         let (ttft, tpot) = prior.predict(&r);
         assert!((f64::from(r[PRIOR_LOG_TTFT]) - ttft.ln()).abs() < 1e-5);
         assert!((f64::from(r[PRIOR_LOG_TPOT]) - tpot.ln()).abs() < 1e-5);

@@ -8,11 +8,15 @@
 //!
 //! ```text
 //! step     = 0.8 + max(6.0, running * 0.024) + context_tokens * 65e-6      (ms)
-//! TTFT     = 10 + (uncached prompt + uncached prompts in flight) * 0.03 + waiting * step
+//! TTFT     = 10 + (uncached prompt + prefill backlog) * 0.03 + waiting * step
 //! decode   = step + prompt tokens * 65e-6 (longer contexts read more KV)
 //! prefill  = min(prefill tokens dispatched per second * 0.024 / 1000, 0.8)
 //! TPOT     = decode / (1 - prefill)
 //! ```
+//!
+//! The prefill backlog is what the pool estimates the engine has left of the prompts
+//! dispatched before this one (`pool::prefill_backlog`), drained at this same 0.03 ms a
+//! token (`AnalyticPrior::prefill_ms_per_token`).
 //!
 //! `prefill` is the share of the engine's time that prompts arriving while the
 //! request decodes will take: with chunked prefill each of their tokens rides in a
@@ -71,7 +75,7 @@ impl AnalyticPrior {
     /// the state columns only, never the prior columns it fills.
     pub fn predict(&self, row: &Row) -> (f64, f64) {
         let f = |i: usize| f64::from(row[i]);
-        let (waiting, running, uncached_in_flight, effective_input, in_flight, tokens_in_flight) =
+        let (waiting, running, prefill_backlog, effective_input, in_flight, tokens_in_flight) =
             (f(2), f(3), f(5), f(6), f(7), f(8));
         let input = f(1);
         let scale = self.scale(row);
@@ -79,7 +83,7 @@ impl AnalyticPrior {
             * (self.step_fixed_ms
                 + self.weight_floor_ms.max(running.max(in_flight) * self.per_batched_token_ms)
                 + tokens_in_flight * self.per_context_token_ms);
-        let prefill = scale * (effective_input + uncached_in_flight) * self.prefill_per_token_ms;
+        let prefill = scale * (effective_input + prefill_backlog) * self.prefill_per_token_ms;
         let ttft = self.overhead_ms + prefill + waiting * step;
         let decode = step + scale * input * self.per_context_token_ms;
         (ttft, decode / (1.0 - self.prefill_share(row)))
@@ -92,9 +96,20 @@ impl AnalyticPrior {
         share.clamp(0.0, self.max_prefill_share)
     }
 
+    /// What one uncached prompt token costs hardware class `class` to prefill (ms): the
+    /// rate the prior's TTFT charges, which the pool drains its prefill backlog at
+    /// (`pool::Pool::with_prefill_cost`), so the two cannot disagree.
+    pub fn prefill_ms_per_token(&self, class: u32) -> f64 {
+        self.class_scale(class as usize) * self.prefill_per_token_ms
+    }
+
     /// The engine-time factor of the row's hardware class.
     fn scale(&self, row: &Row) -> f64 {
-        self.hardware_scale.get(row[HARDWARE_CLASS] as usize).copied().unwrap_or(1.0)
+        self.class_scale(row[HARDWARE_CLASS] as usize)
+    }
+
+    fn class_scale(&self, class: usize) -> f64 {
+        self.hardware_scale.get(class).copied().unwrap_or(1.0)
     }
 }
 
