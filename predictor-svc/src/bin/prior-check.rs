@@ -25,7 +25,6 @@
 //! it (the pool's hardware names in order, from 1): the benchmark's fleet is
 //! `--scale 1=2` (a100 = 1, h100 = 2; `model.prior_hardware_scale`).
 
-use anyhow::Context;
 use headroom_predictor::model::features::row;
 use headroom_predictor::model::gbdt::Objective;
 use headroom_predictor::model::prior::AnalyticPrior;
@@ -60,13 +59,7 @@ fn main() -> anyhow::Result<()> {
             println!("{USAGE}");
             return Ok(());
         } else if a == "--scale" {
-            let v = args.next().context("--scale needs CLASS=FACTOR")?;
-            let (class, factor) = v.split_once('=').context("--scale needs CLASS=FACTOR")?;
-            let (class, factor): (usize, f64) = (class.parse()?, factor.parse()?);
-            if scale.len() <= class {
-                scale.resize(class + 1, 1.0);
-            }
-            scale[class] = factor;
+            replay::hardware_scale(&args.next().unwrap_or_default(), &mut scale)?;
         } else if a.starts_with('-') {
             anyhow::bail!("unknown option {a}; {USAGE}");
         } else {

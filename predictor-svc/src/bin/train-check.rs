@@ -73,14 +73,7 @@ impl Variant {
 
     fn default_named(name: &str) -> Variant {
         let config = ModelConfig::default();
-        let params = Params {
-            trees: config.trees,
-            max_depth: config.max_depth,
-            learning_rate: config.learning_rate,
-            objective: config.objective(),
-            ..Params::default()
-        };
-        Variant { name: name.to_string(), config, params }
+        Variant { name: name.to_string(), params: training::params(&config), config }
     }
 }
 
@@ -111,15 +104,7 @@ fn main() -> anyhow::Result<()> {
                 println!("{USAGE}");
                 return Ok(());
             }
-            "--scale" => {
-                let v = args.next().context("--scale needs CLASS=FACTOR")?;
-                let (class, factor) = v.split_once('=').context("--scale needs CLASS=FACTOR")?;
-                let (class, factor): (usize, f64) = (class.parse()?, factor.parse()?);
-                if scale.len() <= class {
-                    scale.resize(class + 1, 1.0);
-                }
-                scale[class] = factor;
-            }
+            "--scale" => replay::hardware_scale(&args.next().unwrap_or_default(), &mut scale)?,
             "--variant" => variants.push(Variant::parse(&args.next().context("--variant needs NAME:KEY=V,...")?)?),
             _ if a.starts_with('-') => anyhow::bail!("unknown option {a}; {USAGE}"),
             _ => files.push(a),

@@ -35,6 +35,22 @@ pub fn read(files: &[String]) -> anyhow::Result<Vec<Recorded>> {
     Ok(out)
 }
 
+/// Sets the prior's hardware factor of one class from `--scale CLASS=FACTOR` (the
+/// factors by class id as the observations carry it: the pool's hardware names in order,
+/// from 1), the classes before it at 1.0 unless set.
+pub fn hardware_scale(arg: &str, scale: &mut Vec<f64>) -> anyhow::Result<()> {
+    let (class, factor) = arg.split_once('=').context("--scale needs CLASS=FACTOR")?;
+    let class: usize = class.parse().with_context(|| format!("--scale {arg}: CLASS is a class id"))?;
+    let factor: f64 = factor.parse().with_context(|| format!("--scale {arg}: FACTOR is a number"))?;
+    anyhow::ensure!(factor.is_finite() && factor > 0.0, "--scale {arg}: FACTOR must be > 0");
+    anyhow::ensure!(class < 1024, "--scale {arg}: no pool has that many hardware classes");
+    if scale.len() <= class {
+        scale.resize(class + 1, 1.0);
+    }
+    scale[class] = factor;
+    Ok(())
+}
+
 /// A file's name without its folders and its last extension.
 fn stem(file: &str) -> String {
     let path = std::path::Path::new(file);
@@ -84,6 +100,12 @@ mod tests {
         assert_eq!(got, [("mixed", "a"), ("shifted", "b"), ("mixed-headroom-predicted-140", "c")]);
         assert_eq!(back[2].observation, observation("c"));
         assert!(read(&["/nonexistent/x.jsonl".to_string()]).is_err(), "a missing file is an error, not nothing");
+        let mut scale = Vec::new();
+        hardware_scale("2=2.7", &mut scale).unwrap();
+        assert_eq!(scale, [1.0, 1.0, 2.7]);
+        for bad in ["", "2", "x=1", "1=0", "1=nan", "99999=1"] {
+            assert!(hardware_scale(bad, &mut scale).is_err(), "{bad:?} is refused");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

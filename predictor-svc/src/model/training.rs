@@ -48,14 +48,18 @@ impl Fitted {
 /// With `model.residual` (the default) the trees learn the residual of the prior's
 /// columns (`gbdt::fit_residual`), else the latency from scratch.
 pub fn fit(train: &[Sample], config: &ModelConfig) -> Option<Fitted> {
-    let params = Params {
+    fit_with(train, &params(config), config.residual, config.min_samples)
+}
+
+/// The trees' parameters `config` sets (the rest at their defaults).
+pub fn params(config: &ModelConfig) -> Params {
+    Params {
         trees: config.trees,
         max_depth: config.max_depth,
         learning_rate: config.learning_rate,
         objective: config.objective(),
         ..Params::default()
-    };
-    fit_with(train, &params, config.residual, config.min_samples)
+    }
 }
 
 /// [`fit`] with the trees' parameters given whole (`train-check` tries others).
