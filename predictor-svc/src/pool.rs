@@ -584,14 +584,12 @@ fn prefill_backlog(prompts: &mut [(Instant, u64)], ms_per_token: f64, now: Insta
     prompts.sort_by_key(|p| p.0);
     let mut free_at: Option<Instant> = None;
     let mut left = 0u64;
-    for &(dispatched, tokens) in prompts.iter() {
+    for (i, &(dispatched, tokens)) in prompts.iter().enumerate() {
         let start = free_at.map_or(dispatched, |f| f.max(dispatched));
         let takes = Duration::try_from_secs_f64(tokens as f64 * ms_per_token / 1000.0).unwrap_or(Duration::MAX);
         let Some(end) = start.checked_add(takes) else {
             // Beyond what an Instant holds: none of it, nor what follows, is done.
-            left = left.saturating_add(tokens);
-            free_at = None;
-            continue;
+            return prompts[i..].iter().fold(left, |sum, p| sum.saturating_add(p.1));
         };
         free_at = Some(end);
         let remaining_ms = end.saturating_duration_since(now).as_secs_f64() * 1000.0;

@@ -245,7 +245,7 @@ impl Flow {
             let gone = matches!(flow.outcome, FlowOutcome::Expired | FlowOutcome::Saturated);
             if gone && self.features.priority < 0 {
                 let why = "sheddable request: the fleet has no room for it within its SLO";
-                return self.shed(host, &config, flow, why);
+                return self.shed(host, &config, Some(flow), why);
             }
             judged.slo.ttft_ms = judged.slo.ttft_ms.map(|slo| (slo - flow.waited_ms).max(MIN_REMAINING_TTFT_MS));
         }
@@ -266,41 +266,29 @@ impl Flow {
                 self.route(host, vm, Some(choice), true)
             }
             policy::Decision::NoPrediction => self.fall_back(host, vm, FallbackCause::NoPredictions, true),
-            policy::Decision::Shed => match flow {
-                Some(flow) => self.shed(host, &config, flow, "sheddable request: no endpoint can meet its SLO now"),
-                None => self.shed_unqueued(host, &config, "sheddable request: no endpoint can meet its SLO now"),
-            },
+            policy::Decision::Shed => {
+                self.shed(host, &config, flow, "sheddable request: no endpoint can meet its SLO now")
+            }
         }
     }
 
-    /// Answers a sheddable request `429` with `retry-after`, after flow control's answer
-    /// `flow`: with debug headers the reply says how the request left the queue
+    /// Answers a sheddable request `429` with `retry-after`. After flow control's answer
+    /// `flow`, with debug headers, the reply says how the request left the queue
     /// (`x-headroom-flow`: `saturated` at admission, `expired` after waiting, or
     /// `immediate`/`released` when the tiers shed it after) and how long it waited, so a
     /// benchmark's per-request log can tell admission from expiry.
-    fn shed(&mut self, host: &mut dyn Host, config: &FilterConfig, flow: FlowAnswer, why: &str) -> Step {
-        let mut step = self.shed_unqueued(host, config, why);
-        if let Step::Reply { headers, .. } = &mut step {
-            if config.debug_headers {
-                headers.push((DEBUG_FLOW, flow.outcome.name().to_string()));
-                headers.push((DEBUG_QUEUED, format!("{:.0}", flow.waited_ms)));
-            }
-        }
-        step
-    }
-
-    /// Answers a sheddable request `429` with `retry-after`: no flow control answered for it.
-    fn shed_unqueued(&mut self, host: &mut dyn Host, config: &FilterConfig, why: &str) -> Step {
+    fn shed(&mut self, host: &mut dyn Host, config: &FilterConfig, flow: Option<FlowAnswer>, why: &str) -> Step {
         host.record(Event::Shed);
         self.routed = false;
-        Step::Reply {
-            status: 429,
-            headers: vec![
-                ("content-type", "application/json".to_string()),
-                ("retry-after", config.shed_retry_after_s.to_string()),
-            ],
-            body: error_json(&config.priority_header, why),
+        let mut headers = vec![
+            ("content-type", "application/json".to_string()),
+            ("retry-after", config.shed_retry_after_s.to_string()),
+        ];
+        if let Some(flow) = flow.filter(|_| config.debug_headers) {
+            headers.push((DEBUG_FLOW, flow.outcome.name().to_string()));
+            headers.push((DEBUG_QUEUED, format!("{:.0}", flow.waited_ms)));
         }
+        Step::Reply { status: 429, headers, body: error_json(&config.priority_header, why) }
     }
 
     /// The response's headers arrived.
