@@ -249,8 +249,7 @@ impl Flow {
             }
             judged.slo.ttft_ms = judged.slo.ttft_ms.map(|slo| (slo - flow.waited_ms).max(MIN_REMAINING_TTFT_MS));
         }
-        let released = flow.is_some_and(|f| f.outcome == FlowOutcome::Released);
-        match policy::decide(&judged, &answer.endpoints, self.prediction_based, released, &config, &mut vm.rng) {
+        match policy::decide(&judged, &answer.endpoints, self.prediction_based, &config, &mut vm.rng) {
             policy::Decision::Route { ranked, source } => {
                 let mut chosen = ranked.iter().filter_map(|&i| answer.endpoints.get(i));
                 let Some(e) = chosen.next() else {

@@ -16,10 +16,7 @@
 //!    endpoint predicted to meet its SLO to one predicted to miss it;
 //! 3. score (`least` bin-packs, `most` spreads) and weighted random pick (A-Res);
 //! 4. nothing positive: shed a sheddable request (priority < 0) when every
-//!    endpoint has a prediction and none is idle or cold, unless the flow queue
-//!    released it with room for its own SLOs (it waited for the running requests'
-//!    decodes as long as its SLO allowed; shed then, it waited only to be refused).
-//!    Otherwise, where some
+//!    endpoint has a prediction and none is idle or cold. Otherwise, where some
 //!    endpoints would meet the request's own SLOs and fail only the running
 //!    requests' tighter TPOT SLO, the one where the fewest such requests run, the
 //!    busiest among equals (the harm is done there already). Else idle endpoints first, then
@@ -50,15 +47,11 @@ pub enum Decision {
 /// Decides where `request` goes among `endpoints`.
 ///
 /// `slo_routing` is true when the caller asked for prediction-based
-/// scheduling; otherwise the default profile places it. `released` is true when
-/// the predictor's flow queue released the request: it waited for the running
-/// requests' decodes as long as its own SLO allowed, so a sheddable one with room
-/// for its own SLOs is placed where it slows the fewest of them, not shed.
+/// scheduling; otherwise the default profile places it.
 pub fn decide(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],
     slo_routing: bool,
-    released: bool,
     config: &FilterConfig,
     rng: &mut Rng,
 ) -> Decision {
@@ -82,21 +75,19 @@ pub fn decide(
         let ranked = with_fallbacks(order_weighted(&tier, &weights, rng), endpoints, config.fallback_endpoints);
         return Decision::Route { ranked, source: RouteSource::PredictedPositive };
     }
+    let all_predicted = judged.iter().all(Option::is_some);
+    if request.priority < 0 && positive.is_empty() && all_predicted && !has_idle_or_cold(endpoints, config) {
+        return Decision::Shed;
+    }
     // It meets its own SLOs somewhere, but only by slowing the requests running there past
     // their TPOT SLO (a batch request where interactive ones decode): where it slows the
     // fewest of them, and among equals the busiest, where that harm is done already,
     // rather than the least busy, where tight requests still meet theirs.
-    let least_harm = positive.is_empty().then(|| least_harm_with_own_room(request, endpoints, config.tpot_buffer));
-    let least_harm = least_harm.flatten();
-    let all_predicted = judged.iter().all(Option::is_some);
-    let waited_its_turn = released && least_harm.is_some();
-    let busy = all_predicted && !has_idle_or_cold(endpoints, config);
-    if request.priority < 0 && positive.is_empty() && busy && !waited_its_turn {
-        return Decision::Shed;
-    }
-    if let Some(least_harm) = least_harm {
-        let ranked = with_fallbacks(vec![least_harm], endpoints, config.fallback_endpoints);
-        return Decision::Route { ranked, source: RouteSource::PredictedNegative };
+    if positive.is_empty() {
+        if let Some(least_harm) = least_harm_with_own_room(request, endpoints, config.tpot_buffer) {
+            let ranked = with_fallbacks(vec![least_harm], endpoints, config.fallback_endpoints);
+            return Decision::Route { ranked, source: RouteSource::PredictedNegative };
+        }
     }
     let choice = pick_negative(&negative, &judged, endpoints, config.ttft_weight, rng);
     let ranked = with_fallbacks(vec![choice], endpoints, config.fallback_endpoints);

@@ -583,40 +583,6 @@ fn a_sheddable_request_expired_or_refused_by_a_saturated_fleet_gets_429_even_wit
 }
 
 #[test]
-fn a_sheddable_request_released_with_room_only_at_its_neighbours_expense_is_placed_not_shed() {
-    // Its own SLOs (500 ms, 80 ms) are met where interactive requests (40 ms) decode; theirs
-    // would not be. Answered at once it is shed; released, the queue waited for them for it.
-    let reply = |outcome: FlowOutcome| {
-        let mut host = FakeHost::new();
-        let mut vm = vm(r#"{"flow_control":true,"negative_tier_epsilon":0}"#);
-        let mut flow = Flow::new();
-        let headers = [SLO[0], SLO[1], ("x-slo-tpot-ms", "80"), ("x-request-priority", "-1")];
-        assert_eq!(send_request(&mut flow, &mut host, &mut vm, &headers, BODY), Step::Pause);
-        let mut state = busy();
-        state.tightest_tpot_slo_ms = Some(40.0);
-        let answer = PredictResponse {
-            flow: Some(FlowAnswer { outcome, waited_ms: 300.0 }),
-            pool: "default".into(),
-            model_version: "test".into(),
-            endpoints: vec![EndpointPrediction {
-                address: "10.0.0.1:8000".into(),
-                ttft_ms: Some(100.0),
-                tpot_ms: Some(60.0),
-                state,
-            }],
-        };
-        let answer = codec::encode(Format::MsgPack, &answer).unwrap_or_default();
-        let token = host.answer(200, &answer);
-        (flow.on_callout_answer(&mut host, &mut vm, token, answer.len()), host)
-    };
-    let (step, host) = reply(FlowOutcome::Released);
-    assert_eq!(step, Step::Resume);
-    assert!(host.has(Event::Routed(RouteSource::PredictedNegative)), "{:?}", host.events);
-    let (step, _) = reply(FlowOutcome::Immediate);
-    assert!(matches!(step, Step::Reply { status: 429, .. }), "{step:?}");
-}
-
-#[test]
 fn a_429_after_the_queue_names_how_the_request_left_it_when_debug_headers_are_on() {
     // The benchmark's per-request log reads these from every response: without them on
     // the 429s, refusals at admission and after waiting could not be told apart.

@@ -53,7 +53,7 @@ fn shares(
     let mut rng = Rng::new(42);
     let mut counts = vec![0usize; endpoints.len()];
     for _ in 0..draws {
-        if let Some((i, _)) = primary(&decide(request, endpoints, true, false, config, &mut rng)) {
+        if let Some((i, _)) = primary(&decide(request, endpoints, true, config, &mut rng)) {
             counts[i] += 1;
         }
     }
@@ -182,7 +182,7 @@ fn routing_rules() {
     for case in cases {
         let mut rng = Rng::new(11);
         for _ in 0..300 {
-            let d = decide(&case.request, &case.endpoints, true, false, &cfg(), &mut rng);
+            let d = decide(&case.request, &case.endpoints, true, &cfg(), &mut rng);
             match case.expect {
                 Expect::Only(i, source) => assert_eq!(primary(&d), Some((i, source)), "{}", case.name),
                 Expect::Never(i) => {
@@ -228,7 +228,7 @@ fn a_request_that_would_only_slow_its_neighbours_goes_where_that_harm_is_done_al
     assert!(s[1] > 0.95, "the busier endpoint, where the tight requests miss already: {s:?}");
     let mut rng = Rng::new(3);
     assert!(matches!(
-        decide(&batch, &eps, true, false, &cfg(), &mut rng),
+        decide(&batch, &eps, true, &cfg(), &mut rng),
         Decision::Route { source: RouteSource::PredictedNegative, .. }
     ));
     // Where it would miss its own TPOT SLO too, nothing is packed: the usual weighted pick
@@ -236,29 +236,6 @@ fn a_request_that_would_only_slow_its_neighbours_goes_where_that_harm_is_done_al
     let slow = [with_tight(160.0), with_tight(300.0)];
     let s = shares(&batch, &slow, &cfg(), 4000);
     assert!(s[0] > 0.2, "not packed: {s:?}");
-}
-
-#[test]
-fn a_sheddable_request_the_queue_released_is_placed_where_it_has_room_for_itself() {
-    // Sheddable (TPOT 80 ms) where interactive requests (40 ms) decode everywhere: its own SLOs
-    // are met on both endpoints, its neighbours' on neither. Placed at once it is shed (it may
-    // be refused, they may not be slowed); released by the flow queue it waited for their
-    // decodes as long as its SLO allowed, and goes where it slows the fewest of them.
-    let sheddable = req(Some(1000.0), Some(80.0), true, -1);
-    let with_tight = |tpot: f64, tighter: u32| {
-        let mut e = ep(Some(100.0), Some(tpot));
-        e.state.tightest_tpot_slo_ms = Some(40.0);
-        e.state.tighter_tpot_in_flight = tighter;
-        e
-    };
-    let eps = [with_tight(45.0, 3), with_tight(60.0, 1)];
-    let mut rng = Rng::new(5);
-    assert_eq!(decide(&sheddable, &eps, true, false, &cfg(), &mut rng), Decision::Shed);
-    let d = decide(&sheddable, &eps, true, true, &cfg(), &mut rng);
-    assert_eq!(primary(&d), Some((1, RouteSource::PredictedNegative)), "{d:?}");
-    // Released, but without room for its own SLOs anywhere: shed as before.
-    let short = [with_tight(90.0, 3), with_tight(120.0, 1)];
-    assert_eq!(decide(&sheddable, &short, true, true, &cfg(), &mut rng), Decision::Shed);
 }
 
 #[test]
@@ -315,14 +292,14 @@ fn without_slo_routing_the_default_profile_places_the_request() {
     let mut rng = Rng::new(3);
     for slo_routing in [false, true] {
         let r = if slo_routing { req(None, None, true, 0) } else { req(Some(50.0), None, true, 0) };
-        let d = decide(&r, &eps, slo_routing, false, &cfg(), &mut rng);
+        let d = decide(&r, &eps, slo_routing, &cfg(), &mut rng);
         assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)), "lowest latency wins");
     }
     eps[0].state.kv_usage = 0.0;
     eps[0].state.waiting = 0;
     eps[1].state.waiting = 9;
     let composite = FilterConfig { default_profile: DefaultProfile::Composite, ..cfg() };
-    let d = decide(&req(Some(50.0), None, true, 0), &eps, false, false, &composite, &mut rng);
+    let d = decide(&req(Some(50.0), None, true, 0), &eps, false, &composite, &mut rng);
     assert_eq!(primary(&d), Some((0, RouteSource::Composite)));
 }
 
@@ -332,8 +309,7 @@ fn fallback_list_is_ranked_and_distinct() {
     let config = FilterConfig { fallback_endpoints: 2, ..cfg() };
     let mut rng = Rng::new(8);
     for _ in 0..200 {
-        let Decision::Route { ranked, .. } =
-            decide(&req(Some(1000.0), None, true, 0), &eps, true, false, &config, &mut rng)
+        let Decision::Route { ranked, .. } = decide(&req(Some(1000.0), None, true, 0), &eps, true, &config, &mut rng)
         else {
             unreachable!()
         };
@@ -343,7 +319,7 @@ fn fallback_list_is_ranked_and_distinct() {
         unique.dedup();
         assert_eq!(unique.len(), 3, "{ranked:?}");
     }
-    let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, false, &cfg(), &mut rng);
+    let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, &cfg(), &mut rng);
     assert!(matches!(d, Decision::Route { ref ranked, .. } if ranked.len() == 1), "no fallbacks by default");
 }
 
@@ -355,7 +331,7 @@ fn exploration_never_probes_an_endpoint_without_a_prediction() {
     let config = FilterConfig { negative_tier_epsilon: 1.0, ..cfg() };
     let mut rng = Rng::new(9);
     for _ in 0..200 {
-        let d = decide(&req(Some(200.0), None, true, 0), &eps, true, false, &config, &mut rng);
+        let d = decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng);
         assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)));
     }
 }
@@ -368,7 +344,7 @@ fn exploration_rate_matches_epsilon() {
     let n = 20_000;
     let negative = (0..n)
         .filter(|_| {
-            primary(&decide(&req(Some(200.0), None, true, 0), &eps, true, false, &config, &mut rng))
+            primary(&decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng))
                 == Some((0, RouteSource::PredictedNegative))
         })
         .count();
