@@ -429,7 +429,8 @@ enum Verdict {
 /// SLOs and those of the requests running there ([`fits`]) when it [`goes_now`]; or, where
 /// it has room only at its neighbours' expense (its decode would slow theirs past their
 /// TPOT SLO), go when its own SLO presses ([`must_go`]): it waited for them as long as it
-/// could. `service_ms` gives the request's own TTFT at an endpoint (by index) were it idle.
+/// could; a sheddable request never goes there. `service_ms` gives the request's own TTFT
+/// at an endpoint (by index) were it idle.
 fn ready(
     req: &PredictRequest,
     terms: &FlowTerms,
@@ -441,6 +442,10 @@ fn ready(
     let (at, room_for_all) = match fits(req, terms, endpoints, waited_ms) {
         Some(best) => (best, true),
         None => match own_room(req, terms, endpoints, waited_ms) {
+            // Work that may be refused is not sent to slow work that may not: a sheddable
+            // request waits for room beside the tighter decodes until its deadline (and the
+            // filter's policy would shed it there anyway).
+            Some(_) if req.request.priority < 0 => return Verdict::Holds,
             Some(at) => (at, false),
             None => return Verdict::NoRoom,
         },
@@ -820,6 +825,14 @@ mod tests {
         few.state.tighter_tpot_in_flight = 1;
         many.state.tighter_tpot_in_flight = 3;
         assert_eq!(ready(&req, &terms, &[few, many], own, 3550.0, &config), pressed(0));
+        // A sheddable request is never sent to slow them, however pressed: the filter would
+        // shed it there, and on azure held at 140 req/s placing it cost the interactive class
+        // 14 points. It waits for room beside them until its deadline.
+        req.request.priority = -1;
+        assert_eq!(ready(&req, &terms, &eps, own, 3550.0, &config), Verdict::Holds);
+        let mut freed = eps[0].clone();
+        freed.state.tightest_tpot_slo_ms = None;
+        assert_eq!(ready(&req, &terms, &[freed], own, 3550.0, &config), pressed(0), "room beside them: it goes");
     }
 
     #[test]
