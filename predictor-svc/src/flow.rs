@@ -413,24 +413,12 @@ fn must_go(req: &PredictRequest, endpoint: &EndpointPrediction, waited_ms: f64, 
     req.request.slo.ttft_ms.is_some_and(|slo| slo - waited_ms - predicted <= pressure_ms(slo, config))
 }
 
-/// What a waiting request's fresh prediction says of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    /// It goes to endpoint `at` now; `pressed` when its own SLO cannot wait longer ([`must_go`]).
-    Go { at: usize, pressed: bool },
-    /// It has room for its own SLOs and waits by choice: the queue ahead of it is past the
-    /// horizon, or its decode would slow tighter ones, and its SLO still allows waiting.
-    Holds,
-    /// No endpoint has room for its own SLOs.
-    NoRoom,
-}
-
-/// What a waiting `req` should do now: go where it has headroom for what is left of its
-/// SLOs and those of the requests running there ([`fits`]) when it [`goes_now`]; or, where
-/// it has room only at its neighbours' expense (its decode would slow theirs past their
-/// TPOT SLO), go when its own SLO presses ([`must_go`]): it waited for them as long as it
-/// could; a sheddable request never goes there. `service_ms` gives the request's own TTFT
-/// at an endpoint (by index) were it idle.
+/// The endpoint a waiting `req` should go to now, if any: one has headroom for what is
+/// left of its SLOs and those of the requests running there ([`fits`]) and it
+/// [`goes_now`]; or, where it has room only at its neighbours' expense (its decode would
+/// slow theirs past their TPOT SLO), its own SLO presses ([`must_go`]): it waited for
+/// them as long as it could; a sheddable request never goes there. `service_ms` gives
+/// the request's own TTFT at an endpoint (by index) were it idle.
 fn ready(
     req: &PredictRequest,
     terms: &FlowTerms,
@@ -438,65 +426,15 @@ fn ready(
     service_ms: impl Fn(usize) -> f64,
     waited_ms: f64,
     config: &FlowConfig,
-) -> Verdict {
-    let (at, room_for_all) = match fits(req, terms, endpoints, waited_ms) {
-        Some(best) => (best, true),
-        None => match own_room(req, terms, endpoints, waited_ms) {
-            // Work that may be refused is not sent to slow work that may not: a sheddable
-            // request waits for room beside the tighter decodes until its deadline (and the
-            // filter's policy would shed it there anyway).
-            Some(_) if req.request.priority < 0 => return Verdict::Holds,
-            Some(at) => (at, false),
-            None => return Verdict::NoRoom,
-        },
-    };
-    let pressed = must_go(req, &endpoints[at], waited_ms, config);
-    let goes = pressed || (room_for_all && goes_now(req, terms, &endpoints[at], service_ms(at), waited_ms, config));
-    if goes {
-        Verdict::Go { at, pressed }
-    } else {
-        Verdict::Holds
-    }
-}
-
-/// What one round over a pool's queue has seen so far, in serving order (bands high to
-/// low): which requests of the bands below may still go.
-///
-/// Priority decides who gets capacity both want. A band with a request that has no room
-/// stops every band below it, and so does a band released from in this round (what was
-/// released reaches its server first instead of racing a lower band's request through the
-/// gateway). A band whose requests hold by choice, with room for their SLOs (a batch
-/// request behind the horizon or behind interactive decodes, seconds of its SLO left),
-/// does not want that capacity now: below it a request goes only when its own SLO cannot
-/// wait longer. Before 2026-12-01 such a band stopped the bands below too, and on azure
-/// held at 110-120 req/s every sheddable request that expired in the queue had 4-17 batch
-/// requests holding ahead of it (docs/flow-control.md, "Sheddable work behind loose work").
-#[derive(Debug, Default)]
-struct Round {
-    stopped_below: Option<i32>,
-    holding: Option<i32>,
-}
-
-impl Round {
-    /// Whether the requests of `band` and below are done for this round.
-    fn stops(&self, band: i32) -> bool {
-        self.stopped_below.is_some_and(|b| band < b)
-    }
-
-    /// Where a request of `band` with `verdict` goes now, if it goes.
-    fn lets_go(&self, band: i32, verdict: Verdict) -> Option<usize> {
-        match verdict {
-            Verdict::Go { at, pressed } if pressed || self.holding.is_none_or(|h| band >= h) => Some(at),
-            _ => None,
-        }
-    }
-
-    /// Takes in a request of `band`: released, or its verdict when it stays.
-    fn saw(&mut self, band: i32, verdict: Verdict, released: bool) {
-        if released || verdict == Verdict::NoRoom {
-            self.stopped_below = Some(band);
-        } else if self.holding.is_none() {
-            self.holding = Some(band);
+) -> Option<usize> {
+    match fits(req, terms, endpoints, waited_ms) {
+        Some(best) => goes_now(req, terms, &endpoints[best], service_ms(best), waited_ms, config).then_some(best),
+        // Work that may be refused is not sent to slow work that may not: a sheddable request
+        // waits for room beside the tighter decodes until its deadline (the filter's policy
+        // would shed it there anyway).
+        None if req.request.priority < 0 => None,
+        None => {
+            own_room(req, terms, endpoints, waited_ms).filter(|&at| must_go(req, &endpoints[at], waited_ms, config))
         }
     }
 }
@@ -675,7 +613,7 @@ fn serve_pool(state: &AppState, pool: &str, now: Instant) {
         }
     }
     let order = state.flows.with(pool, |q| q.order());
-    let mut round = Round::default();
+    let mut blocked_below: Option<i32> = None;
     for id in order.into_iter().take(MAX_JUDGED_PER_ROUND) {
         let Some((req, band, arrived, gone)) = state.flows.with(pool, |q| {
             q.waiters
@@ -692,18 +630,24 @@ fn serve_pool(state: &AppState, pool: &str, now: Instant) {
             }
             continue;
         }
-        if round.stops(band) {
+        // Strict priority: a band still waiting, or released from this round, holds every band below it.
+        if blocked_below.is_some_and(|b| band < b) {
             break;
         }
         let Some(terms) = req.flow.as_ref() else { continue };
         let Some(mut a) = service::predict(state, req.clone(), now) else { continue };
         let waited = waited_ms(arrived, now);
         let service = |i: usize| service_ms(state, &req, &a.endpoints[i]);
-        let verdict = ready(&req, terms, &a.endpoints, service, waited, &state.config.flow);
-        let released =
-            round.lets_go(band, verdict).and_then(|best| Some((best, state.flows.with(pool, |q| q.release(id))?)));
-        round.saw(band, verdict, released.is_some());
-        let Some((best, mut w)) = released else { continue };
+        let Some(best) = ready(&req, terms, &a.endpoints, service, waited, &state.config.flow) else {
+            blocked_below = Some(band);
+            continue;
+        };
+        let Some(mut w) = state.flows.with(pool, |q| q.release(id)) else { continue };
+        // The bands below wait for the next round (a wake-up or `recheck_interval_ms`), so what
+        // was just released reaches its server first: released in the same instant, the two
+        // race through the gateway, and a long batch prefill can land ahead of an interactive
+        // request on a FIFO server.
+        blocked_below = Some(band);
         // Counted at the endpoint it most likely goes to until its dispatch arrives, so the
         // next waiter judged does not see the same room.
         reserve(state, &req, &a.endpoints[best], now);
@@ -764,19 +708,15 @@ mod tests {
         let config = FlowConfig::default();
         let busy = [endpoint(300.0)];
         let short = |_| 20.0; // the request's own TTFT on the idle server: the rest is queue
-        let go = |at| Verdict::Go { at, pressed: false };
-        assert_eq!(ready(&req, &terms(400), &busy, short, 0.0, &config), go(0), "within the horizon");
-        let long = ready(&req, &terms(150), &busy, short, 0.0, &config);
-        assert_eq!(long, Verdict::Holds, "has room, but the queue is long");
+        assert_eq!(ready(&req, &terms(400), &busy, short, 0.0, &config), Some(0), "within the horizon");
+        assert_eq!(ready(&req, &terms(150), &busy, short, 0.0, &config), None, "has room, but the queue is long");
         // 1000 - 650 waited - 300 predicted = 50 ms left, under a tenth of the SLO: it must go.
-        let pressed = Verdict::Go { at: 0, pressed: true };
-        assert_eq!(ready(&req, &terms(150), &busy, short, 650.0, &config), pressed);
-        // Past its SLO there is no room at all: it never goes, it expires instead.
-        assert_eq!(ready(&req, &terms(150), &busy, short, 800.0, &config), Verdict::NoRoom);
+        assert_eq!(ready(&req, &terms(150), &busy, short, 650.0, &config), Some(0));
+        // Past its SLO there is no room at all: never "ready", it expires instead.
+        assert_eq!(ready(&req, &terms(150), &busy, short, 800.0, &config), None);
         // A long prompt whose own prefill takes 280 of the 300 ms: 20 ms of queue, so it goes
         // at once; its prefill is no queue, and waiting would never shorten it.
-        let own_prefill = ready(&req, &terms(150), &busy, |_| 280.0, 0.0, &config);
-        assert_eq!(own_prefill, go(0), "the horizon is the queue");
+        assert_eq!(ready(&req, &terms(150), &busy, |_| 280.0, 0.0, &config), Some(0), "the horizon is the queue");
         assert_eq!(pressure_ms(1000.0, &config), 100.0);
         assert_eq!(pressure_ms(100.0, &config), 40.0, "never under two rechecks");
     }
@@ -800,68 +740,37 @@ mod tests {
         let own = |_| 100.0;
         assert_eq!(fits(&req, &terms, &eps, 0.0), None);
         assert_eq!(own_room(&req, &terms, &eps, 0.0), Some(0), "its own SLOs are met there");
-        assert_eq!(ready(&req, &terms, &eps, own, 0.0, &config), Verdict::Holds, "waits while they decode");
+        assert_eq!(ready(&req, &terms, &eps, own, 0.0, &config), None, "waits while they decode");
         // 4000 - 3550 waited - 100 predicted = 350 ms left, under a tenth of its SLO: it goes.
-        let pressed = |at| Verdict::Go { at, pressed: true };
-        assert_eq!(ready(&req, &terms, &eps, own, 3550.0, &config), pressed(0), "its own SLO presses");
+        assert_eq!(ready(&req, &terms, &eps, own, 3550.0, &config), Some(0), "its own SLO presses");
         // Once their decodes end (nothing tight runs there), it goes at once.
         let mut freed = shared;
         freed.state.tightest_tpot_slo_ms = None;
-        assert_eq!(ready(&req, &terms, &[freed], own, 0.0, &config), Verdict::Go { at: 0, pressed: false });
-        // Where it would not meet even its own SLO, waiting is no use: no room.
+        assert_eq!(ready(&req, &terms, &[freed], own, 0.0, &config), Some(0));
+        // Where it would not meet even its own SLO, waiting is no use: never "ready".
         let mut slow = endpoint(100.0);
         slow.tpot_ms = Some(200.0);
-        assert_eq!(own_room(&req, &terms, &[slow.clone()], 0.0), None);
-        assert_eq!(ready(&req, &terms, &[slow], own, 0.0, &config), Verdict::NoRoom);
+        assert_eq!(own_room(&req, &terms, &[slow], 0.0), None);
         // Pressed, it goes where the harm is done already: the busiest endpoint that still
         // meets its own SLOs, not the one where tight requests still meet theirs.
         let mut lost = endpoint(100.0);
         lost.tpot_ms = Some(120.0);
         lost.state.tightest_tpot_slo_ms = Some(40.0);
         let both = [eps[0].clone(), lost];
-        assert_eq!(ready(&req, &terms, &both, own, 3550.0, &config), pressed(1));
+        assert_eq!(ready(&req, &terms, &both, own, 3550.0, &config), Some(1));
         // Unless more of those tight decodes run there: fewer slowed outweighs the busiest.
         let [mut few, mut many] = both;
         few.state.tighter_tpot_in_flight = 1;
         many.state.tighter_tpot_in_flight = 3;
-        assert_eq!(ready(&req, &terms, &[few, many], own, 3550.0, &config), pressed(0));
+        assert_eq!(ready(&req, &terms, &[few, many], own, 3550.0, &config), Some(0));
         // A sheddable request is never sent to slow them, however pressed: the filter would
         // shed it there, and on azure held at 140 req/s placing it cost the interactive class
         // 14 points. It waits for room beside them until its deadline.
         req.request.priority = -1;
-        assert_eq!(ready(&req, &terms, &eps, own, 3550.0, &config), Verdict::Holds);
+        assert_eq!(ready(&req, &terms, &eps, own, 3550.0, &config), None);
         let mut freed = eps[0].clone();
         freed.state.tightest_tpot_slo_ms = None;
-        assert_eq!(ready(&req, &terms, &[freed], own, 3550.0, &config), pressed(0), "room beside them: it goes");
-    }
-
-    #[test]
-    fn a_band_that_holds_by_choice_lets_a_pressed_request_below_it_go_and_a_band_without_room_does_not() {
-        let go = Verdict::Go { at: 2, pressed: false };
-        let pressed = Verdict::Go { at: 3, pressed: true };
-        // Batch requests (band 0) hold with room for their SLOs: a sheddable one (band -1)
-        // goes only once its own SLO cannot wait longer.
-        let mut round = Round::default();
-        round.saw(0, Verdict::Holds, false);
-        assert!(!round.stops(-1));
-        assert_eq!(round.lets_go(0, go), Some(2), "its own band still goes as it may");
-        assert_eq!(round.lets_go(-1, go), None, "below, not merely because it could");
-        assert_eq!(round.lets_go(-1, pressed), Some(3));
-        assert_eq!(round.lets_go(-1, Verdict::Holds), None);
-        // A band with a request that has no room wants the capacity: nothing below goes.
-        let mut round = Round::default();
-        round.saw(0, Verdict::NoRoom, false);
-        assert!(round.stops(-1) && !round.stops(0));
-        // Nor below a band released from in this round, however pressed.
-        let mut round = Round::default();
-        round.saw(1, go, true);
-        assert!(round.stops(0) && !round.stops(1));
-        // The highest band holding sets the rule for every band below it.
-        let mut round = Round::default();
-        round.saw(1, Verdict::Holds, false);
-        round.saw(0, Verdict::Holds, false);
-        assert_eq!(round.lets_go(0, go), None);
-        assert_eq!(round.lets_go(1, go), Some(2));
+        assert_eq!(ready(&req, &terms, &[freed], own, 3550.0, &config), Some(0), "room beside them: it goes");
     }
 
     #[test]
