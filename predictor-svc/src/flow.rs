@@ -432,7 +432,7 @@ fn ready(
         // Work that may be refused is not sent to slow work that may not: a sheddable request
         // waits for room beside the tighter decodes until its deadline (the filter's policy
         // would shed it there anyway).
-        None if req.request.priority < 0 => None,
+        None if req.request.is_sheddable() => None,
         None => {
             own_room(req, terms, endpoints, waited_ms).filter(|&at| must_go(req, &endpoints[at], waited_ms, config))
         }
@@ -570,7 +570,7 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     let admitted = state.flows.with(&pool, |q| {
         // Saturated: what waits ahead of it would outlast its deadline. A sheddable request
         // is refused now rather than after waiting; others wait (the queue never drops them).
-        if band < 0 && q.predicted_wait_s(q.ahead_of(band), now) > wait.as_secs_f64() {
+        if req.request.is_sheddable() && q.predicted_wait_s(q.ahead_of(band), now) > wait.as_secs_f64() {
             return Err(FlowOutcome::Saturated);
         }
         q.push(waiter).map_err(|Refused::Full| FlowOutcome::QueueFull)

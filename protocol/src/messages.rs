@@ -44,6 +44,12 @@ pub struct RequestFeatures {
 }
 
 impl RequestFeatures {
+    /// Whether the caller said the request may be refused (priority < 0): the one
+    /// definition the filter's shedding and the predictor's queue both read.
+    pub fn is_sheddable(&self) -> bool {
+        self.priority < 0
+    }
+
     /// The TPOT SLO that holds for this request: its stated one when it streams. A
     /// non-streaming caller never sees tokens one by one, so neither headroom nor the
     /// running requests' tightest TPOT SLO judges its TPOT.

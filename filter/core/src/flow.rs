@@ -243,7 +243,7 @@ impl Flow {
             host.record(Event::Flow { outcome: flow.outcome, waited_ms: flow.waited_ms as u64 });
             self.queued = (flow.outcome != FlowOutcome::Immediate).then_some((flow.outcome, flow.waited_ms));
             let gone = matches!(flow.outcome, FlowOutcome::Expired | FlowOutcome::Saturated);
-            if gone && self.features.priority < 0 {
+            if gone && self.features.is_sheddable() {
                 let why = "sheddable request: the fleet has no room for it within its SLO";
                 return self.shed(host, &config, Some(flow), why);
             }

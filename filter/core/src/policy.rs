@@ -76,7 +76,7 @@ pub fn decide(
         return Decision::Route { ranked, source: RouteSource::PredictedPositive };
     }
     let all_predicted = judged.iter().all(Option::is_some);
-    if request.priority < 0 && positive.is_empty() && all_predicted && !has_idle_or_cold(endpoints, config) {
+    if request.is_sheddable() && positive.is_empty() && all_predicted && !has_idle_or_cold(endpoints, config) {
         return Decision::Shed;
     }
     // It meets its own SLOs somewhere, but only by slowing the requests running there past
