@@ -102,11 +102,21 @@ fn within_noise(a: &RouterRun, b: &RouterRun, pick: Pick) -> Option<bool> {
     Some(alo <= bhi && blo <= ahi)
 }
 
-/// A capacity with its noise band when there is one: `"141.2 (138.5-144.0)"`.
+/// A capacity with its noise band when there is one: `"141.2 (138.5-144.0)"`. A band's end
+/// that is a seed's open-ended capacity says so (`"< 48.3 (< 49.1-59.8)"`: one seed under
+/// 90% from the lowest rate, which it offered at 49.1, another crossing at 59.8), where
+/// bare numbers read as two crossings above a capacity said to be below both.
 fn capacity_label(run: &RouterRun, pick: Pick) -> Option<String> {
     let c = capacity_by(run, pick)?;
-    Some(match capacity_band(run, pick) {
-        Some((lo, hi)) => format!("{} ({lo:.1}-{hi:.1})", c.label()),
+    let band = seed_capacities(run, pick).and_then(|caps| {
+        let lo = caps.iter().copied().min_by(|a, b| a.rps().total_cmp(&b.rps()))?;
+        let hi = caps.iter().copied().max_by(|a, b| a.rps().total_cmp(&b.rps()))?;
+        Some((lo, hi))
+    });
+    Some(match band {
+        // Every seed open-ended alike ("< 80.0" on each): the band adds nothing.
+        Some((lo, hi)) if lo.label() == hi.label() && lo.label() == c.label() => c.label(),
+        Some((lo, hi)) => format!("{} ({}-{})", c.label(), lo.label(), hi.label()),
         None => c.label(),
     })
 }
@@ -726,6 +736,23 @@ mod tests {
         let (lo, hi) = capacity_band(&w.runs[1], overall).unwrap();
         let Capacity::At(c) = router_capacity(&w.runs[1]) else { panic!("no crossing") };
         assert!(lo <= c && c <= hi, "{lo} <= {c} <= {hi}");
+    }
+
+    #[test]
+    fn a_band_says_which_of_its_ends_are_open() {
+        // Under 90% from the lowest rate on the ladder's seed (80% at 10), crossing at 15 on
+        // the repeat's (95% at 10, the ladder's 20 after it): the mean curve is under 90% at
+        // 10 (87.5%), so the capacity is "< 10.0", and the band must not read as 10.0-15.0.
+        let mut r = run("least", false, &[(10.0, 0.8), (20.0, 0.85)]);
+        r.repeats = vec![point(10.0, 0.95)];
+        assert_eq!(capacity_label(&r, overall).unwrap(), "< 10.0 (< 10.0-15.0)");
+        // Every seed under 90% from the lowest rate: no band to show.
+        r.repeats = vec![point(10.0, 0.85)];
+        assert_eq!(capacity_label(&r, overall).unwrap(), "< 10.0");
+        // Every seed crossing: bare numbers, as before.
+        r.repeats = vec![point(10.0, 0.97)];
+        r.points[0] = point(10.0, 0.93);
+        assert!(!capacity_label(&r, overall).unwrap().contains('<'), "{:?}", capacity_label(&r, overall));
     }
 
     fn workload() -> WorkloadRun {
