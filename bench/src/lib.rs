@@ -189,11 +189,15 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         "shared-prefix" => vec![125.0, 200.0, 275.0, 350.0, 425.0, 500.0],
         // On 4 H100 + 4 A100 (`default_fleet`).
         "hetero" => vec![40.0, 65.0, 90.0, 115.0, 140.0, 165.0],
-        // mixed, held at half speed: llm-d's default falls under 90% near 128-132 req/s, flow
-        // control p90's critical classes near 166 (docs/flow-control.md, "Mixed held"). Rungs
-        // 15 apart from 110: across 110-140 alone a line put llm-d's crossing at 124. The low
-        // rungs stay for the routers that fall early (round robin, composite: 65-77 from empty).
-        _ => vec![50.0, 80.0, 110.0, 125.0, 140.0, 155.0, 170.0, 185.0, 200.0],
+        // mixed, held at half speed: the baselines fall under 90% between 125 and 140 req/s,
+        // flow control p90 on the prior between 140 and 155, its critical classes between 170
+        // and 185. Rungs 15 apart from 110, and 7.5 at those three cliffs: each fell over
+        // 15 req/s (least request's non-sheddable classes 88% at 140 and 45% at 155; flow
+        // control's 94% at 170 and 48% at 185), and the rungs at 132.5, 147.5 and 177.5 moved
+        // the verdict's critical capacities from 133.8 / 170.8 to 134.9 / 173.4 (docs/benchmark.md,
+        // "mixed held, the reference run's way"). The low rungs stay for the routers that fall
+        // early (round robin, composite: 61-71).
+        _ => vec![50.0, 80.0, 110.0, 125.0, 132.5, 140.0, 147.5, 155.0, 170.0, 177.5, 185.0, 200.0],
     }
 }
 

@@ -40,7 +40,7 @@ def main():
         names='|'.join(re.escape(n) for n in workload_names(d))
         for f in sorted(glob.glob(d+'/requests/*.jsonl')):
             b=os.path.basename(f)
-            m=re.match(r'(%s)-(.*)-(\d+)(?:-seed(\d+))?\.jsonl'%names,b)
+            m=re.match(r'(%s)-(.*)-(\d+(?:\.\d+)?)(?:-seed(\d+))?\.jsonl'%names,b)
             if m is None:
                 sys.exit('%s: not a request file of this run (workloads %s)'%(f,names))
             wl,router,rate,seed=m.groups()
@@ -52,7 +52,7 @@ def main():
                 c['all']+=1; c['all_met']+=met(o)
                 if o['status']==429: c['shed']+=1
             run=d.rstrip('/').split('/')[-1] + (' seed %s'%(seed or 11) if per_seed else '')  # unsuffixed: the ladder's seed, LADDER_SEED in bench/src/lib.rs
-            res[(run,wl,router,int(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
+            res[(run,wl,router,float(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
     print('| run | workload | router | rate | seeds | all | interactive | batch | sheddable | non-sheddable | shed |')
     print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
     for k in sorted(res, key=lambda k:(k[1],k[2],k[3],k[0])):
@@ -60,7 +60,7 @@ def main():
         def f(x):
             xs=[r[x] for r in v]; m=sum(xs)/len(xs)
             return '%.1f%%'%m + (' (%.1f-%.1f)'%(min(xs),max(xs)) if len(xs)>1 else '')
-        print('| %s | %s | %s | %d | %d | %s | %s | %s | %s | %s | %s |'%(k[0],k[1],k[2],k[3],len(v),f('all'),f('interactive'),f('batch'),f('sheddable'),f('crit'),f('shed')))
+        print('| %s | %s | %s | %g | %d | %s | %s | %s | %s | %s | %s |'%(k[0],k[1],k[2],k[3],len(v),f('all'),f('interactive'),f('batch'),f('sheddable'),f('crit'),f('shed')))
 
 
 if __name__ == '__main__':
