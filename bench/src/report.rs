@@ -74,13 +74,18 @@ fn seed_capacities(run: &RouterRun, pick: Pick) -> Option<Vec<Capacity>> {
     (curves.len() >= 2).then(|| curves.iter().filter_map(|c| capacity(c, TARGET)).collect())
 }
 
-/// The lowest and highest capacity over the seeds' curves: the noise band. `None`
-/// without repeats.
-pub fn capacity_band(run: &RouterRun, pick: Pick) -> Option<(f64, f64)> {
+/// The lowest and highest of the seeds' capacities, each as it was found (crossed, or
+/// open-ended): the noise band. `None` without repeats.
+fn seed_band(run: &RouterRun, pick: Pick) -> Option<(Capacity, Capacity)> {
     let caps = seed_capacities(run, pick)?;
-    let lo = caps.iter().map(|c| c.rps()).fold(f64::INFINITY, f64::min);
-    let hi = caps.iter().map(|c| c.rps()).fold(f64::NEG_INFINITY, f64::max);
-    lo.is_finite().then_some((lo, hi))
+    let lo = caps.iter().copied().min_by(|a, b| a.rps().total_cmp(&b.rps()))?;
+    let hi = caps.iter().copied().max_by(|a, b| a.rps().total_cmp(&b.rps()))?;
+    Some((lo, hi))
+}
+
+/// The noise band in req/s ([`seed_band`]).
+pub fn capacity_band(run: &RouterRun, pick: Pick) -> Option<(f64, f64)> {
+    seed_band(run, pick).map(|(lo, hi)| (lo.rps(), hi.rps()))
 }
 
 /// A router's capacity by `pick`: with repeats whose curves all cross, the mean of their
@@ -108,12 +113,7 @@ fn within_noise(a: &RouterRun, b: &RouterRun, pick: Pick) -> Option<bool> {
 /// bare numbers read as two crossings above a capacity said to be below both.
 fn capacity_label(run: &RouterRun, pick: Pick) -> Option<String> {
     let c = capacity_by(run, pick)?;
-    let band = seed_capacities(run, pick).and_then(|caps| {
-        let lo = caps.iter().copied().min_by(|a, b| a.rps().total_cmp(&b.rps()))?;
-        let hi = caps.iter().copied().max_by(|a, b| a.rps().total_cmp(&b.rps()))?;
-        Some((lo, hi))
-    });
-    Some(match band {
+    Some(match seed_band(run, pick) {
         // Every seed open-ended alike ("< 80.0" on each): the band adds nothing.
         Some((lo, hi)) if lo.label() == hi.label() && lo.label() == c.label() => c.label(),
         Some((lo, hi)) => format!("{} ({}-{})", c.label(), lo.label(), hi.label()),

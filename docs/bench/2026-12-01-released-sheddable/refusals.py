@@ -13,17 +13,9 @@ import json
 import os
 import sys
 
-def met(o):
-    if o['status'] != 200:
-        return False
-    if o['stream']:
-        ok = True
-        if o['slo_ttft_ms'] is not None:
-            ok = o['ttft_ms'] is not None and o['ttft_ms'] <= o['slo_ttft_ms']
-        if o['slo_tpot_ms'] is not None and o['tpot_ms'] is not None:
-            ok = ok and o['tpot_ms'] <= o['slo_tpot_ms']
-        return ok
-    return o['e2e_ms'] <= (o['slo_ttft_ms'] or 0) + (o['slo_tpot_ms'] or 0) * o['max_tokens']
+# One definition of a met SLO (Outcome::met_slo, loadgen/src/runner.rs): by_class.py's.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '2026-11-27-flow-neighbours'))
+from by_class import met  # noqa: E402
 
 def main():
     print('| run | file | class | requests | met | 429 by flow outcome |')
