@@ -173,11 +173,10 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // llm-d's default's capacity from 40.5 (a line across 35-50) to 42.9 (docs/benchmark.md,
         // "long-short, every router").
         "long-short" => vec![20.0, 35.0, 42.5, 50.0, 65.0, 80.0],
-        // Sustained, after the lead-in (`default_lead_in`): least request falls under 90%
-        // between 200 and 240 req/s. Measured from empty, the cliff looked near 320-400.
-        // Held, one seed (2026-11-26): least request 94.5% at 200 and 80.3% at 240, llm-d's
-        // default 100% and 70.3%, headroom predicted 90.1% at 240 and 34.1% at 280: every
-        // crossing fell across 40 req/s, so the rungs are 20 apart from 200 to 280.
+        // Sustained, after the lead-in (`default_lead_in`), one seed (2026-11-26): least request
+        // met 94.5% at 200 req/s and 80.3% at 240, llm-d's default 100% and 70.3%, headroom
+        // predicted 90.1% at 240 and 34.1% at 280 (measured from empty, the cliff looked near
+        // 320-400). Every crossing fell across 40 req/s, so the rungs are 20 apart from 200 to 280.
         "short-long" => vec![120.0, 160.0, 200.0, 220.0, 240.0, 260.0, 280.0, 320.0],
         // At a sustained load (the lead-in, `default_lead_in`), 0.25x: least request falls
         // under 90% near 120 req/s, llm-d's default near 116, flow control p90 on the prior's
