@@ -32,18 +32,23 @@ def workload_names(d):
         names=['mixed','azure','hetero','shared-prefix','short-long','long-short']
     return sorted(names, key=len, reverse=True)
 
+def request_file(d, f):
+    """(workload, router, rate, seed) of request file `f` of run directory `d`, as the bench names them; exits on a
+    file that is not one. The ladder's own seed writes no suffix: LADDER_SEED in bench/src/lib.rs, 11."""
+    names='|'.join(re.escape(n) for n in workload_names(d))
+    m=re.match(r'(%s)-(.*)-(\d+(?:\.\d+)?)(?:-seed(\d+))?\.jsonl'%names,os.path.basename(f))
+    if m is None:
+        sys.exit('%s: not a request file of this run (workloads %s)'%(f,names))
+    wl,router,rate,seed=m.groups()
+    return wl,router,rate,seed or '11'
+
 def main():
     args=sys.argv[1:]
     per_seed='--per-seed' in args
     res=collections.defaultdict(list)
     for d in [a for a in args if a!='--per-seed']:
-        names='|'.join(re.escape(n) for n in workload_names(d))
         for f in sorted(glob.glob(d+'/requests/*.jsonl')):
-            b=os.path.basename(f)
-            m=re.match(r'(%s)-(.*)-(\d+(?:\.\d+)?)(?:-seed(\d+))?\.jsonl'%names,b)
-            if m is None:
-                sys.exit('%s: not a request file of this run (workloads %s)'%(f,names))
-            wl,router,rate,seed=m.groups()
+            wl,router,rate,seed=request_file(d,f)
             rows=[json.loads(l) for l in open(f)]
             c=collections.Counter()
             for o in rows:
@@ -51,7 +56,7 @@ def main():
                 if o['class']!='sheddable': c['crit']+=1; c['crit_met']+=met(o)
                 c['all']+=1; c['all_met']+=met(o)
                 if o['status']==429: c['shed']+=1
-            run=d.rstrip('/').split('/')[-1] + (' seed %s'%(seed or 11) if per_seed else '')  # unsuffixed: the ladder's seed, LADDER_SEED in bench/src/lib.rs
+            run=d.rstrip('/').split('/')[-1] + (' seed %s'%seed if per_seed else '')
             res[(run,wl,router,float(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
     print('| run | workload | router | rate | seeds | all | interactive | batch | sheddable | non-sheddable | shed |')
     print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')

@@ -7,18 +7,18 @@ placed at once on arrival, `released` from the queue, `expired` there), each wit
 (`met` of by_class.py in ../2026-11-27-flow-neighbours/, one definition), then the misses by what they missed
 (TTFT, TPOT or both, against the class's SLOs), how long the released ones waited in the queue (mean, ms on the
 gateway's clock) and the class's median TTFT, and the interactive class's attainment in each 3 s of the step (a
-fleet that collapses within the step falls there).
+fleet that collapses within the step falls there). `by_flow.py` in ../2026-11-29-futile/ counts class and outcome
+summed over a run's seeds; the arms here differ seed by seed, so this keeps each request file apart.
 """
 import collections
 import glob
 import json
 import os
-import re
 import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '2026-11-27-flow-neighbours'))
-from by_class import met  # noqa: E402
+from by_class import met, request_file  # noqa: E402
 
 
 def missed(r):
@@ -38,8 +38,7 @@ def main():
     print('| --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: | ---: | --- |')
     for d in sys.argv[1:]:
         for f in sorted(glob.glob(os.path.join(d, 'requests', '*.jsonl'))):
-            m = re.search(r'-(\d+(?:\.\d+)?)(?:-seed(\d+))?\.jsonl$', f)
-            rate, seed = m.group(1), m.group(2) or '11'  # unsuffixed: the ladder's seed (LADDER_SEED)
+            _, _, rate, seed = request_file(d, f)
             rows = [json.loads(line) for line in open(f)]
             windows = collections.defaultdict(lambda: [0, 0])
             for r in rows:
