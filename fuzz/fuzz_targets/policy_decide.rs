@@ -18,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let slo = Slo { ttft_ms: next(), tpot_ms: next() };
     let priority = if next().is_some() { -1 } else { 0 };
     let request = RequestFeatures { slo, priority, streaming: next().is_some(), ..Default::default() };
+    let waited = next().unwrap_or(0.0);
     let mut endpoints = Vec::new();
     for i in 0..8 {
         let (ttft_ms, tpot_ms) = (next(), next());
@@ -38,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
     let seed = data.len() as u64;
     for slo_routing in [true, false] {
         if let policy::Decision::Route { ranked, .. } =
-            policy::decide(&request, &endpoints, slo_routing, &config, &mut Rng::new(seed))
+            policy::decide(&request, &endpoints, slo_routing, waited, &config, &mut Rng::new(seed))
         {
             assert!(!ranked.is_empty() && ranked.iter().all(|&i| i < endpoints.len()));
             let mut unique = ranked.clone();

@@ -376,14 +376,17 @@ fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction
 
 /// Where `req` would go at its neighbours' expense (of the endpoints with room for its own
 /// SLOs, where it slows the fewest tighter decodes, as the filter's policy places it), if
-/// anywhere.
+/// anywhere; having waited, where it slows fewer still though its first token comes late
+/// there by up to `waited_ms` ([`must_go`] then holds at once: the wait ends before the
+/// endpoints where loose work gathers drop out of reach, leaving it only those where the
+/// tight decodes run).
 fn own_room(
     req: &PredictRequest,
     terms: &FlowTerms,
     endpoints: &[EndpointPrediction],
     waited_ms: f64,
 ) -> Option<usize> {
-    least_harm_with_own_room(&remaining(req, waited_ms), endpoints, terms.tpot_buffer)
+    least_harm_with_own_room(&remaining(req, waited_ms), endpoints, terms.tpot_buffer, waited_ms)
 }
 
 /// Whether `req`, which has headroom at `best`, should go there now: the wait ahead of it
@@ -762,7 +765,16 @@ mod tests {
         let [mut few, mut many] = both;
         few.state.tighter_tpot_in_flight = 1;
         many.state.tighter_tpot_in_flight = 3;
-        assert_eq!(ready(&req, &terms, &[few, many], own, 3550.0, &config), Some(0));
+        assert_eq!(ready(&req, &terms, &[few.clone(), many.clone()], own, 3550.0, &config), Some(0));
+        // Where loose work gathers the queue is long: 2.5 s to a first token where one tight
+        // decode runs, 100 ms where three do. It waits while the first is in time there (with
+        // room to spare), and once it would be late there by less than it has waited, it goes
+        // there at once: not on waiting until only the endpoint among the three is in time.
+        let mut gathered = few;
+        gathered.ttft_ms = Some(2500.0);
+        let apart = [gathered, many];
+        assert_eq!(ready(&req, &terms, &apart, own, 1000.0, &config), None, "500 ms to spare there");
+        assert_eq!(ready(&req, &terms, &apart, own, 1600.0, &config), Some(0), "100 ms late, having waited 1.6 s");
         // A sheddable request is never sent to slow them, however pressed: the filter would
         // shed it there, and on azure held at 140 req/s placing it cost the interactive class
         // 14 points. It waits for room beside them until its deadline.

@@ -43,21 +43,56 @@ pub fn own_headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tp
 /// decode that still serves it), else the least TTFT headroom. Loose work goes where it
 /// slows the fewest tight decodes, and, where it slows some everywhere, where the harm is
 /// done already: the endpoints where tight requests still meet theirs are left alone.
+///
+/// `waited_ms` (what it spent in the flow queue, already taken from its TTFT SLO) is how
+/// late its first token may be for them: where an endpoint that would slow fewer tight
+/// decodes than every one with room for its own SLOs serves its own TPOT, and its TTFT
+/// at most that late, it goes there. This is the batch request that waited in the flow
+/// queue for the interactive decodes to end until only the fastest endpoints, where they
+/// run, could still give its first token in time (where loose work gathers the queues are
+/// longest): without it the wait ended by sending it among them (docs/flow-control.md,
+/// "Late rather than among the tight decodes"). Its first token is late by no more than
+/// it waited: within its TTFT SLO counted from its release. A request that did not wait
+/// is never sent late, and nothing in time anywhere is `None`, as before (the filter's
+/// policy ranks by deficit).
 /// The filter's policy and the predictor's flow control both place such requests here.
 pub fn least_harm_with_own_room(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],
     tpot_buffer: f64,
+    waited_ms: f64,
 ) -> Option<usize> {
-    endpoints
+    /// An endpoint that serves the request's own SLOs, its TTFT up to `lateness` late.
+    struct Candidate {
+        index: usize,
+        /// Tighter decodes it would slow there.
+        harm: u32,
+        /// Its own TPOT headroom there where judged, else its TTFT headroom: the least is the busiest.
+        slack: f64,
+        in_time: bool,
+    }
+    let lateness = if waited_ms.is_finite() { waited_ms.max(0.0) } else { 0.0 };
+    let candidates: Vec<Candidate> = endpoints
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| {
-            let own = own_headroom(request, e, tpot_buffer).filter(Headroom::is_positive)?;
-            own.tpot.or(own.ttft).map(|slack| (i, e.state.tighter_tpot_in_flight, slack))
+        .filter_map(|(index, e)| {
+            let own = own_headroom(request, e, tpot_buffer)?;
+            let served = own.tpot.is_none_or(|h| h >= 0.0) && own.ttft.is_none_or(|h| h >= -lateness);
+            let slack = own.tpot.or(own.ttft)?;
+            let in_time = own.is_positive();
+            served.then_some(Candidate { index, harm: e.state.tighter_tpot_in_flight, slack, in_time })
         })
-        .min_by(|(_, harm_a, slack_a), (_, harm_b, slack_b)| harm_a.cmp(harm_b).then(slack_a.total_cmp(slack_b)))
-        .map(|(i, _, _)| i)
+        .collect();
+    // The fewest tighter decodes slowed, the busiest among equals; late ones only if asked,
+    // and only where they slow fewer than `fewer_than`.
+    let least = |late_too: bool, fewer_than: u32| {
+        candidates
+            .iter()
+            .filter(|c| (late_too || c.in_time) && c.harm < fewer_than)
+            .min_by(|a, b| a.harm.cmp(&b.harm).then(a.slack.total_cmp(&b.slack)))
+    };
+    let in_time = least(false, u32::MAX)?;
+    Some(least(true, in_time.harm).unwrap_or(in_time).index)
 }
 
 fn judge(
@@ -110,13 +145,46 @@ mod tests {
         busy.tpot_ms = Some(120.0);
         let mut too_slow = e.clone();
         too_slow.tpot_ms = Some(200.0);
-        assert_eq!(least_harm_with_own_room(&request, &[e.clone(), busy.clone(), too_slow.clone()], 1.0), Some(1));
-        assert_eq!(least_harm_with_own_room(&request, &[too_slow], 1.0), None);
+        assert_eq!(least_harm_with_own_room(&request, &[e.clone(), busy.clone(), too_slow.clone()], 1.0, 0.0), Some(1));
+        assert_eq!(least_harm_with_own_room(&request, &[too_slow], 1.0, 0.0), None);
         // Fewer tight decodes to slow outweighs being the busiest.
         let mut crowded = busy.clone();
         crowded.state.tighter_tpot_in_flight = 5;
         let mut few = e.clone();
         few.state.tighter_tpot_in_flight = 1;
-        assert_eq!(least_harm_with_own_room(&request, &[crowded, few], 1.0), Some(1));
+        assert_eq!(least_harm_with_own_room(&request, &[crowded.clone(), few.clone()], 1.0, 0.0), Some(1));
+        // In time only where the tight decodes crowd: after waiting 2 s for them, late by up to
+        // that where fewer run, if its own decode is served there; never late by more than it
+        // waited, never where it is too slow even for itself, never having not waited.
+        let mut late = few.clone();
+        late.ttft_ms = Some(5100.0);
+        let harm = |eps: &[EndpointPrediction], waited| least_harm_with_own_room(&request, eps, 1.0, waited);
+        assert_eq!(harm(&[crowded.clone(), late.clone()], 2000.0), Some(1));
+        assert_eq!(harm(&[crowded.clone(), late.clone()], 1000.0), Some(0), "1,100 ms late, having waited 1,000");
+        assert_eq!(harm(&[crowded.clone(), late.clone()], 0.0), Some(0));
+        let mut late_and_slow = late.clone();
+        late_and_slow.tpot_ms = Some(200.0);
+        assert_eq!(harm(&[crowded.clone(), late_and_slow], 2000.0), Some(0));
+        // As many tight decodes there: in time wins.
+        let mut late_crowded = crowded.clone();
+        late_crowded.ttft_ms = Some(5000.0);
+        late_crowded.tpot_ms = Some(100.0);
+        assert_eq!(harm(&[crowded.clone(), late_crowded], 2000.0), Some(0));
+        // In time nowhere: nothing, whatever is late somewhere (the policy ranks by deficit).
+        assert_eq!(harm(&[late], 2000.0), None);
+        // The tightest request slows nobody: its own room is the positive tier, and a late
+        // endpoint is never preferred to one in time.
+        let interactive = RequestFeatures {
+            slo: Slo { ttft_ms: Some(400.0), tpot_ms: Some(40.0) },
+            streaming: true,
+            ..Default::default()
+        };
+        let mut fast_late = e.clone();
+        fast_late.ttft_ms = Some(900.0);
+        fast_late.tpot_ms = Some(20.0);
+        let mut in_time = e.clone();
+        in_time.tpot_ms = Some(35.0);
+        assert_eq!(least_harm_with_own_room(&interactive, &[fast_late.clone(), in_time], 1.0, 1000.0), Some(1));
+        assert_eq!(least_harm_with_own_room(&interactive, &[fast_late], 1.0, 1000.0), None);
     }
 }

@@ -42,6 +42,14 @@ def request_file(d, f):
     wl,router,rate,seed=m.groups()
     return wl,router,rate,seed or '11'
 
+def request_files(dirs):
+    """(run, rate, seed, path, request rows) of every request file of run directories `dirs`, in order: the run
+    named by its directory, rate and seed by `request_file`."""
+    for d in dirs:
+        for f in sorted(glob.glob(os.path.join(d,'requests','*.jsonl'))):
+            _,_,rate,seed=request_file(d,f)
+            yield os.path.basename(d.rstrip('/')),rate,seed,f,[json.loads(l) for l in open(f)]
+
 def main():
     args=sys.argv[1:]
     per_seed='--per-seed' in args

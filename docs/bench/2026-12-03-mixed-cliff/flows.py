@@ -11,14 +11,12 @@ fleet that collapses within the step falls there). `by_flow.py` in ../2026-11-29
 summed over a run's seeds; the arms here differ seed by seed, so this keeps each request file apart.
 """
 import collections
-import glob
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '2026-11-27-flow-neighbours'))
-from by_class import met, request_file  # noqa: E402
+from by_class import met, request_files  # noqa: E402
 
 
 def missed(r):
@@ -36,31 +34,28 @@ def missed(r):
 def main():
     print('| run | rate | seed | class | requests | met | by outcome: n (met) | misses by cause | released: waited, mean | TTFT, median | interactive met per 3 s |')
     print('| --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: | ---: | --- |')
-    for d in sys.argv[1:]:
-        for f in sorted(glob.glob(os.path.join(d, 'requests', '*.jsonl'))):
-            _, _, rate, seed = request_file(d, f)
-            rows = [json.loads(line) for line in open(f)]
-            windows = collections.defaultdict(lambda: [0, 0])
-            for r in rows:
-                if r['class'] == 'interactive':
-                    w = windows[int(r['at_s'] // 3)]
-                    w[0] += 1
-                    w[1] += met(r)
-            per_3s = ' '.join(f'{100 * k / n:.0f}%' for _, (n, k) in sorted(windows.items()))
-            for cls in ['interactive', 'batch']:
-                c = [r for r in rows if r['class'] == cls]
-                n = collections.Counter(r['flow'] or '-' for r in c)
-                k = collections.Counter(r['flow'] or '-' for r in c if met(r))
-                outcomes = ', '.join(f'{o} {n[o]} ({100 * k[o] / n[o]:.0f}%)' for o in sorted(n))
-                causes = collections.Counter(missed(r) for r in c if not met(r))
-                why = ', '.join(f'{x} {causes[x]}' for x in sorted(causes)) or '-'
-                ok = 100.0 * sum(map(met, c)) / len(c)
-                waits = [r['queued_ms'] or 0.0 for r in c if r['flow'] == 'released']
-                waited = f'{statistics.mean(waits):.0f} ms' if waits else '-'
-                ttfts = [r['ttft_ms'] for r in c if r['ttft_ms'] is not None]
-                ttft = f'{statistics.median(ttfts):.0f} ms' if ttfts else '-'
-                last = per_3s if cls == 'interactive' else ''
-                print(f'| {os.path.basename(d.rstrip("/"))} | {rate} | {seed} | {cls} | {len(c)} | {ok:.1f}% | {outcomes} | {why} | {waited} | {ttft} | {last} |')
+    for run, rate, seed, _, rows in request_files(sys.argv[1:]):
+        windows = collections.defaultdict(lambda: [0, 0])
+        for r in rows:
+            if r['class'] == 'interactive':
+                w = windows[int(r['at_s'] // 3)]
+                w[0] += 1
+                w[1] += met(r)
+        per_3s = ' '.join(f'{100 * k / n:.0f}%' for _, (n, k) in sorted(windows.items()))
+        for cls in ['interactive', 'batch']:
+            c = [r for r in rows if r['class'] == cls]
+            n = collections.Counter(r['flow'] or '-' for r in c)
+            k = collections.Counter(r['flow'] or '-' for r in c if met(r))
+            outcomes = ', '.join(f'{o} {n[o]} ({100 * k[o] / n[o]:.0f}%)' for o in sorted(n))
+            causes = collections.Counter(missed(r) for r in c if not met(r))
+            why = ', '.join(f'{x} {causes[x]}' for x in sorted(causes)) or '-'
+            ok = 100.0 * sum(map(met, c)) / len(c)
+            waits = [r['queued_ms'] or 0.0 for r in c if r['flow'] == 'released']
+            waited = f'{statistics.mean(waits):.0f} ms' if waits else '-'
+            ttfts = [r['ttft_ms'] for r in c if r['ttft_ms'] is not None]
+            ttft = f'{statistics.median(ttfts):.0f} ms' if ttfts else '-'
+            last = per_3s if cls == 'interactive' else ''
+            print(f'| {run} | {rate} | {seed} | {cls} | {len(c)} | {ok:.1f}% | {outcomes} | {why} | {waited} | {ttft} | {last} |')
 
 
 if __name__ == '__main__':

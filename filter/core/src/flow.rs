@@ -249,7 +249,8 @@ impl Flow {
             }
             judged.slo.ttft_ms = judged.slo.ttft_ms.map(|slo| (slo - flow.waited_ms).max(MIN_REMAINING_TTFT_MS));
         }
-        match policy::decide(&judged, &answer.endpoints, self.prediction_based, &config, &mut vm.rng) {
+        let waited_ms = flow.map_or(0.0, |f| f.waited_ms);
+        match policy::decide(&judged, &answer.endpoints, self.prediction_based, waited_ms, &config, &mut vm.rng) {
             policy::Decision::Route { ranked, source } => {
                 let mut chosen = ranked.iter().filter_map(|&i| answer.endpoints.get(i));
                 let Some(e) = chosen.next() else {

@@ -19,8 +19,10 @@
 //!    endpoint has a prediction and none is idle or cold. Otherwise, where some
 //!    endpoints would meet the request's own SLOs and fail only the running
 //!    requests' tighter TPOT SLO, the one where the fewest such requests run, the
-//!    busiest among equals (the harm is done there already). Else idle endpoints first, then
-//!    the smallest deficit (only TPOT short, only TTFT short, both short).
+//!    busiest among equals (the harm is done there already), or, for a request released
+//!    from the flow queue, one where still fewer run that it reaches late by no more than
+//!    it waited. Else idle endpoints first, then the smallest deficit (only TPOT short,
+//!    only TTFT short, both short).
 
 pub use headroom_protocol::headroom::{headroom, least_harm_with_own_room, Headroom};
 use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
@@ -47,11 +49,15 @@ pub enum Decision {
 /// Decides where `request` goes among `endpoints`.
 ///
 /// `slo_routing` is true when the caller asked for prediction-based
-/// scheduling; otherwise the default profile places it.
+/// scheduling; otherwise the default profile places it. `waited_ms` is what the request
+/// spent in the flow queue, already taken from `request`'s TTFT SLO (0 without one): how
+/// late its first token may be to keep it from slowing tighter decodes
+/// ([`least_harm_with_own_room`]).
 pub fn decide(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],
     slo_routing: bool,
+    waited_ms: f64,
     config: &FilterConfig,
     rng: &mut Rng,
 ) -> Decision {
@@ -82,9 +88,10 @@ pub fn decide(
     // It meets its own SLOs somewhere, but only by slowing the requests running there past
     // their TPOT SLO (a batch request where interactive ones decode): where it slows the
     // fewest of them, and among equals the busiest, where that harm is done already,
-    // rather than the least busy, where tight requests still meet theirs.
+    // rather than the least busy, where tight requests still meet theirs; having waited in
+    // the flow queue, late where it slows fewer still.
     if positive.is_empty() {
-        if let Some(least_harm) = least_harm_with_own_room(request, endpoints, config.tpot_buffer) {
+        if let Some(least_harm) = least_harm_with_own_room(request, endpoints, config.tpot_buffer, waited_ms) {
             let ranked = with_fallbacks(vec![least_harm], endpoints, config.fallback_endpoints);
             return Decision::Route { ranked, source: RouteSource::PredictedNegative };
         }

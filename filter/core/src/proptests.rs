@@ -85,11 +85,12 @@ proptest! {
         priority in -2i32..3,
         streaming in any::<bool>(),
         slo_routing in any::<bool>(),
+        waited in any_number(),
         seed in any::<u64>(),
     ) {
         let request = RequestFeatures { slo: Slo { ttft_ms: ttft, tpot_ms: tpot }, priority, streaming, ..Default::default() };
         let config = FilterConfig { fallback_endpoints: 3, ..FilterConfig::default() };
-        let decision = policy::decide(&request, &endpoints, slo_routing, &config, &mut Rng::new(seed));
+        let decision = policy::decide(&request, &endpoints, slo_routing, waited, &config, &mut Rng::new(seed));
         if let policy::Decision::Route { ranked, .. } = decision {
             prop_assert!(!ranked.is_empty());
             prop_assert!(ranked.iter().all(|&i| i < endpoints.len()), "{ranked:?} of {}", endpoints.len());

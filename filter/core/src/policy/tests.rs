@@ -53,7 +53,7 @@ fn shares(
     let mut rng = Rng::new(42);
     let mut counts = vec![0usize; endpoints.len()];
     for _ in 0..draws {
-        if let Some((i, _)) = primary(&decide(request, endpoints, true, config, &mut rng)) {
+        if let Some((i, _)) = primary(&decide(request, endpoints, true, 0.0, config, &mut rng)) {
             counts[i] += 1;
         }
     }
@@ -182,7 +182,7 @@ fn routing_rules() {
     for case in cases {
         let mut rng = Rng::new(11);
         for _ in 0..300 {
-            let d = decide(&case.request, &case.endpoints, true, &cfg(), &mut rng);
+            let d = decide(&case.request, &case.endpoints, true, 0.0, &cfg(), &mut rng);
             match case.expect {
                 Expect::Only(i, source) => assert_eq!(primary(&d), Some((i, source)), "{}", case.name),
                 Expect::Never(i) => {
@@ -228,9 +228,22 @@ fn a_request_that_would_only_slow_its_neighbours_goes_where_that_harm_is_done_al
     assert!(s[1] > 0.95, "the busier endpoint, where the tight requests miss already: {s:?}");
     let mut rng = Rng::new(3);
     assert!(matches!(
-        decide(&batch, &eps, true, &cfg(), &mut rng),
+        decide(&batch, &eps, true, 0.0, &cfg(), &mut rng),
         Decision::Route { source: RouteSource::PredictedNegative, .. }
     ));
+    // Released from the flow queue after 2 s, 600 ms of its TTFT SLO left (the filter took
+    // the wait off it): in time only among the tight decodes, 500 ms late where none run.
+    // It goes late, by less than it waited, and never late without having waited.
+    let released = req(Some(600.0), Some(150.0), true, 0);
+    let mut among_tight = with_tight(45.0);
+    among_tight.state.tighter_tpot_in_flight = 20;
+    let mut apart = with_tight(120.0);
+    apart.ttft_ms = Some(1100.0);
+    let eps = [among_tight, apart];
+    let pick = |waited| primary(&decide(&released, &eps, true, waited, &cfg(), &mut Rng::new(5)));
+    assert_eq!(pick(2000.0), Some((1, RouteSource::PredictedNegative)));
+    assert_eq!(pick(400.0), Some((0, RouteSource::PredictedNegative)), "late by more than it waited");
+    assert_eq!(pick(0.0), Some((0, RouteSource::PredictedNegative)));
     // Where it would miss its own TPOT SLO too, nothing is packed: the usual weighted pick
     // by deficit, which favours the faster endpoint.
     let slow = [with_tight(160.0), with_tight(300.0)];
@@ -292,14 +305,14 @@ fn without_slo_routing_the_default_profile_places_the_request() {
     let mut rng = Rng::new(3);
     for slo_routing in [false, true] {
         let r = if slo_routing { req(None, None, true, 0) } else { req(Some(50.0), None, true, 0) };
-        let d = decide(&r, &eps, slo_routing, &cfg(), &mut rng);
+        let d = decide(&r, &eps, slo_routing, 0.0, &cfg(), &mut rng);
         assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)), "lowest latency wins");
     }
     eps[0].state.kv_usage = 0.0;
     eps[0].state.waiting = 0;
     eps[1].state.waiting = 9;
     let composite = FilterConfig { default_profile: DefaultProfile::Composite, ..cfg() };
-    let d = decide(&req(Some(50.0), None, true, 0), &eps, false, &composite, &mut rng);
+    let d = decide(&req(Some(50.0), None, true, 0), &eps, false, 0.0, &composite, &mut rng);
     assert_eq!(primary(&d), Some((0, RouteSource::Composite)));
 }
 
@@ -309,7 +322,8 @@ fn fallback_list_is_ranked_and_distinct() {
     let config = FilterConfig { fallback_endpoints: 2, ..cfg() };
     let mut rng = Rng::new(8);
     for _ in 0..200 {
-        let Decision::Route { ranked, .. } = decide(&req(Some(1000.0), None, true, 0), &eps, true, &config, &mut rng)
+        let Decision::Route { ranked, .. } =
+            decide(&req(Some(1000.0), None, true, 0), &eps, true, 0.0, &config, &mut rng)
         else {
             unreachable!()
         };
@@ -319,7 +333,7 @@ fn fallback_list_is_ranked_and_distinct() {
         unique.dedup();
         assert_eq!(unique.len(), 3, "{ranked:?}");
     }
-    let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, &cfg(), &mut rng);
+    let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, 0.0, &cfg(), &mut rng);
     assert!(matches!(d, Decision::Route { ref ranked, .. } if ranked.len() == 1), "no fallbacks by default");
 }
 
@@ -331,7 +345,7 @@ fn exploration_never_probes_an_endpoint_without_a_prediction() {
     let config = FilterConfig { negative_tier_epsilon: 1.0, ..cfg() };
     let mut rng = Rng::new(9);
     for _ in 0..200 {
-        let d = decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng);
+        let d = decide(&req(Some(200.0), None, true, 0), &eps, true, 0.0, &config, &mut rng);
         assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)));
     }
 }
@@ -344,7 +358,7 @@ fn exploration_rate_matches_epsilon() {
     let n = 20_000;
     let negative = (0..n)
         .filter(|_| {
-            primary(&decide(&req(Some(200.0), None, true, 0), &eps, true, &config, &mut rng))
+            primary(&decide(&req(Some(200.0), None, true, 0), &eps, true, 0.0, &config, &mut rng))
                 == Some((0, RouteSource::PredictedNegative))
         })
         .count();
