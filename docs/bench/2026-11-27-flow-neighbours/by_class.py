@@ -42,30 +42,28 @@ def request_file(d, f):
     wl,router,rate,seed=m.groups()
     return wl,router,rate,seed or '11'
 
+RequestFile=collections.namedtuple('RequestFile','run workload router rate seed path rows')
+
 def request_files(dirs):
-    """(run, rate, seed, path, request rows) of every request file of run directories `dirs`, in order: the run
-    named by its directory, rate and seed by `request_file`."""
+    """A `RequestFile` for every request file of run directories `dirs`, in order: the run named by its directory,
+    workload, router, rate and seed by `request_file`, and its rows."""
     for d in dirs:
         for f in sorted(glob.glob(os.path.join(d,'requests','*.jsonl'))):
-            _,_,rate,seed=request_file(d,f)
-            yield os.path.basename(d.rstrip('/')),rate,seed,f,[json.loads(l) for l in open(f)]
+            yield RequestFile(os.path.basename(d.rstrip('/')),*request_file(d,f),f,[json.loads(l) for l in open(f)])
 
 def main():
     args=sys.argv[1:]
     per_seed='--per-seed' in args
     res=collections.defaultdict(list)
-    for d in [a for a in args if a!='--per-seed']:
-        for f in sorted(glob.glob(d+'/requests/*.jsonl')):
-            wl,router,rate,seed=request_file(d,f)
-            rows=[json.loads(l) for l in open(f)]
-            c=collections.Counter()
-            for o in rows:
-                c[o['class']]+=1; c[o['class']+'_met']+=met(o)
-                if o['class']!='sheddable': c['crit']+=1; c['crit_met']+=met(o)
-                c['all']+=1; c['all_met']+=met(o)
-                if o['status']==429: c['shed']+=1
-            run=d.rstrip('/').split('/')[-1] + (' seed %s'%seed if per_seed else '')
-            res[(run,wl,router,float(rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
+    for r in request_files([a for a in args if a!='--per-seed']):
+        c=collections.Counter()
+        for o in r.rows:
+            c[o['class']]+=1; c[o['class']+'_met']+=met(o)
+            if o['class']!='sheddable': c['crit']+=1; c['crit_met']+=met(o)
+            c['all']+=1; c['all_met']+=met(o)
+            if o['status']==429: c['shed']+=1
+        run=r.run + (' seed %s'%r.seed if per_seed else '')
+        res[(run,r.workload,r.router,float(r.rate))].append({k:100*c[k+'_met']/c[k] for k in ['interactive','batch','sheddable','crit','all']}|{'shed':100*c['shed']/c['all']})
     print('| run | workload | router | rate | seeds | all | interactive | batch | sheddable | non-sheddable | shed |')
     print('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
     for k in sorted(res, key=lambda k:(k[1],k[2],k[3],k[0])):

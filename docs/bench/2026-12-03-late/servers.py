@@ -9,70 +9,77 @@ dispatch in the observations: ids are the sorted hardware names, 1 `a100`, 2 `h1
 requests it served, the prompt tokens of all it served (thousands), and of its streamed interactive requests the
 median TPOT and the share that met their SLOs (`met` of by_class.py in ../2026-11-27-flow-neighbours/). Loose work
 gathered apart from tight work shows as servers of one class or the other; tight decodes among loose ones as
-interactive TPOTs over their 40 ms SLO.
+interactive TPOTs over their 40 ms SLO. `by_server.py` in ../2026-11-28-azure-held-prior/ groups the same servers
+(the slow class, the two fast servers with the most batch, the rest) against the TPOT predicted there; this keeps
+every server apart and names its GPU.
 
 Then per run and seed, of the streamed batch requests released from the queue, those placed with no endpoint
 positive for them (the policy's negative tier: pressed, beside tighter decodes wherever they went) and how many of
 those went to the four servers that served the most interactive requests.
 """
 import collections
-import json
 import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '2026-11-27-flow-neighbours'))
+sys.dont_write_bytecode = True  # no __pycache__ left in docs/
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, '..', '2026-11-27-flow-neighbours'))
+sys.path.insert(0, os.path.join(here, '..', '2026-11-27-prior-time-scale'))
 from by_class import met, request_files  # noqa: E402
+from by_tenth import hardware_classes  # noqa: E402
 
 GPU = {1: 'A100', 2: 'H100'}
 
 
 def gpus(path):
-    """Server address -> GPU name, from the observations file of request file `path` (its run's
-    observations/ holds one of the same name)."""
-    out = {}
-    obs = os.path.join(os.path.dirname(os.path.dirname(path)), 'observations', os.path.basename(path))
-    if os.path.exists(obs):
-        for line in open(obs):
-            o = json.loads(line)
-            state = o.get('state_at_dispatch') or {}
-            if 'hardware_class' in state:
-                out[o['endpoint']] = GPU.get(state['hardware_class'], 'class %s' % state['hardware_class'])
-    return out
+    """Server address -> GPU name, from the observations file of request file `path` (its run's observations/ holds
+    one of the same name)."""
+    observations = os.path.join(os.path.dirname(os.path.dirname(path)), 'observations', os.path.basename(path))
+    return {server: GPU.get(c, 'class %s' % c) for server, c in hardware_classes(observations).items()}
 
 
-def main():
+def count(rows, cls):
+    """How many of `rows` are of SLO class `cls`."""
+    return sum(1 for r in rows if r['class'] == cls)
+
+
+def servers(files):
     print('| run | rate | seed | server | GPU | interactive | batch | prompt tokens (k) | interactive TPOT, median | interactive met |')
     print('| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |')
-    for run, rate, seed, path, rows in request_files(sys.argv[1:]):
-        gpu = gpus(path)
+    for f in files:
+        gpu = gpus(f.path)
         served = collections.defaultdict(list)
-        for r in rows:
+        for r in f.rows:
             if r.get('served_by'):
                 served[r['served_by']].append(r)
-        count = lambda rs, cls: sum(1 for r in rs if r['class'] == cls)  # noqa: E731
         for server, rs in sorted(served.items(), key=lambda kv: -count(kv[1], 'batch')):
             tight = [r for r in rs if r['class'] == 'interactive' and r['stream'] and r['tpot_ms'] is not None]
             tpot = f'{statistics.median(r["tpot_ms"] for r in tight):.1f} ms' if tight else '-'
             ok = f'{100 * sum(map(met, tight)) / len(tight):.0f}%' if tight else '-'
             tokens = sum(r['prompt_tokens'] for r in rs) / 1000
-            print(f'| {run} | {rate} | {seed} | :{server.rsplit(":", 1)[-1]} | {gpu.get(server, "?")} | '
+            print(f'| {f.run} | {f.rate} | {f.seed} | :{server.rsplit(":", 1)[-1]} | {gpu.get(server, "?")} | '
                   f'{count(rs, "interactive")} | {count(rs, "batch")} | {tokens:.0f} | {tpot} | {ok} |')
 
 
-def pressed():
+def pressed(files):
     print()
     print('| run | rate | seed | batch released (streamed) | of them placed negative | on the 4 most interactive servers |')
     print('| --- | ---: | ---: | ---: | ---: | ---: |')
-    for run, rate, seed, _, rows in request_files(sys.argv[1:]):
-        tight = collections.Counter(r['served_by'] for r in rows if r['class'] == 'interactive')
+    for f in files:
+        tight = collections.Counter(r['served_by'] for r in f.rows if r['class'] == 'interactive')
         busiest = {s for s, _ in tight.most_common(4)}
-        released = [r for r in rows if r['class'] == 'batch' and r['stream'] and r['flow'] == 'released']
+        released = [r for r in f.rows if r['class'] == 'batch' and r['stream'] and r['flow'] == 'released']
         negative = [r for r in released if r['tier'] == 'negative']
         among = sum(1 for r in negative if r['served_by'] in busiest)
-        print(f'| {run} | {rate} | {seed} | {len(released)} | {len(negative)} | {among} |')
+        print(f'| {f.run} | {f.rate} | {f.seed} | {len(released)} | {len(negative)} | {among} |')
+
+
+def main():
+    files = list(request_files(sys.argv[1:]))
+    servers(files)
+    pressed(files)
 
 
 if __name__ == '__main__':
     main()
-    pressed()

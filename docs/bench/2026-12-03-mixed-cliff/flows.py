@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ left in docs/
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '2026-11-27-flow-neighbours'))
 from by_class import met, request_files  # noqa: E402
 
@@ -34,16 +35,16 @@ def missed(r):
 def main():
     print('| run | rate | seed | class | requests | met | by outcome: n (met) | misses by cause | released: waited, mean | TTFT, median | interactive met per 3 s |')
     print('| --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: | ---: | --- |')
-    for run, rate, seed, _, rows in request_files(sys.argv[1:]):
+    for f in request_files(sys.argv[1:]):
         windows = collections.defaultdict(lambda: [0, 0])
-        for r in rows:
+        for r in f.rows:
             if r['class'] == 'interactive':
                 w = windows[int(r['at_s'] // 3)]
                 w[0] += 1
                 w[1] += met(r)
         per_3s = ' '.join(f'{100 * k / n:.0f}%' for _, (n, k) in sorted(windows.items()))
         for cls in ['interactive', 'batch']:
-            c = [r for r in rows if r['class'] == cls]
+            c = [r for r in f.rows if r['class'] == cls]
             n = collections.Counter(r['flow'] or '-' for r in c)
             k = collections.Counter(r['flow'] or '-' for r in c if met(r))
             outcomes = ', '.join(f'{o} {n[o]} ({100 * k[o] / n[o]:.0f}%)' for o in sorted(n))
@@ -55,7 +56,7 @@ def main():
             ttfts = [r['ttft_ms'] for r in c if r['ttft_ms'] is not None]
             ttft = f'{statistics.median(ttfts):.0f} ms' if ttfts else '-'
             last = per_3s if cls == 'interactive' else ''
-            print(f'| {run} | {rate} | {seed} | {cls} | {len(c)} | {ok:.1f}% | {outcomes} | {why} | {waited} | {ttft} | {last} |')
+            print(f'| {f.run} | {f.rate} | {f.seed} | {cls} | {len(c)} | {ok:.1f}% | {outcomes} | {why} | {waited} | {ttft} | {last} |')
 
 
 if __name__ == '__main__':
