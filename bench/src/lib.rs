@@ -197,9 +197,11 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // 15 req/s (least request's non-sheddable classes 88% at 140 and 45% at 155; flow
         // control's 94% at 170 and 48% at 185), and the rungs at 132.5, 147.5 and 177.5 moved
         // the verdict's critical capacities from 133.8 / 170.8 to 134.9 / 173.4 (docs/benchmark.md,
-        // "mixed held, the reference run's way"). The low rungs stay for the routers that fall
-        // early (round robin, composite: 61-71).
-        _ => vec![50.0, 80.0, 110.0, 125.0, 132.5, 140.0, 147.5, 155.0, 170.0, 177.5, 185.0, 200.0],
+        // "mixed held, the reference run's way"). Since the late rule (2026-12-03) flow control's
+        // critical classes keep 96% at 162.5 and 88% at 170, so its crossing falls across 155-170:
+        // a rung at 162.5. The low rungs stay for the routers that fall early (round robin,
+        // composite: 61-71).
+        _ => vec![50.0, 80.0, 110.0, 125.0, 132.5, 140.0, 147.5, 155.0, 162.5, 170.0, 177.5, 185.0, 200.0],
     }
 }
 

@@ -150,6 +150,16 @@ pub struct Ratios {
     pub critical_within_noise: Option<bool>,
 }
 
+/// A verdict's ratio in hundredths, rounded down: a ratio just under the target (176.0 against
+/// 135.4 req/s is 1.29985) must not print as the target beside the word "missed".
+pub fn ratio_label(ratio: f64) -> String {
+    if ratio.is_finite() {
+        format!("{:.2}x", (ratio * 100.0 + 1e-9).floor() / 100.0)
+    } else {
+        format!("{ratio}x")
+    }
+}
+
 /// [`Ratios`] of a workload; `None` without both a headroom and a baseline run.
 pub fn ratios(w: &WorkloadRun) -> Option<Ratios> {
     let (p, b) = (best_by_capacity(w, false)?, best_by_capacity(w, true)?);
@@ -252,12 +262,13 @@ pub fn verdict(w: &WorkloadRun) -> String {
         let open = matches!(cp, Capacity::AtLeast(_)) || matches!(cb, Capacity::AtLeast(_) | Capacity::Below(_));
         let _ = writeln!(
             out,
-            "\n{}% -attainment capacity: best predicted {} {} req/s vs best baseline {} {} req/s: **{ratio:.2}x** (target {CAPACITY_TARGET_RATIO}x: {}){}{}.",
+            "\n{}% -attainment capacity: best predicted {} {} req/s vs best baseline {} {} req/s: **{}** (target {CAPACITY_TARGET_RATIO}x: {}){}{}.",
             100.0 * TARGET,
             p.router,
             capacity_label(p, overall).unwrap_or_else(|| cp.label()),
             b.router,
             capacity_label(b, overall).unwrap_or_else(|| cb.label()),
+            ratio_label(ratio),
             if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
             noise_note(within_noise(p, b, overall)),
             if open { "; an open-ended capacity (≥ or <) means the ladder did not reach the crossing" } else { "" }
@@ -271,10 +282,11 @@ pub fn verdict(w: &WorkloadRun) -> String {
                 |name: &str| w.runs.iter().find(|run| run.router == name).and_then(|r| capacity_label(r, critical));
             let _ = writeln!(
                 out,
-                "\nCritical capacity (the non-sheddable classes together at {}): best predicted {p} {} req/s vs best baseline {b} {} req/s: **{ratio:.2}x** (target {CAPACITY_TARGET_RATIO}x: {}){}.",
+                "\nCritical capacity (the non-sheddable classes together at {}): best predicted {p} {} req/s vs best baseline {b} {} req/s: **{}** (target {CAPACITY_TARGET_RATIO}x: {}){}.",
                 pct(TARGET),
                 capacity_of(p).unwrap_or_default(),
                 capacity_of(b).unwrap_or_default(),
+                ratio_label(ratio),
                 if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
                 noise_note(r.critical_within_noise),
             );
@@ -833,6 +845,15 @@ mod tests {
         // lr crosses 0.9 at 20 + 0.2*10 = 22; pred at 30 + (0.03/0.33)*10 ≈ 30.9 -> 1.40x
         assert!(v.contains("**1.40x**") && v.contains(": met)"), "{v}");
         assert!(!v.contains("Ceiling"), "a met target needs no ceiling note: {v}");
+    }
+
+    #[test]
+    fn a_ratio_under_the_target_never_prints_as_it() {
+        // mixed held, 2026-12-03: 176.0 against 135.4 req/s, which rounds to 1.30.
+        assert_eq!(ratio_label(176.0 / 135.4), "1.29x");
+        assert_eq!(ratio_label(1.3), "1.30x");
+        assert_eq!(ratio_label(1.4), "1.40x");
+        assert_eq!(ratio_label(f64::INFINITY), "infx");
     }
 
     #[test]
