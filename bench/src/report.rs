@@ -151,7 +151,8 @@ pub struct Ratios {
 }
 
 /// A verdict's ratio in hundredths, rounded down: a ratio just under the target (176.0 against
-/// 135.4 req/s is 1.29985) must not print as the target beside the word "missed".
+/// 135.4 req/s is 1.29985) must not print as the target beside the word "missed". The 1e-9
+/// keeps a ratio exactly on a hundredth there (1.15 * 100 is 114.999... in floating point).
 pub fn ratio_label(ratio: f64) -> String {
     if ratio.is_finite() {
         format!("{:.2}x", (ratio * 100.0 + 1e-9).floor() / 100.0)
@@ -256,9 +257,11 @@ pub fn verdict(w: &WorkloadRun) -> String {
             }
         }
     }
-    if let (Some(p), Some(b)) = (best(false), best(true)) {
+    // The ratios, their best routers and noise calls, as results.json carries them.
+    let ratios = ratios(w);
+    if let (Some(p), Some(b), Some(r)) = (best(false), best(true), &ratios) {
         let (cp, cb) = (router_capacity(p), router_capacity(b));
-        let ratio = if cb.rps() > 0.0 { cp.rps() / cb.rps() } else { f64::INFINITY };
+        let ratio = r.capacity_ratio;
         let open = matches!(cp, Capacity::AtLeast(_)) || matches!(cb, Capacity::AtLeast(_) | Capacity::Below(_));
         let _ = writeln!(
             out,
@@ -270,11 +273,11 @@ pub fn verdict(w: &WorkloadRun) -> String {
             capacity_label(b, overall).unwrap_or_else(|| cb.label()),
             ratio_label(ratio),
             if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
-            noise_note(within_noise(p, b, overall)),
+            noise_note(r.capacity_within_noise),
             if open { "; an open-ended capacity (≥ or <) means the ladder did not reach the crossing" } else { "" }
         );
     }
-    if let Some(r) = ratios(w) {
+    if let Some(r) = &ratios {
         if let (Some(p), Some(b), Some(ratio)) =
             (&r.best_headroom_critical, &r.best_baseline_critical, r.critical_capacity_ratio)
         {
@@ -853,6 +856,7 @@ mod tests {
         assert_eq!(ratio_label(176.0 / 135.4), "1.29x");
         assert_eq!(ratio_label(1.3), "1.30x");
         assert_eq!(ratio_label(1.4), "1.40x");
+        assert_eq!(ratio_label(1.15), "1.15x");
         assert_eq!(ratio_label(f64::INFINITY), "infx");
     }
 
