@@ -217,6 +217,115 @@ fn noise_note(within: Option<bool>) -> &'static str {
     }
 }
 
+/// The two figures a verdict compares, for saying why a target was missed.
+#[derive(Clone, Copy, PartialEq)]
+enum Figure {
+    /// All requests at [`TARGET`] attainment.
+    Capacity,
+    /// The non-sheddable classes together at [`TARGET`].
+    Critical,
+}
+
+impl Figure {
+    fn pick(self) -> Pick {
+        match self {
+            Figure::Capacity => overall,
+            Figure::Critical => critical,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Figure::Capacity => "capacity",
+            Figure::Critical => "critical capacity",
+        }
+    }
+}
+
+/// The most the fleet was seen to serve of what `pick` measures, over every router and
+/// measurement (each seed's too): the offered rate times that attainment, with the router,
+/// rate and attainment it came from. For all requests this is the goodput (SLO-meeting
+/// requests a second). For the non-sheddable classes it is their goodput divided by their
+/// share of the traffic, which a workload keeps the same at every rate: so in both cases a
+/// value G allows [`TARGET`] attainment up to G / TARGET offered req/s, and no further.
+fn most_served(w: &WorkloadRun, pick: Pick) -> Option<(f64, &RouterRun, f64, f64)> {
+    w.runs
+        .iter()
+        .flat_map(|r| r.points.iter().chain(&r.repeats).map(move |(rate, s)| (r, *rate, s)))
+        .filter_map(|(r, rate, s)| pick(s).map(|a| (a * s.offered_rps, r, rate, a)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// Why `p`, the best headroom router by `figure`, missed the target against `b`, the best
+/// baseline by it, from the data; `None` when it met it, or when a capacity was left open
+/// (the best baseline's not crossed, or some router's ladder ended above the threshold:
+/// then the most served is the ladder's, not the fleet's). The first that holds of:
+/// - the fleet: no router served enough, at any rate or seed, for the target to be
+///   possible ([`most_served`]);
+/// - the noise: the target lies inside `p`'s band, some of its seeds' curves reach it;
+/// - the routing: the fleet served enough somewhere, and every seed of `p` falls short.
+fn why_missed(w: &WorkloadRun, figure: Figure, p: &RouterRun, b: &RouterRun) -> Option<String> {
+    let pick = figure.pick();
+    let (cp, cb) = (capacity_by(p, pick)?, capacity_by(b, pick)?);
+    let open = w.runs.iter().any(|r| matches!(capacity_by(r, pick), Some(Capacity::AtLeast(_))));
+    let target = CAPACITY_TARGET_RATIO * cb.rps();
+    if open || !matches!(cb, Capacity::At(_)) || cb.rps() <= 0.0 || cp.rps() >= target {
+        return None;
+    }
+    let (served, by, rate, attainment) = most_served(w, pick).filter(|m| m.0 > 0.0)?;
+    let at_most = served / TARGET / cb.rps();
+    // Compared as printed, in whole hundredths: a ceiling of 1.2996x reads 1.30x.
+    if (100.0 * at_most).round() < (100.0 * CAPACITY_TARGET_RATIO).round() {
+        return Some(match figure {
+            Figure::Capacity => format!(
+                "Ceiling: {CAPACITY_TARGET_RATIO}x the best baseline's capacity is {target:.0} req/s offered; {}% attainment there means {:.0} SLO-meeting requests/s, but no router delivered that at any rate: the most was {served:.1}, enough for at most {at_most:.2}x. The fleet, not the routing, sets the limit here.",
+                100.0 * TARGET,
+                target * TARGET,
+            ),
+            Figure::Critical => format!(
+                "Critical ceiling: {CAPACITY_TARGET_RATIO}x the best baseline's critical capacity is {target:.0} req/s offered; keeping {} of the non-sheddable classes there means serving them as fully as {:.0} of those {target:.0} req/s (the offered rate times their attainment), but no router did at any rate: the most was {served:.1} ({}, {} of them at {rate} req/s), enough for at most {at_most:.2}x (the classes' mix about the same at every rate and seed). The fleet, not the routing, sets the limit here.",
+                pct(TARGET),
+                target * TARGET,
+                by.router,
+                pct(attainment),
+            ),
+        });
+    }
+    let lead = format!(
+        "Why the {} target was missed: {CAPACITY_TARGET_RATIO}x the best baseline's {} is {target:.1} req/s",
+        figure.name(),
+        figure.name()
+    );
+    let fleet = format!(
+        "the fleet served enough for {at_most:.2}x ({}, {} at {rate} req/s)",
+        by.router,
+        if figure == Figure::Critical {
+            format!("{} of the non-sheddable classes", pct(attainment))
+        } else {
+            pct(attainment)
+        }
+    );
+    let seeds = seed_capacities(p, pick).unwrap_or_default();
+    let reached = seeds.iter().filter(|c| c.rps() >= target).count();
+    Some(match capacity_band(p, pick) {
+        Some((lo, hi)) if reached > 0 => format!(
+            "{lead}, inside {}'s band ({lo:.1}-{hi:.1}): {reached} of its {} seeds' curves reach it, the mean of their crossings ({:.1}) falls {:.2} req/s short; a miss within the noise, and {fleet}.",
+            p.router,
+            seeds.len(),
+            cp.rps(),
+            target - cp.rps(),
+        ),
+        band => format!(
+            "{lead}, beyond {} {}; {fleet}, so the routing, not the fleet, falls short here.",
+            p.router,
+            match band {
+                Some((_, hi)) => format!("on every seed (the best crossed at {hi:.1})"),
+                None => format!("({:.1})", cp.rps()),
+            },
+        ),
+    })
+}
+
 /// Who won a workload, and by how much, in words.
 pub fn verdict(w: &WorkloadRun) -> String {
     let mut out = String::new();
@@ -295,29 +404,15 @@ pub fn verdict(w: &WorkloadRun) -> String {
             );
         }
     }
-    // Why a capacity target can be out of reach: no router serves more than the fleet can.
-    // With goodput at most G, 90% attainment is possible only up to G / 0.9 offered.
-    // Every measurement counts, each seed's too: the most the fleet was seen to deliver.
-    let goodput =
-        w.runs.iter().flat_map(|r| r.points.iter().chain(&r.repeats).map(|(_, s)| s.goodput_rps)).fold(0.0, f64::max);
-    if let Some(b) = best(true) {
-        let (cb, ceiling) = (router_capacity(b).rps(), goodput / TARGET);
-        // Only meaningful when the best baseline has a crossing and no sweep ran out of ladder
-        // still over the threshold: that one says the ladder, not the fleet, stopped. A router
-        // already under it at the lowest rate does not: the others still found the fleet's most.
-        let closed = matches!(router_capacity(b), Capacity::At(_))
-            && !w.runs.iter().any(|r| matches!(router_capacity(r), Capacity::AtLeast(_)));
-        let short = (100.0 * ceiling / cb.max(f64::MIN_POSITIVE)).round() < (100.0 * CAPACITY_TARGET_RATIO).round();
-        if closed && cb > 0.0 && goodput > 0.0 && short {
-            let _ = writeln!(
-                out,
-                "\nCeiling: {}x the best baseline's capacity is {:.0} req/s offered; {}% attainment there means {:.0} SLO-meeting requests/s, but no router delivered that at any rate: the most was {goodput:.1}, enough for at most {:.2}x. The fleet, not the routing, sets the limit here.",
-                CAPACITY_TARGET_RATIO,
-                CAPACITY_TARGET_RATIO * cb,
-                100.0 * TARGET,
-                CAPACITY_TARGET_RATIO * cb * TARGET,
-                ceiling / cb
-            );
+    // Why a missed target was missed, the capacity's then the critical capacity's.
+    if let Some(r) = &ratios {
+        let named = |name: &Option<String>| w.runs.iter().find(|run| Some(&run.router) == name.as_ref());
+        let by_capacity = best(false).zip(best(true));
+        let by_critical = named(&r.best_headroom_critical).zip(named(&r.best_baseline_critical));
+        for (figure, best) in [(Figure::Capacity, by_capacity), (Figure::Critical, by_critical)] {
+            if let Some(why) = best.and_then(|(p, b)| why_missed(w, figure, p, b)) {
+                let _ = writeln!(out, "\n{why}");
+            }
         }
     }
     out.replace("% -attainment", "%-attainment")
@@ -876,6 +971,46 @@ mod tests {
         assert!(!verdict(&seeded).contains("Ceiling:"), "{}", verdict(&seeded));
         w.runs.push(run("pred, open", false, &[(10.0, 1.0)]));
         assert!(!verdict(&w).contains("Ceiling:"), "{}", verdict(&w));
+    }
+
+    #[test]
+    fn verdict_explains_a_critical_target_out_of_reach() {
+        // Critical (attainment + 0.05): lr 1.0 at 20, 0.75 at 30: 24; pred 1.0, 1.0, 0.55: 22.2.
+        // The most served: lr's 30 * 0.75 = 22.5, which allows 25 req/s at 90%: 1.04x of 24.
+        let mut w = workload();
+        w.runs[2] = run("pred", false, &[(10.0, 1.0), (20.0, 0.99), (30.0, 0.5)]);
+        let v = verdict(&w);
+        assert!(v.contains("Critical ceiling: 1.3x the best baseline's critical capacity is 31 req/s"), "{v}");
+        assert!(v.contains("serving them as fully as 28 of those 31 req/s"), "{v}");
+        assert!(v.contains("the most was 22.5 (lr, 75.0% of them at 30 req/s), enough for at most 1.04x"), "{v}");
+    }
+
+    #[test]
+    fn verdict_calls_a_critical_target_inside_the_band_a_miss_within_the_noise() {
+        // lr's critical capacity is 24 (1.0 at 20, 0.75 at 30): the target is 31.2. pred's seeds
+        // cross at 32.4 (0.98 at 30, 0.65 at 40), 26.7 (0.85 at 30) and 32.4: their mean, 30.5,
+        // misses; two of three reach it.
+        let mut w = workload();
+        w.runs[2].repeats = vec![point(30.0, 0.80), point(30.0, 0.93)];
+        let v = verdict(&w);
+        assert!(v.contains("**1.27x** (target 1.3x: missed)"), "{v}");
+        assert!(v.contains("Why the critical capacity target was missed: 1.3x the best baseline's critical capacity is 31.2 req/s, inside pred's band (26.7-32.4): 2 of its 3 seeds' curves reach it, the mean of their crossings (30.5) falls 0.69 req/s short"), "{v}");
+        assert!(v.contains("a miss within the noise, and the fleet served enough for 1.36x (pred, 98.0% of the non-sheddable classes at 30 req/s)"), "{v}");
+        assert!(!v.contains("Critical ceiling"), "{v}");
+    }
+
+    #[test]
+    fn verdict_says_when_the_routing_not_the_fleet_misses_a_target() {
+        // pred's critical classes: 1.0 at 20, 0.85 at 30 (crossing at 26.7), 0.73 at 40, where
+        // 40 * 0.73 = 29.2 allows 32.4 req/s at 90%: 1.35x lr's 24, past the target of 31.2.
+        let mut w = workload();
+        w.runs[2] = run("pred", false, &[(10.0, 1.0), (20.0, 0.99), (30.0, 0.80), (40.0, 0.68)]);
+        let v = verdict(&w);
+        assert!(v.contains("Why the critical capacity target was missed: 1.3x the best baseline's critical capacity is 31.2 req/s, beyond pred (26.7); the fleet served enough for 1.35x (pred, 73.0% of the non-sheddable classes at 40 req/s), so the routing, not the fleet, falls short here."), "{v}");
+        // Seeds' curves all short of it (26.7 and 27.7, 0.87 at 30 on the repeat): the band's top is named.
+        w.runs[2].repeats = vec![point(30.0, 0.82)];
+        let v = verdict(&w);
+        assert!(v.contains("beyond pred on every seed (the best crossed at 27.7)"), "{v}");
     }
 
     #[test]
