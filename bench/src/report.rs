@@ -246,7 +246,8 @@ impl Figure {
 /// measurement (each seed's too): the offered rate times that attainment, with the router,
 /// rate and attainment it came from. For all requests this is the goodput (SLO-meeting
 /// requests a second). For the non-sheddable classes it is their goodput divided by their
-/// share of the traffic, which a workload keeps the same at every rate: so in both cases a
+/// share of the traffic, which is about the same at every rate and seed (a synthetic workload
+/// draws its classes from the same shares, the trace replays one window): so in both cases a
 /// value G allows [`TARGET`] attainment up to G / TARGET offered req/s, and no further.
 fn most_served(w: &WorkloadRun, pick: Pick) -> Option<(f64, &RouterRun, f64, f64)> {
     w.runs
@@ -320,7 +321,7 @@ fn why_missed(w: &WorkloadRun, figure: Figure, p: &RouterRun, b: &RouterRun) -> 
             p.router,
             match band {
                 Some((_, hi)) => format!("on every seed (the best crossed at {hi:.1})"),
-                None => format!("({:.1})", cp.rps()),
+                None => format!("({})", cp.label()),
             },
         ),
     })
