@@ -74,12 +74,18 @@ fn seed_capacities(run: &RouterRun, pick: Pick) -> Option<Vec<Capacity>> {
     (curves.len() >= 2).then(|| curves.iter().filter_map(|c| capacity(c, TARGET)).collect())
 }
 
-/// The lowest and highest of the seeds' capacities, each as it was found (crossed, or
-/// open-ended): the noise band. `None` without repeats.
+/// The lowest and highest of the seeds' capacities: the noise band. An end is open when any
+/// seed's capacity is open that way, wherever its bound falls among the others: a seed still
+/// over the threshold at its last rate (offered at 52.9 req/s) may cross far above another's
+/// crossing at 52.9 (long-short, 2026-12-03, where seeds offer a rung's rate 10% apart), so
+/// the band then reads "52.8-≥ 52.9", not "52.8-52.9". `None` without repeats.
 fn seed_band(run: &RouterRun, pick: Pick) -> Option<(Capacity, Capacity)> {
     let caps = seed_capacities(run, pick)?;
-    let lo = caps.iter().copied().min_by(|a, b| a.rps().total_cmp(&b.rps()))?;
-    let hi = caps.iter().copied().max_by(|a, b| a.rps().total_cmp(&b.rps()))?;
+    let rps = caps.iter().map(|c| c.rps());
+    let (lo, hi) = (rps.clone().fold(f64::INFINITY, f64::min), rps.fold(f64::NEG_INFINITY, f64::max));
+    let found = |x: f64| caps.iter().copied().find(|c| c.rps() == x);
+    let lo = if caps.iter().any(|c| matches!(c, Capacity::Below(_))) { Capacity::Below(lo) } else { found(lo)? };
+    let hi = if caps.iter().any(|c| matches!(c, Capacity::AtLeast(_))) { Capacity::AtLeast(hi) } else { found(hi)? };
     Some((lo, hi))
 }
 
@@ -864,6 +870,18 @@ mod tests {
         r.repeats = vec![point(10.0, 0.97)];
         r.points[0] = point(10.0, 0.93);
         assert!(!capacity_label(&r, overall).unwrap().contains('<'), "{:?}", capacity_label(&r, overall));
+
+        // A seed still over 90% at its last rate, offered lower than where another seed crossed
+        // (seeds offer a rung's rate apart): the band's top is open, not the other's crossing.
+        let mut r = run("fc", false, &[(10.0, 0.95), (20.0, 0.5)]);
+        let (mut slow, mut fast) = (point(10.0, 0.97), point(20.0, 0.95));
+        slow.1.offered_rps = 9.0;
+        fast.1.offered_rps = 10.5; // its curve never crosses: at least 10.5, under the ladder's 11.1
+        r.repeats = vec![slow, fast];
+        let crossed = 10.0 + 0.05 / 0.45 * 10.0;
+        assert_eq!(capacity_band(&r, overall), Some((10.5, crossed)));
+        let label = capacity_label(&r, overall).unwrap();
+        assert!(label.ends_with("(≥ 10.5-≥ 11.1)"), "{label}");
     }
 
     fn workload() -> WorkloadRun {
