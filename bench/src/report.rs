@@ -81,11 +81,10 @@ fn seed_capacities(run: &RouterRun, pick: Pick) -> Option<Vec<Capacity>> {
 /// the band then reads "52.8-≥ 52.9", not "52.8-52.9". `None` without repeats.
 fn seed_band(run: &RouterRun, pick: Pick) -> Option<(Capacity, Capacity)> {
     let caps = seed_capacities(run, pick)?;
-    let rps = caps.iter().map(|c| c.rps());
-    let (lo, hi) = (rps.clone().fold(f64::INFINITY, f64::min), rps.fold(f64::NEG_INFINITY, f64::max));
-    let found = |x: f64| caps.iter().copied().find(|c| c.rps() == x);
-    let lo = if caps.iter().any(|c| matches!(c, Capacity::Below(_))) { Capacity::Below(lo) } else { found(lo)? };
-    let hi = if caps.iter().any(|c| matches!(c, Capacity::AtLeast(_))) { Capacity::AtLeast(hi) } else { found(hi)? };
+    let lo = caps.iter().copied().min_by(|a, b| a.rps().total_cmp(&b.rps()))?;
+    let hi = caps.iter().copied().max_by(|a, b| a.rps().total_cmp(&b.rps()))?;
+    let lo = if caps.iter().any(|c| matches!(c, Capacity::Below(_))) { Capacity::Below(lo.rps()) } else { lo };
+    let hi = if caps.iter().any(|c| matches!(c, Capacity::AtLeast(_))) { Capacity::AtLeast(hi.rps()) } else { hi };
     Some((lo, hi))
 }
 
@@ -264,19 +263,20 @@ fn most_served(w: &WorkloadRun, pick: Pick) -> Option<(f64, &RouterRun, f64, f64
 }
 
 /// Why `p`, the best headroom router by `figure`, missed the target against `b`, the best
-/// baseline by it, from the data; `None` when it met it, or when a capacity was left open
+/// baseline by it, from the data; `None` when it met it (`ratio`, the verdict's own, so the two
+/// never disagree on a ratio at the target's edge), or when a capacity was left open
 /// (the best baseline's not crossed, or some router's ladder ended above the threshold:
 /// then the most served is the ladder's, not the fleet's). The first that holds of:
 /// - the fleet: no router served enough, at any rate or seed, for the target to be
 ///   possible ([`most_served`]);
 /// - the noise: the target lies inside `p`'s band, some of its seeds' curves reach it;
 /// - the routing: the fleet served enough somewhere, and every seed of `p` falls short.
-fn why_missed(w: &WorkloadRun, figure: Figure, p: &RouterRun, b: &RouterRun) -> Option<String> {
+fn why_missed(w: &WorkloadRun, figure: Figure, p: &RouterRun, b: &RouterRun, ratio: f64) -> Option<String> {
     let pick = figure.pick();
     let (cp, cb) = (capacity_by(p, pick)?, capacity_by(b, pick)?);
     let open = w.runs.iter().any(|r| matches!(capacity_by(r, pick), Some(Capacity::AtLeast(_))));
     let target = CAPACITY_TARGET_RATIO * cb.rps();
-    if open || !matches!(cb, Capacity::At(_)) || cb.rps() <= 0.0 || cp.rps() >= target {
+    if open || !matches!(cb, Capacity::At(_)) || cb.rps() <= 0.0 || ratio >= CAPACITY_TARGET_RATIO {
         return None;
     }
     let (served, by, rate, attainment) = most_served(w, pick).filter(|m| m.0 > 0.0)?;
@@ -414,10 +414,11 @@ pub fn verdict(w: &WorkloadRun) -> String {
     // Why a missed target was missed, the capacity's then the critical capacity's.
     if let Some(r) = &ratios {
         let named = |name: &Option<String>| w.runs.iter().find(|run| Some(&run.router) == name.as_ref());
-        let by_capacity = best(false).zip(best(true));
-        let by_critical = named(&r.best_headroom_critical).zip(named(&r.best_baseline_critical));
+        let by_capacity = best(false).zip(best(true)).map(|pb| (pb, r.capacity_ratio));
+        let by_critical =
+            named(&r.best_headroom_critical).zip(named(&r.best_baseline_critical)).zip(r.critical_capacity_ratio);
         for (figure, best) in [(Figure::Capacity, by_capacity), (Figure::Critical, by_critical)] {
-            if let Some(why) = best.and_then(|(p, b)| why_missed(w, figure, p, b)) {
+            if let Some(why) = best.and_then(|((p, b), ratio)| why_missed(w, figure, p, b, ratio)) {
                 let _ = writeln!(out, "\n{why}");
             }
         }
