@@ -336,7 +336,6 @@ fn why_missed(w: &WorkloadRun, figure: Figure, p: &RouterRun, b: &RouterRun, rat
 /// Who won a workload, and by how much, in words.
 pub fn verdict(w: &WorkloadRun) -> String {
     let mut out = String::new();
-    let best = |baseline: bool| best_by_capacity(w, baseline);
     if let Some(rate) = equal_load_rate(w) {
         let scored: Vec<(&RouterRun, f64)> =
             w.runs.iter().filter_map(|r| at_rate(r, rate).map(|s| (r, s.attainment))).collect();
@@ -373,15 +372,19 @@ pub fn verdict(w: &WorkloadRun) -> String {
             }
         }
     }
-    // The ratios, their best routers and noise calls, as results.json carries them.
+    // The ratios, their best routers and noise calls, as results.json carries them: every
+    // line below names the routers `ratios` chose.
     let ratios = ratios(w);
-    if let (Some(p), Some(b), Some(r)) = (best(false), best(true), &ratios) {
+    let named = |name: Option<&String>| w.runs.iter().find(|run| Some(&run.router) == name);
+    let by_capacity = ratios.as_ref().and_then(|r| {
+        named(Some(&r.best_headroom)).zip(named(Some(&r.best_baseline))).map(|pb| (pb, r.capacity_ratio))
+    });
+    if let (Some(((p, b), ratio)), Some(r)) = (by_capacity, &ratios) {
         let (cp, cb) = (router_capacity(p), router_capacity(b));
-        let ratio = r.capacity_ratio;
         let open = matches!(cp, Capacity::AtLeast(_)) || matches!(cb, Capacity::AtLeast(_) | Capacity::Below(_));
         let _ = writeln!(
             out,
-            "\n{}% -attainment capacity: best predicted {} {} req/s vs best baseline {} {} req/s: **{}** (target {CAPACITY_TARGET_RATIO}x: {}){}{}.",
+            "\n{}%-attainment capacity: best predicted {} {} req/s vs best baseline {} {} req/s: **{}** (target {CAPACITY_TARGET_RATIO}x: {}){}{}.",
             100.0 * TARGET,
             p.router,
             capacity_label(p, overall).unwrap_or_else(|| cp.label()),
@@ -413,17 +416,16 @@ pub fn verdict(w: &WorkloadRun) -> String {
     }
     // Why a missed target was missed, the capacity's then the critical capacity's.
     if let Some(r) = &ratios {
-        let named = |name: &Option<String>| w.runs.iter().find(|run| Some(&run.router) == name.as_ref());
-        let by_capacity = best(false).zip(best(true)).map(|pb| (pb, r.capacity_ratio));
-        let by_critical =
-            named(&r.best_headroom_critical).zip(named(&r.best_baseline_critical)).zip(r.critical_capacity_ratio);
+        let by_critical = named(r.best_headroom_critical.as_ref())
+            .zip(named(r.best_baseline_critical.as_ref()))
+            .zip(r.critical_capacity_ratio);
         for (figure, best) in [(Figure::Capacity, by_capacity), (Figure::Critical, by_critical)] {
             if let Some(why) = best.and_then(|((p, b), ratio)| why_missed(w, figure, p, b, ratio)) {
                 let _ = writeln!(out, "\n{why}");
             }
         }
     }
-    out.replace("% -attainment", "%-attainment")
+    out
 }
 
 /// The workload's section of the report.
