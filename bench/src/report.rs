@@ -375,9 +375,13 @@ pub fn verdict(w: &WorkloadRun) -> String {
     // The ratios, their best routers and noise calls, as results.json carries them: every
     // line below names the routers `ratios` chose.
     let ratios = ratios(w);
-    let named = |name: Option<&String>| w.runs.iter().find(|run| Some(&run.router) == name);
-    let by_capacity = ratios.as_ref().and_then(|r| {
-        named(Some(&r.best_headroom)).zip(named(Some(&r.best_baseline))).map(|pb| (pb, r.capacity_ratio))
+    let named = |name: &str| w.runs.iter().find(|run| run.router == name);
+    let by_capacity = ratios
+        .as_ref()
+        .and_then(|r| named(&r.best_headroom).zip(named(&r.best_baseline)).map(|pb| (pb, r.capacity_ratio)));
+    let by_critical = ratios.as_ref().and_then(|r| {
+        let p = r.best_headroom_critical.as_deref().and_then(named);
+        p.zip(r.best_baseline_critical.as_deref().and_then(named)).zip(r.critical_capacity_ratio)
     });
     if let (Some(((p, b), ratio)), Some(r)) = (by_capacity, &ratios) {
         let (cp, cb) = (router_capacity(p), router_capacity(b));
@@ -396,33 +400,24 @@ pub fn verdict(w: &WorkloadRun) -> String {
             if open { "; an open-ended capacity (≥ or <) means the ladder did not reach the crossing" } else { "" }
         );
     }
-    if let Some(r) = &ratios {
-        if let (Some(p), Some(b), Some(ratio)) =
-            (&r.best_headroom_critical, &r.best_baseline_critical, r.critical_capacity_ratio)
-        {
-            let capacity_of =
-                |name: &str| w.runs.iter().find(|run| run.router == name).and_then(|r| capacity_label(r, critical));
-            let _ = writeln!(
-                out,
-                "\nCritical capacity (the non-sheddable classes together at {}): best predicted {p} {} req/s vs best baseline {b} {} req/s: **{}** (target {CAPACITY_TARGET_RATIO}x: {}){}.",
-                pct(TARGET),
-                capacity_of(p).unwrap_or_default(),
-                capacity_of(b).unwrap_or_default(),
-                ratio_label(ratio),
-                if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
-                noise_note(r.critical_within_noise),
-            );
-        }
+    if let (Some(((p, b), ratio)), Some(r)) = (by_critical, &ratios) {
+        let _ = writeln!(
+            out,
+            "\nCritical capacity (the non-sheddable classes together at {}): best predicted {} {} req/s vs best baseline {} {} req/s: **{}** (target {CAPACITY_TARGET_RATIO}x: {}){}.",
+            pct(TARGET),
+            p.router,
+            capacity_label(p, critical).unwrap_or_default(),
+            b.router,
+            capacity_label(b, critical).unwrap_or_default(),
+            ratio_label(ratio),
+            if ratio >= CAPACITY_TARGET_RATIO { "met" } else { "missed" },
+            noise_note(r.critical_within_noise),
+        );
     }
     // Why a missed target was missed, the capacity's then the critical capacity's.
-    if let Some(r) = &ratios {
-        let by_critical = named(r.best_headroom_critical.as_ref())
-            .zip(named(r.best_baseline_critical.as_ref()))
-            .zip(r.critical_capacity_ratio);
-        for (figure, best) in [(Figure::Capacity, by_capacity), (Figure::Critical, by_critical)] {
-            if let Some(why) = best.and_then(|((p, b), ratio)| why_missed(w, figure, p, b, ratio)) {
-                let _ = writeln!(out, "\n{why}");
-            }
+    for (figure, best) in [(Figure::Capacity, by_capacity), (Figure::Critical, by_critical)] {
+        if let Some(why) = best.and_then(|((p, b), ratio)| why_missed(w, figure, p, b, ratio)) {
+            let _ = writeln!(out, "\n{why}");
         }
     }
     out
