@@ -187,8 +187,11 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // Cached system prompts make these cheap: at 0.25x least request falls under 90% near
         // 352 req/s, llm-d's default near 220-240 (its affinity hot-spots the 8 prompts), and flow
         // control p90 kept its critical classes at 425, the old ladder's top (docs/benchmark.md,
-        // "The shared-prefix workload with the current method"): 500 bounds it.
-        "shared-prefix" => vec![125.0, 200.0, 275.0, 350.0, 425.0, 500.0],
+        // "The shared-prefix workload with the current method"): 500 bounds it. Least request
+        // fell from 95% at 350 to 40% at 425 and flow control's critical classes from 100% at
+        // 425 to 57% at 500, two lines across 75 req/s; rungs 25 apart from 350 to 500 place both
+        // crossings (docs/benchmark.md, "shared-prefix on the current code").
+        "shared-prefix" => vec![125.0, 200.0, 275.0, 350.0, 375.0, 400.0, 425.0, 450.0, 475.0, 500.0],
         // On 4 H100 + 4 A100 (`default_fleet`).
         "hetero" => vec![40.0, 65.0, 90.0, 115.0, 140.0, 165.0],
         // mixed, held at half speed: the baselines fall under 90% between 125 and 140 req/s,
