@@ -110,6 +110,8 @@ pub struct Endpoint {
     /// as of `prefill_rate_at`.
     prefill_rate: f64,
     prefill_rate_at: Option<Instant>,
+    /// Its model's context length (`/v1/models`' `max_model_len`), once read.
+    pub max_context_tokens: Option<u32>,
 }
 
 /// Weight of the newest TPOT report in an endpoint's moving average.
@@ -376,6 +378,7 @@ impl Pool {
                         decode_seen_at: None,
                         prefill_rate: 0.0,
                         prefill_rate_at: None,
+                        max_context_tokens: None,
                     }
                 }
             };
@@ -534,6 +537,7 @@ impl Pool {
                     hardware_class: e.hardware_class,
                     recent_tpot_ms: e.recent_tpot_ms,
                     prefill_tokens_per_s: e.prefill_rate(now),
+                    max_context_tokens: e.max_context_tokens,
                     ..Default::default()
                 }
             })

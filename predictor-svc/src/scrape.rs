@@ -83,9 +83,10 @@ pub async fn run(state: Arc<AppState>) {
             _ = ticker.tick() => {
                 let mut started = 0;
                 for pool in state.pools.names() {
-                    let addresses =
-                        state.pools.with(&pool, |p| p.endpoints.iter().map(|e| e.address.clone()).collect::<Vec<_>>());
-                    for address in addresses.unwrap_or_default() {
+                    let addresses = state.pools.with(&pool, |p| {
+                        p.endpoints.iter().map(|e| (e.address.clone(), e.max_context_tokens.is_some())).collect::<Vec<_>>()
+                    });
+                    for (address, context_known) in addresses.unwrap_or_default() {
                         if !busy.insert((pool.clone(), address.clone())) {
                             continue;
                         }
@@ -93,7 +94,13 @@ pub async fn run(state: Arc<AppState>) {
                         let max_bytes = state.config.max_scrape_bytes;
                         running.push(async move {
                             let result = scrape_one(&client, &address, max_bytes).await;
-                            (pool, address, result)
+                            // Its context length once, when it first answers: a server's
+                            // model does not change while it runs.
+                            let context = match (&result, context_known) {
+                                (Ok(_), false) => context_length(&client, &address).await,
+                                _ => None,
+                            };
+                            (pool, address, result, context)
                         });
                         started += 1;
                     }
@@ -102,9 +109,16 @@ pub async fn run(state: Arc<AppState>) {
                     first_round = Some(started);
                 }
             }
-            Some((pool, address, result)) = running.next(), if !running.is_empty() => {
+            Some((pool, address, result, context)) = running.next(), if !running.is_empty() => {
                 busy.remove(&(pool.clone(), address.clone()));
                 apply(&state, &pool, &address, &result, Instant::now());
+                if let Some(tokens) = context {
+                    state.pools.with(&pool, |p| {
+                        if let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) {
+                            e.max_context_tokens = Some(tokens);
+                        }
+                    });
+                }
                 first_round = first_round.map(|n| n.saturating_sub(1));
             }
         }
@@ -181,6 +195,21 @@ pub async fn expire(state: Arc<AppState>) {
             }
         }
     }
+}
+
+/// The context length the server at `address` serves (`max_model_len` of the first model of
+/// its `/v1/models`, as vLLM and the simulator list it); `None` when it does not say.
+async fn context_length(client: &reqwest::Client, address: &str) -> Option<u32> {
+    let response = client.get(format!("http://{address}/v1/models")).send().await.ok()?;
+    let bytes = response.bytes().await.ok().filter(|b| b.len() <= 1 << 20)?;
+    parse_context_length(&bytes)
+}
+
+/// `data[0].max_model_len` of a `/v1/models` body, within the contract's token bound.
+pub fn parse_context_length(body: &[u8]) -> Option<u32> {
+    let models: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let tokens = models.pointer("/data/0/max_model_len")?.as_u64()?;
+    u32::try_from(tokens).ok().filter(|t| *t > 0 && *t <= headroom_protocol::limits::MAX_TOKENS)
 }
 
 /// One scrape; the body is read only up to `max_bytes` (a larger one fails the scrape).

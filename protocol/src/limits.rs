@@ -159,6 +159,7 @@ impl EndpointState {
         unit(at, "prefix_match", self.prefix_match)?;
         slo_ms(at, "tightest_tpot_slo_ms", self.tightest_tpot_slo_ms)?;
         opt_ms(at, "recent_tpot_ms", self.recent_tpot_ms)?;
+        tokens(at, "max_context_tokens", self.max_context_tokens)?;
         let rate = self.prefill_tokens_per_s;
         if !(rate.is_finite() && (0.0..=MAX_TOKENS as f64 * 1000.0).contains(&rate)) {
             return Err(invalid(

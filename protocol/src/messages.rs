@@ -191,6 +191,10 @@ pub struct EndpointState {
     /// seconds): prefill work that will share the steps of a request sent now.
     #[serde(default)]
     pub prefill_tokens_per_s: f64,
+    /// The longest prompt plus answer the endpoint takes, in its model's tokens (vLLM's
+    /// `max_model_len`, read from its `/v1/models`; `None`: not known).
+    #[serde(default)]
+    pub max_context_tokens: Option<u32>,
 }
 
 /// One candidate endpoint with its predictions.

@@ -19,6 +19,9 @@ pub struct Measurement {
     pub e2e_ms: f64,
     pub output_tokens: Option<u32>,
     pub cached_tokens: Option<u32>,
+    /// The prompt as the model counted it (`usage.prompt_tokens`): what the filter learns
+    /// each model's bytes per token from (`filter/core`'s `token_count`).
+    pub prompt_tokens: Option<u32>,
     /// The response reached its end: `data: [DONE]` for a stream, a whole JSON body
     /// otherwise. A response cut off (the server or its connection failed mid-body) is not
     /// complete, and its latencies describe a failure, not the server.
@@ -36,6 +39,7 @@ pub struct ResponseMeter {
     token_events: u32,
     completion_tokens: Option<u32>,
     cached_tokens: Option<u32>,
+    prompt_tokens: Option<u32>,
     buffer: Vec<u8>,
     overflowed: bool,
     saw_done: bool,
@@ -54,6 +58,7 @@ impl ResponseMeter {
             token_events: 0,
             completion_tokens: None,
             cached_tokens: None,
+            prompt_tokens: None,
             buffer: Vec::new(),
             overflowed: false,
             saw_done: false,
@@ -108,6 +113,9 @@ impl ResponseMeter {
         if let Some(n) = usage.get("completion_tokens").and_then(Value::as_u64) {
             self.completion_tokens = u32::try_from(n).ok();
         }
+        if let Some(n) = usage.get("prompt_tokens").and_then(Value::as_u64) {
+            self.prompt_tokens = u32::try_from(n).ok();
+        }
         if let Some(n) = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64) {
             self.cached_tokens = u32::try_from(n).ok();
         }
@@ -136,6 +144,7 @@ impl ResponseMeter {
                 e2e_ms,
                 output_tokens: self.completion_tokens,
                 cached_tokens: self.cached_tokens,
+                prompt_tokens: self.prompt_tokens,
                 complete,
             };
         }
@@ -150,7 +159,15 @@ impl ResponseMeter {
         };
         // An event larger than the cap stopped parsing: its end cannot be seen, so not judged.
         let complete = self.saw_done || self.overflowed;
-        Measurement { ttft_ms, tpot_ms, e2e_ms, output_tokens: tokens, cached_tokens: self.cached_tokens, complete }
+        Measurement {
+            ttft_ms,
+            tpot_ms,
+            e2e_ms,
+            output_tokens: tokens,
+            cached_tokens: self.cached_tokens,
+            prompt_tokens: self.prompt_tokens,
+            complete,
+        }
     }
 }
 
@@ -201,6 +218,7 @@ mod tests {
         assert_eq!(r.ttft_ms, Some(100.0));
         assert_eq!(r.output_tokens, Some(6));
         assert_eq!(r.cached_tokens, Some(4));
+        assert_eq!(r.prompt_tokens, Some(9));
         assert_eq!(r.tpot_ms, Some(20.0)); // (200 - 100) / (6 - 1)
         assert_eq!(r.e2e_ms, 210.0);
         assert!(r.complete);
@@ -244,6 +262,7 @@ mod tests {
         m.on_chunk(&body[20..], 301 * MS);
         let r = m.finish(302 * MS);
         assert_eq!(r.output_tokens, Some(12));
+        assert_eq!(r.prompt_tokens, Some(3));
         assert_eq!(r.ttft_ms, Some(302.0));
         assert_eq!(r.tpot_ms, None);
     }

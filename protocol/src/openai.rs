@@ -18,6 +18,8 @@ pub struct InferenceBody {
     /// Prompt tokens: [`estimate_tokens`] of the text, or the length of a
     /// pre-tokenised prompt.
     pub prompt_tokens: u32,
+    /// The prompt came as token ids: `prompt_tokens` is the model's own count.
+    pub pretokenised: bool,
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
@@ -81,7 +83,15 @@ pub fn parse_inference_body(bytes: &[u8], chat: bool) -> Result<InferenceBody, B
         (_, Some(v)) if !v.is_null() => Some(positive_u32(&v, "max_tokens")?),
         _ => None,
     };
-    Ok(InferenceBody { model, prompt_text, prompt_tokens, stream, include_usage, max_tokens })
+    Ok(InferenceBody {
+        model,
+        prompt_text,
+        prompt_tokens,
+        pretokenised: pretokenised.is_some(),
+        stream,
+        include_usage,
+        max_tokens,
+    })
 }
 
 fn positive_u32(v: &Value, field: &str) -> Result<u32, BodyError> {

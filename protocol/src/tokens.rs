@@ -1,9 +1,10 @@
 //! The one token approximation every headroom component uses.
 //!
-//! headroom never sees a tokenizer. The filter, the simulated model server and
-//! the load generator all count prompt tokens with [`estimate_tokens`], so that
-//! the counts they exchange agree exactly: one token per [`BYTES_PER_TOKEN`]
-//! bytes of UTF-8, rounded up (about right for English with BPE tokenizers).
+//! headroom never sees a tokenizer. The simulated model server and the load
+//! generator count prompt tokens with [`estimate_tokens`], so that the counts they
+//! exchange agree exactly: one token per [`BYTES_PER_TOKEN`] bytes of UTF-8, rounded
+//! up (about right for English with BPE tokenizers). The filter starts from the same
+//! ratio and learns each model's own from its responses (`filter/core`'s `token_count`).
 //! Prefix-cache blocks are [`BLOCK_TOKENS`] tokens, i.e. [`BLOCK_BYTES`] bytes.
 
 /// UTF-8 bytes counted as one token.
@@ -17,13 +18,6 @@ pub const BLOCK_BYTES: usize = BYTES_PER_TOKEN * BLOCK_TOKENS;
 pub fn estimate_tokens(text: &str) -> u32 {
     let tokens = text.len().div_ceil(BYTES_PER_TOKEN);
     u32::try_from(tokens).unwrap_or(u32::MAX)
-}
-
-/// Estimated token count of a body of `bytes` bytes, when only its size is known
-/// (header-only routing reads `content-length`), capped at `limits::MAX_TOKENS`.
-pub fn estimate_tokens_from_bytes(bytes: u64) -> u32 {
-    let tokens = bytes.div_ceil(BYTES_PER_TOKEN as u64);
-    u32::try_from(tokens).unwrap_or(u32::MAX).min(crate::limits::MAX_TOKENS)
 }
 
 /// Chained hashes of the full [`BLOCK_BYTES`]-byte blocks of `text`, at most

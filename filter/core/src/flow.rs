@@ -26,12 +26,18 @@ use headroom_protocol::{
 use crate::config::FilterConfig;
 use crate::header_map::HeaderMap;
 use crate::host::{callout_status, predictor_answer, Buffer, Event, FallbackCause, Host, Level, Map};
+use crate::token_count::TokenCounts;
 use crate::vm::Vm;
 use crate::{error_json, fallback, headers as hints, policy};
 
 /// The least TTFT SLO a request is judged against after waiting in the flow queue:
 /// one that waited past its SLO is judged as "as soon as possible", never as negative.
 const MIN_REMAINING_TTFT_MS: f64 = 1.0;
+
+/// How far a learned token estimate may be over the model's own count before the gateway
+/// refuses a request for its context: a prompt near a server's limit goes to the server,
+/// which knows the exact count.
+pub const CONTEXT_MARGIN: f64 = 0.1;
 
 /// What the adapter does after a callback.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +84,9 @@ pub struct Flow {
     path: String,
     prediction_based: bool,
     features: RequestFeatures,
+    /// Bytes of prompt text whose tokens were estimated (0: none, or given as token ids):
+    /// with the response's `usage.prompt_tokens`, what the VM learns bytes per token from.
+    prompt_bytes: usize,
     callout: Option<Callout>,
     choice: Option<Choice>,
     forwarded_ns: u64,
@@ -150,7 +159,7 @@ impl Flow {
         self.request_id = vm.new_request_id();
         if !config.read_body {
             self.routed = true;
-            self.features_from_headers(&headers);
+            self.features_from_headers(&headers, &vm.tokens);
             return self.start_callout(host, vm);
         }
         if end_of_stream {
@@ -179,9 +188,15 @@ impl Flow {
             Ok(p) => p,
             Err(e) => return self.reject(host, 400, &e.field, &e.message),
         };
+        // Token counts are estimates, at the bytes per token learned for this model (given
+        // as token ids, exact): held to the contract's bound rather than refused.
+        self.features.input_tokens = if parsed.pretokenised {
+            parsed.prompt_tokens.min(limits::MAX_TOKENS)
+        } else {
+            self.prompt_bytes = parsed.prompt_text.len();
+            vm.tokens.estimate(Some(&parsed.model), parsed.prompt_text.len() as u64)
+        };
         self.features.model = parsed.model;
-        // Token counts are estimates: held to the contract's bound rather than refused.
-        self.features.input_tokens = parsed.prompt_tokens.min(limits::MAX_TOKENS);
         self.features.prefix_hashes = tokens::prefix_block_hashes(&parsed.prompt_text, config.max_prefix_blocks);
         self.features.streaming = parsed.stream;
         self.features.max_tokens = parsed.max_tokens.map(|t| t.min(limits::MAX_TOKENS));
@@ -235,6 +250,22 @@ impl Flow {
         let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
         vm.states.update(states, host.now_ms());
         let config = vm.config.clone();
+        // Endpoints whose context the request cannot fit would answer 400 (vLLM refuses a
+        // prompt and answer past its `max_model_len`): left out, and where none is left the
+        // gateway says so itself rather than sending it.
+        let need = self.context_needed(vm);
+        let before = answer.endpoints.len();
+        answer.endpoints.retain(|e| e.state.max_context_tokens.is_none_or(|c| need <= f64::from(c)));
+        if answer.endpoints.is_empty() {
+            let field = if self.features.max_tokens.is_some() { "max_tokens" } else { "prompt" };
+            let message = format!(
+                "the prompt (about {} tokens) and max_tokens ({}) exceed the context of every server of the \
+                 pool ({before} servers)",
+                self.features.input_tokens,
+                self.features.max_tokens.unwrap_or(0)
+            );
+            return self.reject(host, 400, field, &message);
+        }
         // Judged against what is left of the TTFT SLO after waiting in the flow queue:
         // the client's clock ran while it waited.
         let mut judged = self.features.clone();
@@ -377,6 +408,9 @@ impl Flow {
             Some(m) => m.finish(now),
             None => Measurement { e2e_ms: now.saturating_sub(self.forwarded_ns) as f64 / 1e6, ..Default::default() },
         };
+        if let Some(tokens) = measured.prompt_tokens.filter(|_| self.status == 200 && self.prompt_bytes > 0) {
+            vm.tokens.learn(&self.features.model, self.prompt_bytes, tokens);
+        }
         // A 200 cut off before its end (the server died mid-stream) is reported as status 0:
         // tracking ends, nothing is learnt from it.
         if self.status == 200 && !measured.complete {
@@ -432,6 +466,23 @@ impl Flow {
         self.served.clone()
     }
 
+    /// The context the request needs, in its model's tokens, as the gateway may judge it: the
+    /// prompt's estimate (with [`CONTEXT_MARGIN`] of doubt while it comes from learned bytes
+    /// per token; none for a prompt of token ids) plus the answer's `max_tokens`. Before any
+    /// answer taught the VM this model's count, nothing is judged (0): the approximation can
+    /// be off by 2x either way.
+    fn context_needed(&self, vm: &Vm) -> f64 {
+        let prompt = f64::from(self.features.input_tokens);
+        let answer = f64::from(self.features.max_tokens.unwrap_or(0));
+        if self.prompt_bytes == 0 && self.features.input_tokens > 0 && vm.config.read_body {
+            return prompt + answer; // token ids: exact
+        }
+        match vm.tokens.ratio(Some(&self.features.model)) {
+            (_, 0) => 0.0,
+            _ => prompt / (1.0 + CONTEXT_MARGIN) + answer,
+        }
+    }
+
     /// Answers locally with a JSON error naming `field`.
     fn reject(&mut self, host: &mut dyn Host, status: u32, field: &str, message: &str) -> Step {
         host.record(Event::BadRequest);
@@ -443,11 +494,12 @@ impl Flow {
         }
     }
 
-    /// Header-only routing: the input size estimated from `content-length`; streaming
-    /// assumed when a TPOT SLO is given (it only means something for a stream).
-    fn features_from_headers(&mut self, headers: &HeaderMap) {
+    /// Header-only routing: the input size estimated from `content-length` at the pool's
+    /// learned bytes per token (no model is known before the body); streaming assumed when
+    /// a TPOT SLO is given (it only means something for a stream).
+    fn features_from_headers(&mut self, headers: &HeaderMap, counts: &TokenCounts) {
         let bytes = headers.get("content-length").and_then(|v| v.trim().parse::<u64>().ok());
-        self.features.input_tokens = bytes.map_or(0, tokens::estimate_tokens_from_bytes);
+        self.features.input_tokens = bytes.map_or(0, |b| counts.estimate(None, b));
         self.features.streaming = self.features.slo.tpot_ms.is_some();
     }
 

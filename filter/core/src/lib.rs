@@ -24,6 +24,7 @@ pub mod shards;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+pub mod token_count;
 pub mod vm;
 
 pub use config::{ConfigError, FilterConfig};

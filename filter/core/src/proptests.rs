@@ -52,6 +52,8 @@ fn any_state() -> impl Strategy<Value = EndpointState> {
             hardware_class: 0,
             recent_tpot_ms: tightest,
             prefill_tokens_per_s: kv_usage.abs(),
+            // Any context, fitting the request or not: a refusal is a 400, never a panic.
+            max_context_tokens: Some(in_flight),
         })
 }
 

@@ -15,6 +15,7 @@ use crate::outbox::{Batch, Outbox, Outcome};
 use crate::rng::Rng;
 use crate::shards::Shards;
 use crate::stream::PredictStream;
+use crate::token_count::TokenCounts;
 use crate::FilterConfig;
 
 /// Timeout of a dispatch or report batch call.
@@ -62,6 +63,8 @@ pub struct Vm {
     pub predictions: Coalescer,
     /// The stream the coalesced calls go on while it is open (`stream`).
     pub stream: PredictStream,
+    /// Each model's bytes per prompt token, learned from the responses' usage blocks.
+    pub tokens: TokenCounts,
     /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
     vm_nonce: u64,
     next_request: u64,
@@ -87,6 +90,7 @@ impl Vm {
             outbox: Outbox::new(config.max_queued, config.max_batch, config.max_batch_bytes),
             predictions: Coalescer::default(),
             stream: PredictStream::default(),
+            tokens: TokenCounts::default(),
             vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
             next_request: 0,
             shards: Shards::new(config.predictor_clusters(), &config.pool),
