@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod profile;
+pub use profile::Profile;
+
 /// What a model predicts.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -182,6 +185,21 @@ pub struct ModelConfig {
     /// class runs its prefill, e.g. `{ a100 = 2.7 }`: the analytic prior's, before a model
     /// trains and wherever it contends with one (docs/configuration.md).
     pub prior_hardware_scale: BTreeMap<String, f64>,
+    /// Measured profiles per hardware class (`headroom-profile`, or Llumnix's files), e.g.
+    /// `{ cpu = { ttft = "cpu-ttft.json", tpot = "cpu-tpot.json" } }`: the prior takes that
+    /// class's costs from them, in place of the analytic formula's (`profile`). Paths, like every
+    /// path of this file, are relative to the service's working directory.
+    pub prior_profiles: BTreeMap<String, ProfilePaths>,
+}
+
+/// The two files of a hardware class's profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfilePaths {
+    /// TTFT by prompt tokens.
+    pub ttft: PathBuf,
+    /// TPOT by batch size and context.
+    pub tpot: PathBuf,
 }
 
 impl Default for ModelConfig {
@@ -204,6 +222,7 @@ impl Default for ModelConfig {
             train: true,
             onnxruntime_library: None,
             prior_hardware_scale: BTreeMap::new(),
+            prior_profiles: BTreeMap::new(),
             residual: true,
             calibration_rate: 0.01,
             drift_factor: 1.5,
@@ -371,6 +390,20 @@ impl Config {
         hardware_scale
     }
 
+    /// The measured profile of each hardware class, by class id (`model.prior_profiles`;
+    /// `None` where a class has none: the analytic prior serves it). Reads the files.
+    pub fn prior_profiles(&self) -> anyhow::Result<Vec<Option<Profile>>> {
+        let mut profiles = vec![None];
+        for name in self.hardware_names() {
+            let loaded = match self.model.prior_profiles.get(name) {
+                Some(paths) => Some(Profile::load(&paths.ttft, &paths.tpot)?),
+                None => None,
+            };
+            profiles.push(loaded);
+        }
+        Ok(profiles)
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             matches!(self.model.objective.as_str(), "mean" | "p90"),
@@ -406,6 +439,14 @@ impl Config {
                 "model.prior_hardware_scale.{name}: no pool names this hardware (known: {names:?})"
             );
         }
+        for name in self.model.prior_profiles.keys() {
+            anyhow::ensure!(
+                names.contains(&name),
+                "model.prior_profiles.{name}: no pool names this hardware (known: {names:?})"
+            );
+        }
+        // Every profile must load: a typo in a path fails at start, not at the first request.
+        self.prior_profiles().map_err(|e| anyhow::anyhow!("model.prior_profiles: {e}"))?;
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
         anyhow::ensure!((1..=100_000).contains(&self.observations_kept), "observations_kept must be within 1..=100000");
         anyhow::ensure!((1..=10_000_000).contains(&self.max_in_flight), "max_in_flight must be within 1..=10000000");

@@ -33,7 +33,11 @@ pub struct AppState {
 impl AppState {
     /// Builds the state; fails when ONNX Runtime, a configured model or the token cannot be loaded.
     pub fn new(config: Config) -> anyhow::Result<AppState> {
-        let prior = AnalyticPrior { hardware_scale: config.prior_hardware_scale(), ..AnalyticPrior::default() };
+        let prior = AnalyticPrior {
+            hardware_scale: config.prior_hardware_scale(),
+            profiles: config.prior_profiles()?,
+            ..AnalyticPrior::default()
+        };
         // The pools drain their prefill backlogs at the cost the prior charges per token.
         let classes = prior.hardware_scale.len().max(1) as u32;
         let prefill_cost: Vec<f64> = (0..classes).map(|c| prior.prefill_ms_per_token(c)).collect();

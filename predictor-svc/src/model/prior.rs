@@ -33,8 +33,32 @@
 //! Other GPUs: `model.prior_hardware_scale` multiplies every engine term (all
 //! but the 10 ms overhead) for the endpoints of a hardware class: its prefill
 //! slowdown against an H100 (2.7 for the simulated A100; docs/configuration.md).
+//!
+//! A class with a measured profile (`model.prior_profiles`, from `headroom-profile`) takes
+//! its costs from the profile instead of the constants, in the same terms:
+//!
+//! ```text
+//! batch    = max(running, in_flight)                       (decoding now)
+//! step     = profile TPOT(batch, tokens_in_flight / batch) (0 on an idle engine)
+//! TTFT     = profile TTFT(uncached prompt + prefill backlog)
+//!            + ceil(those tokens / CHUNK_TOKENS) * step     (each prefill chunk rides a decode step)
+//!            + waiting * step
+//! decode   = profile TPOT(batch + 1, (tokens_in_flight + prompt) / (batch + 1))
+//! prefill  = min(prefill tokens per second * the profile's cost per prompt token / 1000, 0.8)
+//! TPOT     = decode / (1 - prefill)
+//! ```
+//!
+//! The profile already holds the engine's own overheads (the API server, scheduling,
+//! sampling) as that engine has them, which no constant written for one GPU did: in front of
+//! real vLLM on CPU the constants predicted TTFT 3-8x low before the live correction caught up.
+
+use headroom_predictor_config::Profile;
 
 use crate::model::features::{Row, HARDWARE_CLASS, PREFILL_TOKENS_PER_S};
+
+/// Prompt tokens an engine prefills per step while it decodes (vLLM's chunked prefill,
+/// `max_num_batched_tokens`, 2048 by default): how many decode steps a profiled prompt shares.
+pub const CHUNK_TOKENS: f64 = 2048.0;
 
 /// Name reported as `model_version` for analytic predictions.
 pub const ANALYTIC_PRIOR: &str = "analytic-prior";
@@ -53,6 +77,9 @@ pub struct AnalyticPrior {
     /// Engine-time multiplier by hardware class id (the row's `hardware_class`);
     /// classes past the end run at 1.0.
     pub hardware_scale: Vec<f64>,
+    /// Measured profile by hardware class id: where one is set, the class's costs come from
+    /// it (the module doc) and its `hardware_scale` is not applied.
+    pub profiles: Vec<Option<Profile>>,
 }
 
 impl Default for AnalyticPrior {
@@ -66,6 +93,7 @@ impl Default for AnalyticPrior {
             prefill_per_token_ms: 0.03,
             max_prefill_share: 0.8,
             hardware_scale: Vec::new(),
+            profiles: Vec::new(),
         }
     }
 }
@@ -74,6 +102,9 @@ impl AnalyticPrior {
     /// Predicted (TTFT, TPOT) in ms from a feature row (`model::features::row`); reads
     /// the state columns only, never the prior columns it fills.
     pub fn predict(&self, row: &Row) -> (f64, f64) {
+        if let Some(profile) = self.profile(row[HARDWARE_CLASS] as usize) {
+            return self.predict_profiled(profile, row);
+        }
         let f = |i: usize| f64::from(row[i]);
         let (waiting, running, prefill_backlog, effective_input, in_flight, tokens_in_flight) =
             (f(2), f(3), f(5), f(6), f(7), f(8));
@@ -89,18 +120,44 @@ impl AnalyticPrior {
         (ttft, decode / (1.0 - self.prefill_share(row)))
     }
 
+    /// The profiled class's prediction (the module doc's second table).
+    fn predict_profiled(&self, profile: &Profile, row: &Row) -> (f64, f64) {
+        let f = |i: usize| f64::from(row[i]);
+        let (input, waiting, running, prefill_backlog, effective_input, in_flight, tokens_in_flight) =
+            (f(1), f(2), f(3), f(5), f(6), f(7), f(8));
+        let batch = running.max(in_flight);
+        let step = if batch > 0.0 { profile.tpot_ms(batch, tokens_in_flight / batch) } else { 0.0 };
+        let prefill = effective_input + prefill_backlog;
+        let chunks = (prefill / CHUNK_TOKENS).ceil().max(1.0);
+        let ttft = profile.ttft_ms(prefill) + chunks * step + waiting * step;
+        let decode = profile.tpot_ms(batch + 1.0, (tokens_in_flight + input) / (batch + 1.0));
+        (ttft, decode / (1.0 - self.prefill_share(row)))
+    }
+
     /// The share of the endpoint's time the prompts arriving there take, from its recent
     /// prefill rate (the module doc's `prefill`), within `0..=max_prefill_share`.
     pub fn prefill_share(&self, row: &Row) -> f64 {
-        let share = self.scale(row) * f64::from(row[PREFILL_TOKENS_PER_S]) * self.per_batched_token_ms / 1000.0;
+        let rate = f64::from(row[PREFILL_TOKENS_PER_S]);
+        let share = match self.profile(row[HARDWARE_CLASS] as usize) {
+            Some(profile) => rate * profile.prefill_ms_per_token() / 1000.0,
+            None => self.scale(row) * rate * self.per_batched_token_ms / 1000.0,
+        };
         share.clamp(0.0, self.max_prefill_share)
     }
 
     /// What one uncached prompt token costs hardware class `class` to prefill (ms): the
-    /// rate the prior's TTFT charges, which the pool drains its prefill backlog at
-    /// (`pool::Pool::with_prefill_cost`), so the two cannot disagree.
+    /// rate the prior's TTFT charges (its profile's, where it has one), which the pool drains
+    /// its prefill backlog at (`pool::Pool::with_prefill_cost`), so the two cannot disagree.
     pub fn prefill_ms_per_token(&self, class: u32) -> f64 {
-        self.class_scale(class as usize) * self.prefill_per_token_ms
+        match self.profile(class as usize) {
+            Some(profile) => profile.prefill_ms_per_token(),
+            None => self.class_scale(class as usize) * self.prefill_per_token_ms,
+        }
+    }
+
+    /// The measured profile of hardware class `class`, if it has one.
+    fn profile(&self, class: usize) -> Option<&Profile> {
+        self.profiles.get(class).and_then(Option::as_ref)
     }
 
     /// The engine-time factor of the row's hardware class.
@@ -172,5 +229,46 @@ mod tests {
         let engine = |t: (f64, f64)| t.0 - p.overhead_ms;
         assert!((engine(a100) / engine(h100) - 1.7).abs() < 1e-6, "TTFT beyond the API overhead scales");
         assert_eq!(unknown, h100, "a class without a factor runs at the calibration");
+    }
+
+    fn measured() -> Profile {
+        use headroom_predictor_config::profile::{Stats, TpotFile, TpotRow, TtftFile, TtftRow};
+        let stats = |p50: f64| Stats { mean: p50, p50, ..Default::default() };
+        let ttft = TtftFile {
+            results: [(16, 40.0), (1024, 240.0)].map(|(n, ms)| TtftRow { tokens_num: n, stats: stats(ms) }).into(),
+            ..Default::default()
+        };
+        let tpot = TpotFile {
+            results: [(1, 5.0), (16, 9.0)]
+                .map(|(b, ms)| TpotRow { batch_size: b, tokens_per_request: 512, stats: stats(ms) })
+                .into(),
+            ..Default::default()
+        };
+        Profile::from_files(&ttft, &tpot).unwrap()
+    }
+
+    #[test]
+    fn a_profiled_class_takes_its_costs_from_the_profile() {
+        let p = AnalyticPrior {
+            hardware_scale: vec![1.0, 1.0, 50.0],
+            profiles: vec![None, None, Some(measured())],
+            ..AnalyticPrior::default()
+        };
+        let req = RequestFeatures { input_tokens: 1024, ..Default::default() };
+        let idle = EndpointState { hardware_class: 2, ..Default::default() };
+        let (ttft, tpot) = p.predict(&row(&req, &idle, &p));
+        assert_eq!((ttft, tpot), (240.0, 5.0), "the profile's own figures; the class's scale is not applied");
+        // Decoding 15 others: each prefill chunk rides a step of that batch, and the request
+        // decodes in a batch of 16.
+        let busy = EndpointState { running: 15, in_flight: 15, tokens_in_flight: 15 * 512, ..idle.clone() };
+        let (ttft, tpot) = p.predict(&row(&req, &busy, &p));
+        let step = 5.0 + 4.0 * 14.0 / 15.0;
+        assert!((ttft - (240.0 + step)).abs() < 1e-6, "{ttft}");
+        assert!((tpot - 9.0).abs() < 0.1, "{tpot}");
+        // The pool drains backlog at the profile's cost per prompt token.
+        assert!((p.prefill_ms_per_token(2) - 200.0 / 1008.0).abs() < 1e-12);
+        // Classes without a profile keep the formula.
+        let h100 = p.predict(&row(&req, &EndpointState::default(), &p));
+        assert_eq!(h100, AnalyticPrior::default().predict(&row(&req, &EndpointState::default(), &p)));
     }
 }
