@@ -8,10 +8,20 @@ BENCH      := target/release/headroom-bench
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup build wasm oci validate up down demo bench bench-gateway soak test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
+.PHONY: setup setup-vllm build wasm oci validate up down demo bench bench-gateway soak test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
 
 setup:
 	@bash scripts/setup.sh
+
+# Real vLLM (its CPU build) and a local model for it in .venv-vllm: about 3 GB downloaded,
+# 6 GB on disk, a few minutes once (scripts/setup-vllm.sh). ENGINE=vllm and `make test` run it.
+setup-vllm:
+	@bash scripts/setup-vllm.sh
+
+# What serves the model behind the gateway for `make up` and `make demo`: sim (simulated
+# vLLM) or vllm (real vLLM on this host's CPU, docs/real-engine.md).
+ENGINE ?= sim
+ENGINE_SETUP := $(if $(filter vllm,$(ENGINE)),setup-vllm,)
 
 wasm: setup
 	$(CARGO) build -p headroom-filter --target wasm32-wasip1 --profile wasm
@@ -29,14 +39,14 @@ validate: wasm
 build: setup wasm
 	$(CARGO) build --release $(NATIVE) --bins
 
-up: build
-	@$(STACK) up
+up: build $(ENGINE_SETUP)
+	@$(STACK) up --engine $(ENGINE)
 
 down:
 	@if [ -x $(STACK) ]; then $(STACK) down; else echo "nothing to stop (not built)"; fi
 
-demo: build
-	@$(STACK) demo
+demo: build $(ENGINE_SETUP)
+	@$(STACK) demo --engine $(ENGINE)
 
 # Every router on identical traffic over a rate ladder, six workloads, 8 simulated servers, the rates
 # near each cliff repeated with 3 seeds: results/report.md, one SVG chart per workload, raw results
@@ -96,9 +106,10 @@ wasm-test: setup
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/.tools/bin/wasm-bindgen-test-runner \
 	  $(CARGO) test --release -p headroom-filter-core -p headroom-protocol --target wasm32-unknown-unknown
 
-# End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1.
+# End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1,
+# and one stack in front of real vLLM (tests/tests/real_vllm.rs, so setup-vllm first).
 # One test at a time: each starts a whole stack on a 2-core machine.
-e2e: build
+e2e: build setup-vllm
 	$(CARGO) test --release -p headroom-e2e -- --test-threads=1
 
 test: fmt-check clippy unit wasm-test e2e

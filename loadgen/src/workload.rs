@@ -135,6 +135,45 @@ pub fn mixed(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     })
 }
 
+/// The SLO classes of [`mixed`] with every SLO scaled by `factor`: the same mix of goals
+/// for an engine `1 / factor` times as fast.
+fn scaled(class: SloClass, factor: f64) -> SloClass {
+    SloClass { ttft_ms: class.ttft_ms.map(|t| t * factor), tpot_ms: class.tpot_ms.map(|t| t * factor), ..class }
+}
+
+/// SLOs of [`mixed_small`] against [`mixed`]'s: the small local model on one CPU core
+/// takes 20-40% of the time the simulated H100 takes for the same tokens (its profile:
+/// 2,048 prompt tokens in ~190 ms, decode steps of 2-10 ms), so its goals are tighter.
+pub const SMALL_SLO_FACTOR: f64 = 0.4;
+
+/// [`mixed`] sized for a small real model on CPU (the local vLLM servers, a 4,096-token
+/// context): the same three shapes and classes with prompts of 20-1,400 tokens by the
+/// shared approximation (up to ~2,800 tokens to the model's tokenizer, which packs about
+/// 2 bytes a token of the filler text) and answers of 5-200, every SLO scaled by
+/// [`SMALL_SLO_FACTOR`].
+pub fn mixed_small(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    poisson(seed, rate, duration_s, |rng, t| {
+        let class = scaled(mixed_class(rng), SMALL_SLO_FACTOR);
+        let (prompt, output) = match rng.gen_range(0..3) {
+            0 => (rng.gen_range(20..200), rng.gen_range(40..200)),
+            1 => (rng.gen_range(400..1400), rng.gen_range(5..40)),
+            _ => (rng.gen_range(100..600), rng.gen_range(20..100)),
+        };
+        spec(t, prompt, output, rng.gen_bool(0.85), class)
+    })
+}
+
+/// [`long_prompts`] sized as [`mixed_small`]: the accuracy run's shift on the local vLLM servers.
+pub fn long_prompts_small(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    let class = scaled(
+        SloClass { name: "long-prompt".into(), ttft_ms: Some(1500.0), tpot_ms: Some(60.0), priority: 0 },
+        SMALL_SLO_FACTOR,
+    );
+    poisson(seed, rate, duration_s, |rng, t| {
+        spec(t, rng.gen_range(800..1600), rng.gen_range(10..40), true, class.clone())
+    })
+}
+
 /// Decode-heavy: short prompts (50-300 tokens), long answers (300-800).
 pub fn short_prompt_long_answer(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     poisson(seed, rate, duration_s, |rng, t| {
@@ -279,13 +318,15 @@ pub fn azure_window(seed: u64, window: usize, rate: f64, duration_s: f64) -> Res
 pub fn by_name(name: &str, seed: u64, rate: f64, duration_s: f64, speedup: f64) -> Result<Vec<RequestSpec>, String> {
     match name {
         "mixed" => Ok(mixed(seed, rate, duration_s)),
+        "mixed-small" => Ok(mixed_small(seed, rate, duration_s)),
         "short-long" => Ok(short_prompt_long_answer(seed, rate, duration_s)),
         "long-short" => Ok(long_prompt_short_answer(seed, rate, duration_s)),
         "shared-prefix" => Ok(shared_prefix(seed, rate, duration_s)),
         "hetero" => Ok(heterogeneous(seed, rate, duration_s)),
         "azure" => trace_replay(AZURE_CONV_2023, seed, speedup, duration_s),
         other => {
-            Err(format!("unknown workload {other:?}: mixed, short-long, long-short, shared-prefix, hetero, azure"))
+            let known = "mixed, mixed-small, short-long, long-short, shared-prefix, hetero, azure";
+            Err(format!("unknown workload {other:?}: {known}"))
         }
     }
 }

@@ -31,7 +31,7 @@ use headroom_sim::virtual_time::Shape;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{http, Stack, StackOptions};
+use crate::{host, http, Engine, Stack, StackOptions};
 
 /// How often the predictor is polled.
 pub const POLL: Duration = Duration::from_secs(5);
@@ -44,11 +44,13 @@ pub const RECOVERED_WITHIN: f64 = 1.5;
 /// The run's fleet: one pool of two H100 and an A100.
 pub const FLEET: [&str; 3] = ["h100", "h100", "a100"];
 
+/// A workload's generator: `(seed, rate, seconds)`.
+type Generate = fn(u64, f64, f64) -> Vec<RequestSpec>;
+
 /// One phase of the run's traffic.
 struct Phase {
     name: &'static str,
-    /// The workload's generator: `(seed, rate, seconds)`.
-    generate: fn(u64, f64, f64) -> Vec<RequestSpec>,
+    generate: Generate,
     seed: u64,
     rate: f64,
     seconds: f64,
@@ -62,19 +64,17 @@ impl Phase {
     }
 }
 
-/// Mixed traffic, then the prefill-heavy shift at half the rate.
+/// Mixed traffic, then the prefill-heavy shift at half the rate (sized for the small model
+/// on real vLLM).
 fn phases(opts: &AccuracyOptions) -> [Phase; 2] {
+    let (mixed, long): (Generate, Generate) = match opts.engine {
+        Engine::Simulator => (workload::mixed, workload::long_prompts),
+        Engine::Vllm => (workload::mixed_small, workload::long_prompts_small),
+    };
     [
-        Phase { name: "mixed", generate: workload::mixed, seed: 7, rate: opts.rate, seconds: opts.warmup_s, run: 0 },
+        Phase { name: "mixed", generate: mixed, seed: 7, rate: opts.rate, seconds: opts.warmup_s, run: 0 },
         // New prompt text: the shift's first requests find nothing of the warm-up's cached.
-        Phase {
-            name: "shifted",
-            generate: workload::long_prompts,
-            seed: 8,
-            rate: opts.rate / 2.0,
-            seconds: opts.shift_s,
-            run: 1,
-        },
+        Phase { name: "shifted", generate: long, seed: 8, rate: opts.rate / 2.0, seconds: opts.shift_s, run: 1 },
     ]
 }
 
@@ -82,6 +82,10 @@ fn phases(opts: &AccuracyOptions) -> [Phase; 2] {
 #[derive(Debug, Clone)]
 pub struct AccuracyOptions {
     pub run_dir: PathBuf,
+    /// The simulated fleet (2 H100 + 1 A100) or two real vLLM servers.
+    pub engine: Engine,
+    /// Give the predictor each class's measured profile as its prior (vLLM's default).
+    pub profile: bool,
     /// Seconds of mixed traffic before the shift.
     pub warmup_s: f64,
     /// Seconds of prefill-heavy traffic after it.
@@ -112,11 +116,43 @@ pub struct AccuracyFigures {
     pub p90_live_coverage_ttft: Option<f64>,
     pub p90_live_coverage_tpot: Option<f64>,
     pub tier_precision: Option<f64>,
+    /// The error of the prediction each request was placed by, against what its client
+    /// measured (streamed 200s routed by a prediction), per window of [`WINDOW_S`] seconds
+    /// from the start of traffic: `[TTFT, TPOT]` MAPE. The first is the prior's (or the
+    /// profile's) alone; the fourth ends at 120 s.
+    pub window_mape: Vec<[Option<f64>; 2]>,
+    /// The host's CPU busy share over the mixed phase (%).
+    pub host_busy_percent: Option<f64>,
+}
+
+/// Seconds per window of [`AccuracyFigures::window_mape`].
+pub const WINDOW_S: f64 = 30.0;
+
+/// `[TTFT, TPOT]` MAPE of the predictions at placement against the client's measurements,
+/// per [`WINDOW_S`] window of arrival time (`None` where a window has none).
+pub fn window_mape(outcomes: &[runner::Outcome]) -> Vec<[Option<f64>; 2]> {
+    let end = outcomes.iter().map(|o| o.at_s).fold(0.0, f64::max);
+    let windows = (end / WINDOW_S).floor() as usize + 1;
+    let mut errors = vec![[Vec::new(), Vec::new()]; windows];
+    for o in outcomes.iter().filter(|o| o.status == 200 && o.stream) {
+        let w = ((o.at_s / WINDOW_S).floor() as usize).min(windows - 1);
+        for (k, (predicted, measured)) in
+            [(o.predicted_ttft_ms, o.ttft_ms), (o.predicted_tpot_ms, o.tpot_ms)].into_iter().enumerate()
+        {
+            if let (Some(p), Some(m)) = (predicted, measured.filter(|m| *m > 0.0)) {
+                errors[w][k].push((p - m).abs() / m);
+            }
+        }
+    }
+    let mean = |v: &Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    errors.iter().map(|[t, d]| [mean(t), mean(d)]).collect()
 }
 
 /// What one pass measured.
 #[derive(Debug, Clone, Default)]
 struct Pass {
+    window_mape: Vec<[Option<f64>; 2]>,
+    host_busy_percent: Option<f64>,
     holdout_mape: [Option<f64>; 2],
     live_mape: [Option<f64>; 2],
     tier_precision: Option<f64>,
@@ -134,6 +170,8 @@ pub fn run(opts: &AccuracyOptions) -> anyhow::Result<AccuracyFigures> {
         live_mape_tpot: first.live_mape[1],
         shift_recovery_s: first.shift_recovery_s,
         tier_precision: first.tier_precision,
+        window_mape: first.window_mape.clone(),
+        host_busy_percent: first.host_busy_percent,
         ..AccuracyFigures::default()
     };
     if let Some(path) = &opts.json {
@@ -151,20 +189,34 @@ pub fn run(opts: &AccuracyOptions) -> anyhow::Result<AccuracyFigures> {
 /// to `observations` when given.
 fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path::Path>) -> anyhow::Result<Pass> {
     let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
+    let profiles = match opts.engine {
+        Engine::Simulator => FLEET.map(String::from).to_vec(),
+        Engine::Vllm => opts.engine.default_profiles(),
+    };
     let stack = Stack::start(StackOptions {
         run_dir: opts.run_dir.clone(),
-        profiles: FLEET.map(String::from).to_vec(),
+        engine: opts.engine,
+        profile: opts.profile,
+        profiles,
         objective: objective.to_string(),
         plugin: opts.plugin.clone(),
         time_scale: opts.time_scale,
         ..Default::default()
     })?;
-    println!("\nstack up: 2 simulated H100 + 1 A100, objective {objective}, {} req/s\n", opts.rate);
+    let fleet = match opts.engine {
+        Engine::Simulator => "2 simulated H100 + 1 A100",
+        Engine::Vllm => "2 real vLLM servers (a core each)",
+    };
+    let prior = if opts.profile { "profiled prior" } else { "analytic prior" };
+    println!("\nstack up: {fleet}, {prior}, objective {objective}, {} req/s\n", opts.rate);
     println!(
         "| time | phase | model | serving TTFT / TPOT | train samples | live MAPE TTFT | live MAPE TPOT | coverage TTFT | coverage TPOT | recent MAPE TTFT | recent MAPE TPOT | tier precision |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    let target = runner::Target::slo_routed(format!("http://{}", stack.state.gateway));
+    let target = runner::Target {
+        model: stack.state.model.clone(),
+        ..runner::Target::slo_routed(format!("http://{}", stack.state.gateway))
+    };
     let runtime = tokio::runtime::Runtime::new()?;
     let started = Instant::now();
     let mut probe = Probe::new(&stack);
@@ -182,6 +234,7 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
         let t = target.clone();
         let traffic = runtime.spawn(async move { runner::run(&t, &work).await });
         let phase_started = Instant::now();
+        let busy = host::Busy::start();
         while !traffic.is_finished() {
             std::thread::sleep(POLL);
             let sample = probe.sample();
@@ -190,8 +243,11 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
                 shifted.push((phase_started.elapsed().as_secs_f64(), sample.recent));
             }
         }
-        let _ = runtime.block_on(traffic);
+        let outcomes = runtime.block_on(traffic)??;
         if phase == "mixed" {
+            result.host_busy_percent = Some(busy.percent()).filter(|b| b.is_finite());
+            result.window_mape = window_mape(&outcomes);
+            print_windows(&result.window_mape, result.host_busy_percent);
             let sample = probe.sample();
             result.holdout_mape = sample.holdout_mape;
             result.live_mape = sample.live_mape;
@@ -206,6 +262,18 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
     result.shift_recovery_s = recovery(before, &shifted, opts.shift_s);
     print_versions(&end.models);
     Ok(result)
+}
+
+/// Prints the mixed phase's per-window error of the predictions requests were placed by.
+fn print_windows(windows: &[[Option<f64>; 2]], busy: Option<f64>) {
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
+    println!("\n| seconds | TTFT MAPE at placement | TPOT MAPE at placement |");
+    println!("| --- | ---: | ---: |");
+    for (i, [ttft, tpot]) in windows.iter().enumerate() {
+        let from = i as f64 * WINDOW_S;
+        println!("| {from:.0}-{:.0} | {} | {} |", from + WINDOW_S, pct(*ttft), pct(*tpot));
+    }
+    println!("host CPU busy over the phase: {}\n", busy.map_or("-".to_string(), |b| format!("{b:.0}%")));
 }
 
 /// Requests of a phase that arrive before its fleet is filled are not scored by the floor.
@@ -475,6 +543,8 @@ mod tests {
         // within 1.5x of what the mixed phase allows (docs/predictor.md, "What the state knows").
         let opts = AccuracyOptions {
             run_dir: PathBuf::new(),
+            engine: Engine::Simulator,
+            profile: false,
             warmup_s: 40.0,
             shift_s: 40.0,
             rate: 15.0,

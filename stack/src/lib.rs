@@ -6,10 +6,13 @@
 //! pid; a detached stack records its pids in `<run_dir>/stack.json`.
 
 pub mod accuracy;
+pub mod host;
 pub mod http;
 pub mod locate;
 pub mod process;
+pub mod vllm;
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -18,7 +21,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use headroom_predictor_config::{Config as PredictorConfig, PoolConfig, PRIOR_HARDWARE_SCALE};
+use headroom_loadgen::profile;
+use headroom_predictor_config::{Config as PredictorConfig, PoolConfig, ProfilePaths, PRIOR_HARDWARE_SCALE};
 use process::Proc;
 
 /// What routes requests to the model servers.
@@ -47,11 +51,64 @@ impl Router {
     }
 }
 
+/// What serves the model behind the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// headroom's simulated vLLM (`simulator/`): many servers on one host, any speed.
+    #[default]
+    Simulator,
+    /// Real vLLM (its CPU build, `make setup-vllm`), one server per core of this host.
+    Vllm,
+}
+
+impl Engine {
+    /// `sim` or `vllm`, as `ENGINE=` and `--engine` take them.
+    pub fn parse(text: &str) -> anyhow::Result<Engine> {
+        match text {
+            "sim" | "simulator" => Ok(Engine::Simulator),
+            "vllm" => Ok(Engine::Vllm),
+            other => anyhow::bail!("unknown engine {other:?}: sim or vllm"),
+        }
+    }
+
+    /// The model name its servers serve.
+    pub fn model(self) -> &'static str {
+        match self {
+            Engine::Simulator => SIM_MODEL,
+            Engine::Vllm => vllm::MODEL_NAME,
+        }
+    }
+
+    /// The servers `make up` and `make demo` start on this host: three simulated GPUs, or
+    /// two vLLM servers (one per core of the 2-core reference machine).
+    pub fn default_profiles(self) -> Vec<String> {
+        match self {
+            Engine::Simulator => vec!["h100".into(), "h100".into(), "a100".into()],
+            Engine::Vllm => vec![vllm::HARDWARE.into(); 2],
+        }
+    }
+}
+
+/// The model the simulated servers serve.
+pub const SIM_MODEL: &str = "sim-llama-8b";
+
 /// How to build a stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
-    /// One hardware profile per simulated server (`h100`, `a100`).
+    /// What serves the model (started by the stack unless `servers` are given).
+    pub engine: Engine,
+    /// Model servers already running elsewhere (`headroom-stack up --servers`): the stack
+    /// starts none and puts the gateway in front of these; `profiles` then names each one's
+    /// hardware class (or is empty).
+    pub servers: Vec<SocketAddr>,
+    /// One hardware profile per server the stack starts (`h100`, `a100` for the simulator;
+    /// `cpu` for vLLM), or per given server.
     pub profiles: Vec<String>,
+    /// Measure each hardware class's costs on its first server before traffic
+    /// (`headroom-profile`'s sweep, seconds on the idle fleet) and give them to the predictor
+    /// as its prior (`model.prior_profiles`). Off, classes take the analytic prior, the
+    /// simulator's own cost formula: what the simulated stacks use.
+    pub profile: bool,
     /// Simulator time scale (1 = real time).
     pub time_scale: f64,
     /// Filter configuration fields, over the stack's defaults.
@@ -83,7 +140,10 @@ pub struct StackOptions {
 impl Default for StackOptions {
     fn default() -> Self {
         StackOptions {
+            engine: Engine::Simulator,
+            servers: Vec::new(),
             profiles: vec!["h100".into(); 3],
+            profile: false,
             time_scale: 1.0,
             plugin: Map::new(),
             run_dir: locate::root().join(".run"),
@@ -114,6 +174,13 @@ pub struct StackState {
     /// The token the predictor's guarded routes require (the filter sends it too).
     #[serde(default)]
     pub token: Option<String>,
+    /// The model the servers serve: what a client puts in a request's `model`.
+    #[serde(default = "sim_model")]
+    pub model: String,
+}
+
+fn sim_model() -> String {
+    SIM_MODEL.to_string()
 }
 
 impl StackState {
@@ -167,6 +234,8 @@ pub struct Stack {
     /// `ip:port=profile` of each simulated server, and their time scale (to restart one).
     server_specs: Vec<String>,
     time_scale: f64,
+    /// What the stack's own servers are (none when it fronts given servers).
+    engine: Option<Engine>,
     /// How the serving Envoy was started (the newest epoch after a hot restart).
     envoy: EnvoyLaunch,
 }
@@ -257,6 +326,44 @@ fn prior_scale_as_an_operator_would(config: &mut PredictorConfig, profiles: &[St
             config.model.prior_hardware_scale.insert(profile.clone(), scale);
         }
     }
+}
+
+/// Profiles the first server of each hardware class with `headroom-profile`'s sweep, on the
+/// idle fleet, into `dir` (`<class>-ttft.json`, `<class>-tpot.json`), and returns the
+/// predictor's `model.prior_profiles` for them.
+fn profile_servers(
+    servers: &[(SocketAddr, String)],
+    model: &str,
+    dir: &Path,
+) -> anyhow::Result<BTreeMap<String, ProfilePaths>> {
+    let mut out = BTreeMap::new();
+    let runtime = tokio::runtime::Runtime::new()?;
+    for (server, class) in servers {
+        if out.contains_key(class) {
+            continue;
+        }
+        let url = format!("http://{server}");
+        let (_, context) = runtime.block_on(profile::served(&url))?;
+        let sweep = profile::Sweep::for_engine(context, vllm::MAX_NUM_SEQS);
+        let profiled = runtime.block_on(profile::run(&url, model, &sweep, |_| {}))?;
+        let (ttft, tpot) = profile::write(&profiled, dir, class)?;
+        out.insert(class.clone(), ProfilePaths { ttft, tpot });
+    }
+    Ok(out)
+}
+
+/// The model a fleet serves: the first of `/v1/models` of the first server that answers.
+fn served_model(servers: &[SocketAddr]) -> anyhow::Result<String> {
+    for s in servers {
+        let Ok((200, body)) = http::get(*s, "/v1/models") else { continue };
+        let models: Value = serde_json::from_str(&body).unwrap_or_default();
+        if let Some(id) = models.pointer("/data/0/id").and_then(Value::as_str) {
+            return Ok(id.to_string());
+        }
+    }
+    anyhow::bail!(
+        "no server of {servers:?} answered /v1/models with a model: are they OpenAI-compatible model servers?"
+    )
 }
 
 fn local(port: u16) -> SocketAddr {
@@ -363,14 +470,24 @@ impl Stack {
         locate::envoy()?;
         locate::wasm()?;
         let replicas = opts.predictor_replicas.max(1);
-        let mut ports = free_ports(opts.profiles.len() + 2 + replicas)?.into_iter().map(local);
+        let given = !opts.servers.is_empty();
+        let own_servers = if given { 0 } else { opts.profiles.len() };
+        let mut ports = free_ports(own_servers + 2 + replicas)?.into_iter().map(local);
         let mut next = || ports.next().ok_or_else(|| anyhow::anyhow!("port allocation came up short"));
         let (gateway, admin) = (next()?, next()?);
         let mut predictors: Vec<SocketAddr> = (0..replicas).map(|_| next()).collect::<Result<_, _>>()?;
         if let Some(external) = opts.external_predictor {
             predictors = vec![external];
         }
-        let servers: Vec<SocketAddr> = opts.profiles.iter().map(|_| next()).collect::<Result<_, _>>()?;
+        let servers: Vec<SocketAddr> =
+            if given { opts.servers.clone() } else { (0..own_servers).map(|_| next()).collect::<Result<_, _>>()? };
+        // A given fleet says what it serves (`/v1/models`); the stack's own is the engine's.
+        let model = if given { served_model(&servers)? } else { opts.engine.model().to_string() };
+        if opts.engine == Engine::Vllm && !given {
+            // Missing vLLM or its model: fail before starting anything.
+            locate::vllm_python()?;
+            locate::vllm_model()?;
+        }
         let token = new_token();
         let state = StackState {
             gateway,
@@ -380,6 +497,7 @@ impl Stack {
             servers,
             procs: Vec::new(),
             token: Some(token.clone()),
+            model,
         };
         let server_specs = state.servers.iter().zip(&opts.profiles).map(|(a, p)| format!("{a}={p}")).collect();
         let mut envoy = EnvoyLaunch::new("envoy", opts.router, gateway, admin);
@@ -395,22 +513,36 @@ impl Stack {
             plugin: Map::new(),
             server_specs,
             time_scale: opts.time_scale,
+            engine: (!given).then_some(opts.engine),
             envoy,
         };
 
-        // Simulated model servers: one process, or one each.
-        if opts.server_processes {
-            for i in 0..stack.server_specs.len() {
-                stack.start_server(i)?;
+        match stack.engine {
+            None => {}
+            // Simulated model servers: one process, or one each.
+            Some(Engine::Simulator) if opts.server_processes => {
+                for i in 0..stack.server_specs.len() {
+                    stack.start_server(i)?;
+                }
             }
-        } else {
-            let mut args: Vec<String> = vec!["--time-scale".into(), opts.time_scale.to_string()];
-            for spec in &stack.server_specs {
-                args.extend(["--server".to_string(), spec.clone()]);
+            Some(Engine::Simulator) => {
+                let mut args: Vec<String> = vec!["--time-scale".into(), opts.time_scale.to_string()];
+                for spec in &stack.server_specs {
+                    args.extend(["--server".to_string(), spec.clone()]);
+                }
+                stack.spawn("simulator", &bins.join("headroom-sim"), &args)?;
+                for s in stack.state.servers.clone() {
+                    stack.wait_ready("simulator", || http::get(s, "/health").is_ok_and(|(code, _)| code == 200))?;
+                }
             }
-            stack.spawn("simulator", &bins.join("headroom-sim"), &args)?;
-            for s in stack.state.servers.clone() {
-                stack.wait_ready("simulator", || http::get(s, "/health").is_ok_and(|(code, _)| code == 200))?;
+            // Real vLLM: every server starts at once (a minute or more each), then each is waited for.
+            Some(Engine::Vllm) => {
+                for i in 0..stack.state.servers.len() {
+                    stack.spawn_vllm(i)?;
+                }
+                for i in 0..stack.state.servers.len() {
+                    stack.wait_server(i)?;
+                }
             }
         }
 
@@ -421,6 +553,20 @@ impl Stack {
             endpoints: stack.state.servers.iter().map(|s| s.to_string()).collect(),
             kubernetes: Vec::new(),
             hardware: stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| (s.to_string(), p.clone())).collect(),
+        };
+        // The prior from each hardware class's measured costs, where the stack measures them.
+        let profiles = if opts.profile {
+            let hardware: Vec<(SocketAddr, String)> =
+                stack.state.servers.iter().copied().zip(opts.profiles.iter().cloned()).collect();
+            match profile_servers(&hardware, &stack.state.model, &run_dir.join("profiles")) {
+                Ok(p) => p,
+                Err(e) => {
+                    stack.stop();
+                    return Err(e.context("profiling the servers (headroom-profile)"));
+                }
+            }
+        } else {
+            BTreeMap::new()
         };
         // The predictor's guarded routes take this token, from a file only its owner reads.
         let token_file = run_dir.join("predictor-token");
@@ -433,7 +579,10 @@ impl Stack {
             config.model.data_dir = Some(run_dir.join(Self::replica_name("predictor-data", i)));
             config.model.retrain_interval_ms = 2000;
             config.model.objective = opts.objective.clone();
-            prior_scale_as_an_operator_would(&mut config, &opts.profiles, opts.time_scale);
+            if stack.engine == Some(Engine::Simulator) {
+                prior_scale_as_an_operator_would(&mut config, &opts.profiles, opts.time_scale);
+            }
+            config.model.prior_profiles = profiles.clone();
             (opts.predictor_tweak)(&mut config);
             std::fs::write(stack.predictor_config(i), config.to_toml()?)?;
             if opts.external_predictor.is_none() {
@@ -499,11 +648,17 @@ impl Stack {
         Ok(())
     }
 
-    fn wait_ready(&mut self, name: &str, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+    fn wait_ready(&mut self, name: &str, ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+        self.wait_ready_for(name, Duration::from_secs(30), ok)
+    }
+
+    /// Waits until `ok` holds, for at most `timeout`, or stops the stack and says why
+    /// (with the end of the process's log) when `name` exits or the time runs out.
+    fn wait_ready_for(&mut self, name: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
         let index = self.state.procs.iter().rposition(|p| p.name == name);
         let mut exited = false;
         let children = &mut self.children;
-        let ready = wait_until(Duration::from_secs(30), || {
+        let ready = wait_until(timeout, || {
             // A process that already exited will never answer: stop waiting.
             exited = index.and_then(|i| children[i].as_mut()).is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
             exited || ok()
@@ -514,7 +669,8 @@ impl Stack {
         let log = self.run_dir.join(format!("{name}.log"));
         let tail = process::log_tail(&log, 30);
         self.stop();
-        let why = if exited { "exited" } else { "did not become ready within 30 s" };
+        let why =
+            if exited { "exited".to_string() } else { format!("did not become ready within {} s", timeout.as_secs()) };
         anyhow::bail!("{name} {why}; last lines of {}:\n{tail}", log.display())
     }
 
@@ -546,9 +702,42 @@ impl Stack {
         self.wait_ready(&name, || http::get(addr, "/readyz").is_ok_and(|(c, _)| c == 200))
     }
 
-    /// Starts (or restarts, on its port) simulated server `i` in a process of its own,
-    /// `server-<i>`, and waits until it answers.
+    /// Starts (or restarts, on its port) server `i` in a process of its own, `server-<i>`,
+    /// and waits until it answers.
     pub fn start_server(&mut self, i: usize) -> anyhow::Result<()> {
+        match self.engine {
+            Some(Engine::Simulator) => self.start_sim_server(i),
+            Some(Engine::Vllm) => {
+                self.spawn_vllm(i)?;
+                self.wait_server(i)
+            }
+            None => anyhow::bail!("the stack fronts servers it did not start: it cannot start server {i}"),
+        }
+    }
+
+    /// Starts real vLLM server `i`, `server-<i>`, on its port, without waiting for it.
+    fn spawn_vllm(&mut self, i: usize) -> anyhow::Result<()> {
+        let addr = *self.state.servers.get(i).ok_or_else(|| anyhow::anyhow!("no server {i}"))?;
+        let args = vllm::server_args(&locate::vllm_model()?, addr);
+        let name = format!("server-{i}");
+        let log = self.run_dir.join(format!("{name}.log"));
+        let (proc, child) =
+            process::spawn_with(&name, &locate::vllm_python()?, &args, &vllm::server_env(i), &log, self.attached)?;
+        self.state.procs.push(proc);
+        self.children.push(Some(child));
+        Ok(())
+    }
+
+    /// Waits until server `i` answers `/health` (a vLLM server for up to
+    /// [`vllm::START_TIMEOUT_S`]).
+    fn wait_server(&mut self, i: usize) -> anyhow::Result<()> {
+        let addr = self.state.servers[i];
+        let timeout = Duration::from_secs(vllm::START_TIMEOUT_S);
+        self.wait_ready_for(&format!("server-{i}"), timeout, || http::get(addr, "/health").is_ok_and(|(c, _)| c == 200))
+    }
+
+    /// Starts simulated server `i` in a process of its own and waits until it answers.
+    fn start_sim_server(&mut self, i: usize) -> anyhow::Result<()> {
         let spec = self.server_specs.get(i).cloned().ok_or_else(|| anyhow::anyhow!("no server {i}"))?;
         let args = vec!["--time-scale".to_string(), self.time_scale.to_string(), "--server".into(), spec];
         let name = format!("server-{i}");
@@ -557,7 +746,7 @@ impl Stack {
         self.wait_ready(&name, || http::get(addr, "/health").is_ok_and(|(c, _)| c == 200))
     }
 
-    /// Kills simulated server `i` (started with `server_processes`) as a crash would.
+    /// Kills server `i` (a vLLM one, or simulated with `server_processes`) as a crash would.
     pub fn kill_server(&mut self, i: usize) {
         self.kill_named(&format!("server-{i}"));
     }

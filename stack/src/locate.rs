@@ -45,6 +45,28 @@ pub fn envoy() -> anyhow::Result<PathBuf> {
     anyhow::bail!("envoy not found under {}: run `make setup`", lib.display())
 }
 
+/// The Python of the real-vLLM environment (`HEADROOM_VLLM_PYTHON`, else the one
+/// `make setup-vllm` made in `.venv-vllm`).
+pub fn vllm_python() -> anyhow::Result<PathBuf> {
+    let path = match std::env::var_os("HEADROOM_VLLM_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => root().join(".venv-vllm/bin/python"),
+    };
+    anyhow::ensure!(path.exists(), "{} not found: run `make setup-vllm` (real vLLM, about 3 GB)", path.display());
+    Ok(path)
+}
+
+/// The local model real vLLM serves (`HEADROOM_VLLM_MODEL`, else the one `make setup-vllm`
+/// made with `stack/vllm/make_model.py`).
+pub fn vllm_model() -> anyhow::Result<PathBuf> {
+    let path = match std::env::var_os("HEADROOM_VLLM_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => root().join(".venv-vllm/headroom-model"),
+    };
+    anyhow::ensure!(path.join("config.json").exists(), "no model in {}: run `make setup-vllm`", path.display());
+    Ok(path)
+}
+
 /// The filter `.wasm` (`HEADROOM_WASM`, else the `make wasm` output).
 pub fn wasm() -> anyhow::Result<PathBuf> {
     let path = match std::env::var_os("HEADROOM_WASM") {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use headroom_loadgen::{chart, report, runner, workload};
 use headroom_stack::accuracy::{self, AccuracyOptions};
-use headroom_stack::{locate, Router, Stack, StackOptions, StackState};
+use headroom_stack::{locate, Engine, Router, Stack, StackOptions, StackState};
 
 #[derive(Parser)]
 #[command(about = "Run the local headroom stack")]
@@ -21,24 +21,46 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Start Envoy + filter + predictor + 3 simulated servers in the background.
-    Up,
+    /// Start Envoy + filter + predictor + model servers in the background: 3 simulated
+    /// servers, 2 real vLLM servers (`--engine vllm`), or none, in front of yours (`--servers`).
+    Up {
+        /// `sim` (simulated vLLM) or `vllm` (real vLLM's CPU build, `make setup-vllm`).
+        #[arg(long, default_value = "sim")]
+        engine: String,
+        /// Model servers you already run (`HOST:PORT,...`, OpenAI-compatible, vLLM metrics):
+        /// the gateway goes in front of them and starts none.
+        #[arg(long, value_delimiter = ',')]
+        servers: Vec<std::net::SocketAddr>,
+        /// Hardware class of each server (`--servers`' order, or the servers started): a
+        /// model feature, so one pool can mix GPUs.
+        #[arg(long, value_delimiter = ',')]
+        hardware: Vec<String>,
+        /// Profile each hardware class's first server before traffic (`headroom-profile`'s
+        /// sweep, seconds) for the predictor's prior: always on for `--engine vllm`; for
+        /// `--servers`, it loads your servers for those seconds.
+        #[arg(long)]
+        profile: bool,
+    },
     /// Stop exactly what `up` started.
     Down,
     /// The same mixed SLO traffic through Envoy least request, then through headroom: each
     /// router's table, both side by side per SLO class, and a chart (SVG).
     Demo {
-        /// Seconds of traffic per router.
-        #[arg(long, default_value_t = 50.0)]
-        duration: f64,
+        /// `sim` (3 simulated servers) or `vllm` (2 real vLLM servers on this host's cores).
+        #[arg(long, default_value = "sim")]
+        engine: String,
+        /// Seconds of traffic per router (default: 50 on the simulator, 90 on vLLM).
+        #[arg(long)]
+        duration: Option<f64>,
         /// Mean requests per second: enough to load the fleet past where least request
-        /// keeps the interactive class's SLOs.
-        #[arg(long, default_value_t = 40.0)]
-        rate: f64,
+        /// keeps the interactive class's SLOs (default: 40 on the simulator; 2 on vLLM,
+        /// where the host's two cores are the fleet and 4 keeps them 99% busy).
+        #[arg(long)]
+        rate: Option<f64>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Hardware profile per simulated server.
-        #[arg(long, value_delimiter = ',', default_value = "h100,h100,a100")]
+        /// Hardware profile per server (default: h100,h100,a100 simulated; cpu,cpu on vLLM).
+        #[arg(long, value_delimiter = ',')]
         servers: Vec<String>,
         /// Where the chart goes.
         #[arg(long, default_value = "results/demo.svg")]
@@ -47,14 +69,24 @@ enum Cmd {
     /// Measure prediction accuracy on simulator traffic through the real stack,
     /// then after a workload shift (docs/predictor.md).
     Accuracy {
+        /// `sim` (2 simulated H100 + 1 A100) or `vllm` (2 real vLLM servers, the small
+        /// model and its workload, `mixed-small`).
+        #[arg(long, default_value = "sim")]
+        engine: String,
+        /// With `--engine vllm`: the analytic prior instead of the profiled one (the
+        /// comparison the profile is judged by).
+        #[arg(long)]
+        no_profile: bool,
         /// Seconds of mixed traffic before the shift.
         #[arg(long, default_value_t = 120.0)]
         warmup: f64,
         /// Seconds of prefill-heavy traffic after the shift.
         #[arg(long, default_value_t = 90.0)]
         shift: f64,
-        #[arg(long, default_value_t = 15.0)]
-        rate: f64,
+        /// Mean requests per second of the mixed phase (default: 15 on the simulator, 1.5 on
+        /// vLLM, which keeps this 2-core host under ~80% busy).
+        #[arg(long)]
+        rate: Option<f64>,
         /// Training objective: mean or p90.
         #[arg(long, default_value = "mean")]
         objective: String,
@@ -91,14 +123,41 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let run_dir = args.run_dir.unwrap_or_else(|| locate::root().join(".run"));
     match args.command {
-        Cmd::Up => {
+        Cmd::Up { engine, servers, hardware, profile } => {
+            let engine = Engine::parse(&engine)?;
+            let profiles = if !hardware.is_empty() {
+                anyhow::ensure!(
+                    servers.is_empty() || hardware.len() == servers.len(),
+                    "--hardware names {} classes for {} servers: one per server",
+                    hardware.len(),
+                    servers.len()
+                );
+                hardware
+            } else if servers.is_empty() {
+                engine.default_profiles()
+            } else {
+                Vec::new()
+            };
             if let Some(old) = StackState::load(&run_dir)? {
                 let stopped = old.stop_all(&run_dir);
                 if stopped > 0 {
                     println!("stopped {stopped} processes of a previous `make up`");
                 }
             }
-            let stack = Stack::start(StackOptions { run_dir: run_dir.clone(), attached: false, ..Default::default() })?;
+            if engine == Engine::Vllm && servers.is_empty() {
+                println!("starting {} real vLLM servers (a minute or two)...", profiles.len());
+            }
+            let profile = profile || (engine == Engine::Vllm && servers.is_empty());
+            let opts = StackOptions {
+                run_dir: run_dir.clone(),
+                attached: false,
+                engine,
+                servers,
+                profiles,
+                profile,
+                ..Default::default()
+            };
+            let stack = Stack::start(opts)?;
             let state = stack.detach();
             println!("gateway: http://{}", state.gateway);
             println!("predictor: http://{}", state.predictor);
@@ -113,8 +172,8 @@ fn main() -> anyhow::Result<()> {
             println!("logs: {}", run_dir.display());
             println!(
                 "try: curl -si http://{}/v1/completions -H 'content-type: application/json' -H 'x-slo-ttft-ms: 500' \
-                 -H 'x-slo-tpot-ms: 50' -d '{{\"model\":\"sim-llama-8b\",\"prompt\":\"Hello\",\"max_tokens\":8}}'",
-                state.gateway
+                 -H 'x-slo-tpot-ms: 50' -d '{{\"model\":\"{}\",\"prompt\":\"Hello\",\"max_tokens\":8}}'",
+                state.gateway, state.model
             );
             println!("stop with: make down");
         }
@@ -122,8 +181,19 @@ fn main() -> anyhow::Result<()> {
             Some(state) => println!("stopped {} processes", state.stop_all(&run_dir)),
             None => println!("nothing to stop (no {}/stack.json)", run_dir.display()),
         },
-        Cmd::Demo { duration, rate, seed, servers, chart } => demo(&run_dir, duration, rate, seed, servers, &chart)?,
+        Cmd::Demo { engine, duration, rate, seed, servers, chart } => {
+            let engine = Engine::parse(&engine)?;
+            let (default_duration, default_rate) = match engine {
+                Engine::Simulator => (50.0, 40.0),
+                Engine::Vllm => (90.0, 2.0),
+            };
+            let servers = if servers.is_empty() { engine.default_profiles() } else { servers };
+            let (duration, rate) = (duration.unwrap_or(default_duration), rate.unwrap_or(default_rate));
+            demo(&run_dir, engine, duration, rate, seed, servers, &chart)?
+        }
         Cmd::Accuracy {
+            engine,
+            no_profile,
             warmup,
             shift,
             rate,
@@ -138,11 +208,21 @@ fn main() -> anyhow::Result<()> {
         } => {
             let plugin = headroom_stack::plugin_fields(&plugin)?;
             anyhow::ensure!(time_scale > 0.0 && time_scale.is_finite(), "--time-scale must be > 0");
+            let engine = Engine::parse(&engine)?;
+            anyhow::ensure!(
+                engine == Engine::Simulator || floor.is_none(),
+                "--floor measures the simulated engines; it has no meaning with --engine vllm"
+            );
             let opts = AccuracyOptions {
                 run_dir,
+                engine,
+                profile: engine == Engine::Vllm && !no_profile,
                 warmup_s: warmup,
+                rate: rate.unwrap_or(match engine {
+                    Engine::Simulator => 15.0,
+                    Engine::Vllm => 1.5,
+                }),
                 shift_s: shift,
-                rate,
                 objective,
                 json,
                 plugin,
@@ -171,6 +251,7 @@ fn main() -> anyhow::Result<()> {
 /// `make demo`: one workload, two routers, one stack each (started, loaded, stopped in turn).
 fn demo(
     run_dir: &std::path::Path,
+    engine: Engine,
     duration: f64,
     rate: f64,
     seed: u64,
@@ -179,25 +260,39 @@ fn demo(
 ) -> anyhow::Result<()> {
     anyhow::ensure!(duration > 0.0 && rate > 0.0, "--duration and --rate must be > 0");
     anyhow::ensure!(!servers.is_empty(), "--servers needs at least one hardware profile");
-    let work = workload::mixed(seed, rate, duration);
+    // A fresh run of the workload per router: on real vLLM the second router would otherwise
+    // find the first one's prompts in the servers' prefix caches (each stack starts its own
+    // servers, but the simulator's are fresh too; the runs differ only in their prompt text).
+    let work = |run: u32| match engine {
+        Engine::Simulator => workload::as_run(workload::mixed(seed, rate, duration), run),
+        Engine::Vllm => workload::as_run(workload::mixed_small(seed, rate, duration), run),
+    };
     println!(
         "{} requests of mixed SLO traffic ({duration:.0} s at {rate} req/s: interactive / batch / sheddable classes)",
-        work.len()
+        work(0).len()
     );
-    println!(
-        "on {} simulated servers ({}), first through Envoy least request, then headroom",
-        servers.len(),
-        servers.join(", ")
-    );
+    let what = match engine {
+        Engine::Simulator => "simulated servers",
+        Engine::Vllm => "real vLLM servers (each on a core of this host; started per router, a minute or two each)",
+    };
+    println!("on {} {what} ({}), first through Envoy least request, then headroom", servers.len(), servers.join(", "));
     let routers = [("envoy least request", Router::LeastRequest, None), ("headroom", Router::Headroom, Some(true))];
     let mut results = Vec::new();
-    for (name, router, prediction_based) in routers {
-        let opts =
-            StackOptions { run_dir: run_dir.to_path_buf(), router, profiles: servers.clone(), ..Default::default() };
+    for (run, (name, router, prediction_based)) in routers.into_iter().enumerate() {
+        let opts = StackOptions {
+            run_dir: run_dir.to_path_buf(),
+            router,
+            engine,
+            profile: engine == Engine::Vllm && router == Router::Headroom,
+            profiles: servers.clone(),
+            ..Default::default()
+        };
         let stack = Stack::start(opts)?;
         println!("\n== {name} (gateway http://{}) ==", stack.state.gateway);
         let target = gateway_target(&stack, prediction_based);
-        let outcomes = tokio::runtime::Runtime::new()?.block_on(runner::run(&target, &work))?;
+        let busy = headroom_stack::host::Busy::start();
+        let outcomes = tokio::runtime::Runtime::new()?.block_on(runner::run(&target, &work(run as u32)))?;
+        println!("host CPU busy while it ran: {:.0}%", busy.percent());
         drop(stack);
         print!("{}", report::table(&outcomes));
         results.push((name, outcomes));
@@ -221,11 +316,11 @@ fn demo(
     Ok(())
 }
 
-/// Clients of the stack's gateway: the simulated model, SLO headers on.
+/// Clients of the stack's gateway: the model its servers serve, SLO headers on.
 fn gateway_target(stack: &Stack, prediction_based: Option<bool>) -> runner::Target {
     runner::Target {
         url: format!("http://{}", stack.state.gateway),
-        model: "sim-llama-8b".into(),
+        model: stack.state.model.clone(),
         slo_headers: true,
         prediction_based,
         timeout: Duration::from_secs(120),

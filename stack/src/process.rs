@@ -17,16 +17,46 @@ pub struct Proc {
     /// Canonical path of its executable, checked before signalling the pid.
     pub exe: PathBuf,
     pub log: PathBuf,
+    /// Stopped with its whole process group (it leads one): a server that forks workers of
+    /// its own (vLLM's engine core) leaves none behind, even when it is killed.
+    #[serde(default)]
+    pub group: bool,
 }
 
 /// Starts `exe args` with output to `log`. `attached`: the child dies with the
 /// thread that started it (for tests); otherwise it runs on in its own
 /// process group (for `make up`).
 pub fn spawn(name: &str, exe: &Path, args: &[String], log: &Path, attached: bool) -> anyhow::Result<(Proc, Child)> {
+    start(name, exe, args, &[], false, log, attached)
+}
+
+/// [`spawn`] with environment variables `env` set, and the process stopped with its group
+/// ([`Proc::group`]).
+pub fn spawn_with(
+    name: &str,
+    exe: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+    attached: bool,
+) -> anyhow::Result<(Proc, Child)> {
+    start(name, exe, args, env, true, log, attached)
+}
+
+#[allow(clippy::too_many_arguments)] // private: the two public entries name what they pass
+fn start(
+    name: &str,
+    exe: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    group: bool,
+    log: &Path,
+    attached: bool,
+) -> anyhow::Result<(Proc, Child)> {
     let out = File::create(log).map_err(|e| anyhow::anyhow!("creating {}: {e}", log.display()))?;
     let err = out.try_clone()?;
     let mut cmd = Command::new(exe);
-    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
     if attached {
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
@@ -38,7 +68,7 @@ pub fn spawn(name: &str, exe: &Path, args: &[String], log: &Path, attached: bool
     }
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {name} ({}): {e}", exe.display()))?;
     let exe = exe.canonicalize().unwrap_or_else(|_| exe.to_path_buf());
-    Ok((Proc { name: name.to_string(), pid: child.id(), exe, log: log.to_path_buf() }, child))
+    Ok((Proc { name: name.to_string(), pid: child.id(), exe, log: log.to_path_buf(), group }, child))
 }
 
 /// True while `proc` is alive and still the program we started (pids get reused).
@@ -73,10 +103,12 @@ pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
     if !running {
         return;
     }
-    // SAFETY: plain kill(2) on a pid verified to be our process just above. No grace: a
-    // crash, straight to SIGKILL.
+    // A group leader's group: the pid negated (kill(2)).
+    let target = if proc.group { -pid } else { pid };
+    // SAFETY: plain kill(2) on a pid verified to be our process just above (or the group it
+    // leads, made for it at spawn). No grace: a crash, straight to SIGKILL.
     unsafe {
-        libc::kill(pid, if grace.is_zero() { libc::SIGKILL } else { libc::SIGTERM });
+        libc::kill(target, if grace.is_zero() { libc::SIGKILL } else { libc::SIGTERM });
     }
     let deadline = Instant::now() + grace;
     loop {
@@ -85,11 +117,18 @@ pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
             None => !is_ours(proc),
         };
         if gone {
+            if proc.group {
+                // What the leader left of its group (workers that outlived it) goes with it.
+                // SAFETY: the group our spawn made; signalling an empty group is a no-op.
+                unsafe {
+                    libc::kill(target, libc::SIGKILL);
+                }
+            }
             return;
         }
         if Instant::now() >= deadline {
             unsafe {
-                libc::kill(pid, libc::SIGKILL);
+                libc::kill(target, libc::SIGKILL);
             }
             if let Some(c) = child.as_mut() {
                 let _ = c.wait();

@@ -1,0 +1,109 @@
+//! headroom in front of real vLLM (its CPU build, two servers, a core each): an engine
+//! nobody here wrote. Needs `make setup-vllm` (`make e2e` and `make test` run it).
+//!
+//! One stack, one test, because a vLLM server takes a minute to start: the profile the
+//! stack measured is the prior (a prediction before any traffic matches it, not the
+//! analytic formula), requests are routed where the filter chose, vLLM's own metrics are
+//! scraped, the filter learns the model's token count from the answers, and the reports
+//! train a model.
+
+use std::time::Duration;
+
+use headroom_e2e::{wait_until, Harness, StackOptions, SLO};
+use headroom_predictor_config::Profile;
+use headroom_stack::{vllm, Engine};
+use serde_json::{json, Value};
+
+/// A predict call for a prompt of `input_tokens`, straight to the predictor: the endpoints'
+/// predicted TTFTs.
+fn predicted_ttft(h: &Harness, input_tokens: u32) -> Vec<f64> {
+    let body = json!({"pool": "default", "request_id": "probe",
+        "request": {"model": vllm::MODEL_NAME, "input_tokens": input_tokens}});
+    let r = h
+        .http
+        .post(format!("{}/v1/predict", h.predictor()))
+        .bearer_auth(h.stack.state.token.as_deref().unwrap_or_default())
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .unwrap();
+    let v: Value = r.json().unwrap();
+    v["endpoints"].as_array().unwrap().iter().filter_map(|e| e["ttft_ms"].as_f64()).collect()
+}
+
+#[test]
+fn routes_real_vllm_from_its_measured_profile_and_learns_its_tokens() {
+    let opts = StackOptions {
+        engine: Engine::Vllm,
+        profiles: Engine::Vllm.default_profiles(),
+        profile: true,
+        // A model after a few dozen reports, not the 200 a deployment waits for.
+        predictor_tweak: |c| {
+            c.model.min_samples = 40;
+            c.model.min_new_samples = 20;
+            c.model.retrain_interval_ms = 500;
+        },
+        ..Default::default()
+    };
+    let h = Harness::start_opts(opts).unwrap();
+
+    // The prior is the profile the stack measured: before any traffic, a 2,000-token
+    // prompt is predicted at what the sweep measured for 2,000 tokens (the analytic prior,
+    // written for an H100, says 70 ms; the CPU server takes about three times that).
+    let dir = h.stack.run_dir.join("profiles");
+    let profile = Profile::load(&dir.join("cpu-ttft.json"), &dir.join("cpu-tpot.json")).unwrap();
+    let measured = profile.ttft_ms(2000.0);
+    for ttft in predicted_ttft(&h, 2000) {
+        assert!((ttft / measured - 1.0).abs() < 0.05, "predicted {ttft:.1} ms, the profile says {measured:.1} ms");
+    }
+
+    // Traffic with SLOs, streamed and not: every request served where the filter chose.
+    // The load generator's filler, which this model's tokenizer packs at about 2 bytes a token.
+    let prompt = "lorem ipsum dolor sit amet ".repeat(60); // 1,620 bytes
+    let mut counted = Vec::new();
+    for i in 0..70 {
+        let stream = i % 3 != 0;
+        let mut body = json!({"model": vllm::MODEL_NAME, "prompt": format!("request {i}: {prompt}"),
+            "max_tokens": 8 + i % 24, "stream": stream});
+        if stream {
+            // vLLM refuses stream_options on a request that does not stream.
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend_from_slice(&SLO);
+        let r = h.post("/v1/completions", &headers, &body.to_string()).unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        let chosen = r.chosen.as_deref().unwrap_or_default();
+        assert!(h.stack.state.servers.iter().any(|s| s.to_string() == chosen), "routed to {chosen:?}");
+        if !stream {
+            counted.push(r.json()["usage"]["prompt_tokens"].as_u64().unwrap());
+        }
+    }
+
+    // vLLM's own metrics are scraped: its KV cache and request gauges reached the pool.
+    let pools = h.get(&format!("{}/v1/pools", h.predictor())).unwrap().json();
+    let endpoints = pools["pools"][0]["endpoints"].as_array().cloned().unwrap_or_default();
+    assert_eq!(endpoints.len(), 2);
+    for e in &endpoints {
+        assert!(e["metrics_age_ms"].as_u64().is_some_and(|age| age < 5000), "not scraped: {e}");
+        assert!(e["kv_usage"].is_number(), "no vLLM KV cache gauge: {e}");
+    }
+
+    // The filter learnt the model's count: the last dispatches estimate the prompt within
+    // 10% of what vLLM counted (the first, at 4 bytes a token, was about half of it).
+    let model_count = *counted.last().unwrap() as f64;
+    assert!(wait_until(Duration::from_secs(10), || h.observations().len() >= 70), "reports did not arrive");
+    let observations = h.observations();
+    let estimates: Vec<f64> = observations.iter().filter_map(|o| o["request"]["input_tokens"].as_f64()).collect();
+    let (first, last) = (estimates[0], *estimates.last().unwrap());
+    assert!(first < model_count * 0.7, "the approximation first: {first} against the model's {model_count}");
+    assert!((last / model_count - 1.0).abs() < 0.1, "learnt: {last} against the model's {model_count}");
+
+    // The reports trained a model.
+    let models = |h: &Harness| h.get(&format!("{}/v1/models", h.predictor())).map(|r| r.json()).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(60), || models(&h)["active"].as_str().is_some_and(|a| a.starts_with('v'))),
+        "no model was trained from the reports: {}",
+        models(&h)
+    );
+}
