@@ -81,15 +81,18 @@ pub fn compare(first: (&str, &[Outcome]), second: (&str, &[Outcome])) -> String 
     out
 }
 
-/// A plain-text table: requests per endpoint, then per SLO class.
+/// A plain-text table: requests per endpoint, then per SLO class. The endpoint is the
+/// server's own `x-served-by` (the simulator sends it), else the filter's choice (debug
+/// headers); a server that says neither (real vLLM behind plain Envoy) is "(not said)".
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut out = String::new();
     let mut per_endpoint: BTreeMap<String, usize> = BTreeMap::new();
     for o in outcomes {
-        let key = match (&o.served_by, o.status) {
+        let key = match (o.served_by.as_ref().or(o.chosen.as_ref()), o.status) {
             (Some(s), _) => s.clone(),
             (None, 429) => "(shed: 429)".into(),
-            (None, _) => "(no response)".into(),
+            (None, 0) => "(no response)".into(),
+            (None, _) => "(not said)".into(),
         };
         *per_endpoint.entry(key).or_default() += 1;
     }

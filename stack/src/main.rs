@@ -260,16 +260,15 @@ fn demo(
 ) -> anyhow::Result<()> {
     anyhow::ensure!(duration > 0.0 && rate > 0.0, "--duration and --rate must be > 0");
     anyhow::ensure!(!servers.is_empty(), "--servers needs at least one hardware profile");
-    // A fresh run of the workload per router: on real vLLM the second router would otherwise
-    // find the first one's prompts in the servers' prefix caches (each stack starts its own
-    // servers, but the simulator's are fresh too; the runs differ only in their prompt text).
-    let work = |run: u32| match engine {
-        Engine::Simulator => workload::as_run(workload::mixed(seed, rate, duration), run),
-        Engine::Vllm => workload::as_run(workload::mixed_small(seed, rate, duration), run),
+    // Each router's stack starts servers of its own, so neither finds the other's prompts in
+    // a prefix cache: both get the very same requests.
+    let work = match engine {
+        Engine::Simulator => workload::mixed(seed, rate, duration),
+        Engine::Vllm => workload::mixed_small(seed, rate, duration),
     };
     println!(
         "{} requests of mixed SLO traffic ({duration:.0} s at {rate} req/s: interactive / batch / sheddable classes)",
-        work(0).len()
+        work.len()
     );
     let what = match engine {
         Engine::Simulator => "simulated servers",
@@ -278,7 +277,7 @@ fn demo(
     println!("on {} {what} ({}), first through Envoy least request, then headroom", servers.len(), servers.join(", "));
     let routers = [("envoy least request", Router::LeastRequest, None), ("headroom", Router::Headroom, Some(true))];
     let mut results = Vec::new();
-    for (run, (name, router, prediction_based)) in routers.into_iter().enumerate() {
+    for (name, router, prediction_based) in routers {
         let opts = StackOptions {
             run_dir: run_dir.to_path_buf(),
             router,
@@ -291,7 +290,7 @@ fn demo(
         println!("\n== {name} (gateway http://{}) ==", stack.state.gateway);
         let target = gateway_target(&stack, prediction_based);
         let busy = headroom_stack::host::Busy::start();
-        let outcomes = tokio::runtime::Runtime::new()?.block_on(runner::run(&target, &work(run as u32)))?;
+        let outcomes = tokio::runtime::Runtime::new()?.block_on(runner::run(&target, &work))?;
         println!("host CPU busy while it ran: {:.0}%", busy.percent());
         drop(stack);
         print!("{}", report::table(&outcomes));
