@@ -365,7 +365,7 @@ fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction
     let features = remaining(req, waited_ms);
     let mut best: Option<(usize, f64)> = None;
     for (i, e) in endpoints.iter().enumerate() {
-        let Some(h) = headroom(&features, e, terms.tpot_buffer).filter(|h| h.is_positive()) else { continue };
+        let Some(h) = headroom(&features, e, terms.buffers()).filter(|h| h.is_positive()) else { continue };
         let slack = h.ttft.unwrap_or(0.0) + h.tpot.unwrap_or(0.0);
         if best.is_none_or(|(_, b)| slack > b) {
             best = Some((i, slack));
@@ -386,7 +386,7 @@ fn own_room(
     endpoints: &[EndpointPrediction],
     waited_ms: f64,
 ) -> Option<usize> {
-    least_harm_with_own_room(&remaining(req, waited_ms), endpoints, terms.tpot_buffer, waited_ms)
+    least_harm_with_own_room(&remaining(req, waited_ms), endpoints, terms.buffers(), waited_ms)
 }
 
 /// Whether `req`, which has headroom at `best`, should go there now: the wait ahead of it
@@ -705,6 +705,7 @@ mod tests {
         let terms = |horizon| FlowTerms {
             max_wait_ms: 10_000,
             tpot_buffer: 1.0,
+            ttft_buffer: 1.0,
             dispatch_horizon_ms: horizon,
             fairness_id: String::new(),
         };
@@ -731,8 +732,13 @@ mod tests {
         let mut req = waiter(1, 0, "", 1, t0).request;
         req.request.slo = Slo { ttft_ms: Some(4000.0), tpot_ms: Some(150.0) };
         req.request.streaming = true;
-        let terms =
-            FlowTerms { max_wait_ms: 10_000, tpot_buffer: 1.0, dispatch_horizon_ms: 150, fairness_id: String::new() };
+        let terms = FlowTerms {
+            max_wait_ms: 10_000,
+            tpot_buffer: 1.0,
+            ttft_buffer: 1.0,
+            dispatch_horizon_ms: 150,
+            fairness_id: String::new(),
+        };
         let config = FlowConfig::default();
         // An idle queue, but interactive requests (40 ms TPOT SLO) decode there and its
         // decode would take the step time to 60 ms.

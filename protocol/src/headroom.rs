@@ -4,11 +4,27 @@
 //! (whether a queued request can go now). One definition, or they disagree on
 //! when a request "fits".
 //!
-//! `ttft = slo_ttft - predicted_ttft`; for a streaming request with a TPOT SLO
-//! `tpot = min(slo_tpot, tightest TPOT SLO running there) * buffer -
-//! predicted_tpot`. Only the SLOs the request stated are judged.
+//! `ttft = slo_ttft * ttft_buffer - predicted_ttft`; for a streaming request with a
+//! TPOT SLO `tpot = min(slo_tpot, tightest TPOT SLO running there) * tpot_buffer -
+//! predicted_tpot`. Only the SLOs the request stated are judged. The buffers are
+//! Llumnix's SLO dispatch thresholds: below 1 an endpoint must be predicted that much
+//! under a goal to count as meeting it (Llumnix suggests 0.85), a margin for a
+//! predictor known to err; above 1, a goal missed by a little still counts as met.
 
 use crate::messages::{EndpointPrediction, RequestFeatures};
+
+/// The factors on a request's SLOs that headroom is judged against (1: the SLOs as stated).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SloBuffers {
+    pub ttft: f64,
+    pub tpot: f64,
+}
+
+impl Default for SloBuffers {
+    fn default() -> Self {
+        SloBuffers { ttft: 1.0, tpot: 1.0 }
+    }
+}
 
 /// Per-endpoint headroom of one request (`None`: that SLO is not judged).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,15 +41,15 @@ impl Headroom {
 }
 
 /// Headroom of `request` on one endpoint; `None` when a judged SLO has no prediction.
-pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_buffer: f64) -> Option<Headroom> {
-    judge(request, endpoint, tpot_buffer, endpoint.state.tightest_tpot_slo_ms)
+pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, buffers: SloBuffers) -> Option<Headroom> {
+    judge(request, endpoint, buffers, endpoint.state.tightest_tpot_slo_ms)
 }
 
 /// [`headroom`] on the request's own SLOs alone, as if nothing with a tighter TPOT SLO
 /// ran there. Where this is positive and [`headroom`] is not, the endpoint would serve
 /// the request in time, but its decode would slow the running requests past theirs.
-pub fn own_headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tpot_buffer: f64) -> Option<Headroom> {
-    judge(request, endpoint, tpot_buffer, None)
+pub fn own_headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, buffers: SloBuffers) -> Option<Headroom> {
+    judge(request, endpoint, buffers, None)
 }
 
 /// Of `endpoints`, where the request does least harm among those with room for its own
@@ -59,7 +75,7 @@ pub fn own_headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, tp
 pub fn least_harm_with_own_room(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],
-    tpot_buffer: f64,
+    buffers: SloBuffers,
     waited_ms: f64,
 ) -> Option<usize> {
     /// An endpoint that serves the request's own SLOs, its TTFT up to `lateness` late.
@@ -76,7 +92,7 @@ pub fn least_harm_with_own_room(
         .iter()
         .enumerate()
         .filter_map(|(index, e)| {
-            let own = own_headroom(request, e, tpot_buffer)?;
+            let own = own_headroom(request, e, buffers)?;
             let served = own.tpot.is_none_or(|h| h >= 0.0) && own.ttft.is_none_or(|h| h >= -lateness);
             let slack = own.tpot.or(own.ttft)?;
             let in_time = own.is_positive();
@@ -98,11 +114,11 @@ pub fn least_harm_with_own_room(
 fn judge(
     request: &RequestFeatures,
     endpoint: &EndpointPrediction,
-    tpot_buffer: f64,
+    buffers: SloBuffers,
     running_tpot_slo_ms: Option<f64>,
 ) -> Option<Headroom> {
     let ttft = match request.slo.ttft_ms {
-        Some(slo) => Some(slo - endpoint.ttft_ms?),
+        Some(slo) => Some(slo * buffers.ttft - endpoint.ttft_ms?),
         None => None,
     };
     let tpot = match request.streamed_tpot_slo_ms() {
@@ -113,7 +129,7 @@ fn judge(
                 Some(running) if running > 0.0 => slo.min(running),
                 _ => slo,
             };
-            Some(target * tpot_buffer - endpoint.tpot_ms?)
+            Some(target * buffers.tpot - endpoint.tpot_ms?)
         }
         None => None,
     };
@@ -124,6 +140,8 @@ fn judge(
 mod tests {
     use super::*;
     use crate::messages::Slo;
+
+    const B: SloBuffers = SloBuffers { ttft: 1.0, tpot: 1.0 };
 
     #[test]
     fn own_headroom_leaves_out_the_running_requests_tpot_slo() {
@@ -139,26 +157,26 @@ mod tests {
             state: Default::default(),
         };
         e.state.tightest_tpot_slo_ms = Some(40.0);
-        assert_eq!(headroom(&request, &e, 1.0), Some(Headroom { ttft: Some(3900.0), tpot: Some(-20.0) }));
-        assert_eq!(own_headroom(&request, &e, 1.0), Some(Headroom { ttft: Some(3900.0), tpot: Some(90.0) }));
+        assert_eq!(headroom(&request, &e, B), Some(Headroom { ttft: Some(3900.0), tpot: Some(-20.0) }));
+        assert_eq!(own_headroom(&request, &e, B), Some(Headroom { ttft: Some(3900.0), tpot: Some(90.0) }));
         let mut busy = e.clone();
         busy.tpot_ms = Some(120.0);
         let mut too_slow = e.clone();
         too_slow.tpot_ms = Some(200.0);
-        assert_eq!(least_harm_with_own_room(&request, &[e.clone(), busy.clone(), too_slow.clone()], 1.0, 0.0), Some(1));
-        assert_eq!(least_harm_with_own_room(&request, &[too_slow], 1.0, 0.0), None);
+        assert_eq!(least_harm_with_own_room(&request, &[e.clone(), busy.clone(), too_slow.clone()], B, 0.0), Some(1));
+        assert_eq!(least_harm_with_own_room(&request, &[too_slow], B, 0.0), None);
         // Fewer tight decodes to slow outweighs being the busiest.
         let mut crowded = busy.clone();
         crowded.state.tighter_tpot_in_flight = 5;
         let mut few = e.clone();
         few.state.tighter_tpot_in_flight = 1;
-        assert_eq!(least_harm_with_own_room(&request, &[crowded.clone(), few.clone()], 1.0, 0.0), Some(1));
+        assert_eq!(least_harm_with_own_room(&request, &[crowded.clone(), few.clone()], B, 0.0), Some(1));
         // In time only where the tight decodes crowd: after waiting 2 s for them, late by up to
         // that where fewer run, if its own decode is served there; never late by more than it
         // waited, never where it is too slow even for itself, never having not waited.
         let mut late = few.clone();
         late.ttft_ms = Some(5100.0);
-        let harm = |eps: &[EndpointPrediction], waited| least_harm_with_own_room(&request, eps, 1.0, waited);
+        let harm = |eps: &[EndpointPrediction], waited| least_harm_with_own_room(&request, eps, B, waited);
         assert_eq!(harm(&[crowded.clone(), late.clone()], 2000.0), Some(1));
         assert_eq!(harm(&[crowded.clone(), late.clone()], 1000.0), Some(0), "1,100 ms late, having waited 1,000");
         assert_eq!(harm(&[crowded.clone(), late.clone()], 0.0), Some(0));
@@ -170,6 +188,13 @@ mod tests {
         late_crowded.ttft_ms = Some(5000.0);
         late_crowded.tpot_ms = Some(100.0);
         assert_eq!(harm(&[crowded.clone(), late_crowded], 2000.0), Some(0));
+        // A TTFT buffer under 1 asks for a margin under the SLO: 3,900 ms of headroom at 1,
+        // -300 ms at 0.85 for a prediction of 3,700 ms on a 4,000 ms SLO.
+        let mut near = e.clone();
+        near.ttft_ms = Some(3700.0);
+        let strict = SloBuffers { ttft: 0.85, tpot: 1.0 };
+        assert_eq!(own_headroom(&request, &near, B).and_then(|h| h.ttft), Some(300.0));
+        assert!((own_headroom(&request, &near, strict).and_then(|h| h.ttft).unwrap() + 300.0).abs() < 1e-9);
         // In time nowhere: nothing, whatever is late somewhere (the policy ranks by deficit).
         assert_eq!(harm(&[late], 2000.0), None);
         // The tightest request slows nobody: its own room is the positive tier, and a late
@@ -184,7 +209,7 @@ mod tests {
         fast_late.tpot_ms = Some(20.0);
         let mut in_time = e.clone();
         in_time.tpot_ms = Some(35.0);
-        assert_eq!(least_harm_with_own_room(&interactive, &[fast_late.clone(), in_time], 1.0, 1000.0), Some(1));
-        assert_eq!(least_harm_with_own_room(&interactive, &[fast_late], 1.0, 1000.0), None);
+        assert_eq!(least_harm_with_own_room(&interactive, &[fast_late.clone(), in_time], B, 1000.0), Some(1));
+        assert_eq!(least_harm_with_own_room(&interactive, &[fast_late], B, 1000.0), None);
     }
 }

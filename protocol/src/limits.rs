@@ -34,9 +34,9 @@ pub const MAX_BATCH_ITEMS: usize = 10_000;
 /// stay under it (`max_batch_bytes`, a quarter of this by default).
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 
-/// Bounds of the filter's `tpot_buffer` (a factor on TPOT SLOs), sent with flow terms.
-pub const MIN_TPOT_BUFFER: f64 = 0.1;
-pub const MAX_TPOT_BUFFER: f64 = 10.0;
+/// Bounds of the filter's `tpot_buffer` and `ttft_buffer` (factors on SLOs), sent with flow terms.
+pub const MIN_SLO_BUFFER: f64 = 0.1;
+pub const MAX_SLO_BUFFER: f64 = 10.0;
 
 /// A value out of its bound: the field's path and what it must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -230,10 +230,11 @@ impl FlowTerms {
     pub fn check(&self, at: &str) -> Result<(), Invalid> {
         ms(at, "max_wait_ms", self.max_wait_ms as f64)?;
         ms(at, "dispatch_horizon_ms", self.dispatch_horizon_ms as f64)?;
-        let b = self.tpot_buffer;
-        if !(b.is_finite() && (MIN_TPOT_BUFFER..=MAX_TPOT_BUFFER).contains(&b)) {
-            let message = format!("must be within {MIN_TPOT_BUFFER}..={MAX_TPOT_BUFFER}, got {b}");
-            return Err(invalid(at, "tpot_buffer", message));
+        for (name, b) in [("tpot_buffer", self.tpot_buffer), ("ttft_buffer", self.ttft_buffer)] {
+            if !(b.is_finite() && (MIN_SLO_BUFFER..=MAX_SLO_BUFFER).contains(&b)) {
+                let message = format!("must be within {MIN_SLO_BUFFER}..={MAX_SLO_BUFFER}, got {b}");
+                return Err(invalid(at, name, message));
+            }
         }
         text(at, "fairness_id", &self.fairness_id, MAX_NAME_BYTES, false)
     }

@@ -78,8 +78,11 @@ pub struct FlowTerms {
     /// The longest the filter will wait for the answer (its callout timeout is this
     /// plus its usual predictor timeout).
     pub max_wait_ms: u64,
-    /// The filter's `tpot_buffer`, so "has headroom" means the same on both sides.
+    /// The filter's `tpot_buffer` and `ttft_buffer`, so "has headroom" means the same on both
+    /// sides (a filter that predates `ttft_buffer` sends none: 1).
     pub tpot_buffer: f64,
+    #[serde(default = "one")]
+    pub ttft_buffer: f64,
     /// A request with headroom still waits while the queue ahead of it at its best endpoint
     /// (its predicted TTFT there less its own TTFT on that endpoint idle) is above this,
     /// unless its own SLO is about to run out (the filter's `flow_dispatch_horizon_ms`).
@@ -88,6 +91,17 @@ pub struct FlowTerms {
     /// tenants take turns.
     #[serde(default)]
     pub fairness_id: String,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl FlowTerms {
+    /// The SLO buffers headroom is judged with.
+    pub fn buffers(&self) -> crate::headroom::SloBuffers {
+        crate::headroom::SloBuffers { ttft: self.ttft_buffer, tpot: self.tpot_buffer }
+    }
 }
 
 /// What flow control did with a request that offered to wait ([`FlowTerms`]).

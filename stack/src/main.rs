@@ -147,6 +147,10 @@ fn main() -> anyhow::Result<()> {
             if engine == Engine::Vllm && servers.is_empty() {
                 println!("starting {} real vLLM servers (a minute or two)...", profiles.len());
             }
+            anyhow::ensure!(
+                !(profile && !servers.is_empty() && profiles.is_empty()),
+                "--profile measures a hardware class: name each server's with --hardware"
+            );
             let profile = profile || (engine == Engine::Vllm && servers.is_empty());
             let opts = StackOptions {
                 run_dir: run_dir.clone(),

@@ -110,6 +110,8 @@ pub struct FilterConfig {
     pub max_prefix_blocks: usize,
     /// TPOT targets are `min(own SLO, tightest running) * tpot_buffer`.
     pub tpot_buffer: f64,
+    /// TTFT targets are `SLO * ttft_buffer` (Llumnix's TTFT SLO dispatch threshold).
+    pub ttft_buffer: f64,
     /// Probability of picking from the negative tier when both tiers exist.
     pub negative_tier_epsilon: f64,
     /// Weight of TTFT headroom in the score (TPOT gets `1 - ttft_weight`).
@@ -181,6 +183,7 @@ impl Default for FilterConfig {
             fallback_state_max_age_ms: 5_000,
             max_prefix_blocks: 256,
             tpot_buffer: 1.0,
+            ttft_buffer: 1.0,
             negative_tier_epsilon: 0.01,
             ttft_weight: 0.8,
             // Spreading: measured better than bin-packing on every mixed workload (docs/benchmark.md).
@@ -221,6 +224,11 @@ fn bad(field: &str, message: impl Into<String>) -> ConfigError {
 }
 
 impl FilterConfig {
+    /// The factors on a request's SLOs headroom is judged against.
+    pub fn slo_buffers(&self) -> headroom_protocol::headroom::SloBuffers {
+        headroom_protocol::headroom::SloBuffers { ttft: self.ttft_buffer, tpot: self.tpot_buffer }
+    }
+
     /// Parses and validates the plugin configuration (empty means defaults).
     pub fn parse(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
         let config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -298,11 +306,11 @@ impl FilterConfig {
         if self.inference_paths.iter().any(|p| !p.starts_with('/')) {
             return Err(bad("inference_paths", "every path must start with '/'"));
         }
-        if !(self.tpot_buffer.is_finite()
-            && (limits::MIN_TPOT_BUFFER..=limits::MAX_TPOT_BUFFER).contains(&self.tpot_buffer))
-        {
-            let (lo, hi) = (limits::MIN_TPOT_BUFFER, limits::MAX_TPOT_BUFFER);
-            return Err(bad("tpot_buffer", format!("must be within {lo}..={hi}")));
+        for (field, b) in [("tpot_buffer", self.tpot_buffer), ("ttft_buffer", self.ttft_buffer)] {
+            if !(b.is_finite() && (limits::MIN_SLO_BUFFER..=limits::MAX_SLO_BUFFER).contains(&b)) {
+                let (lo, hi) = (limits::MIN_SLO_BUFFER, limits::MAX_SLO_BUFFER);
+                return Err(bad(field, format!("must be within {lo}..={hi}")));
+            }
         }
         if !(1..=600_000).contains(&self.flow_max_wait_ms) {
             return Err(bad("flow_max_wait_ms", "must be within 1..=600000"));
@@ -446,6 +454,7 @@ mod tests {
             (br#"{"inference_paths":["v1/x"]}"#, "inference_paths"),
             (br#"{"tpot_buffer":-1}"#, "tpot_buffer"),
             (br#"{"tpot_buffer":50}"#, "tpot_buffer"),
+            (br#"{"ttft_buffer":0}"#, "ttft_buffer"),
             (br#"{"flow_max_wait_ms":0}"#, "flow_max_wait_ms"),
             (br#"{"flow_dispatch_horizon_ms":0}"#, "flow_dispatch_horizon_ms"),
             (br#"{"fairness_header":"X-Tenant"}"#, "fairness_header"),

@@ -510,6 +510,7 @@ impl Flow {
         let flow = (config.flow_control && self.prediction_based && self.features.slo.is_set()).then(|| FlowTerms {
             max_wait_ms: config.flow_max_wait_ms,
             tpot_buffer: config.tpot_buffer,
+            ttft_buffer: config.ttft_buffer,
             dispatch_horizon_ms: config.flow_dispatch_horizon_ms,
             fairness_id: self.fairness_id.clone(),
         });

@@ -24,7 +24,7 @@
 //!    it waited. Else idle endpoints first, then the smallest deficit (only TPOT short,
 //!    only TTFT short, both short).
 
-pub use headroom_protocol::headroom::{headroom, least_harm_with_own_room, Headroom};
+pub use headroom_protocol::headroom::{headroom, least_harm_with_own_room, Headroom, SloBuffers};
 use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
 
 use crate::config::{DefaultProfile, FilterConfig, Strategy};
@@ -67,7 +67,7 @@ pub fn decide(
     if !(slo_routing && request.slo.is_set()) {
         return default_profile(request, endpoints, config, rng);
     }
-    let judged: Vec<Option<Headroom>> = endpoints.iter().map(|e| headroom(request, e, config.tpot_buffer)).collect();
+    let judged: Vec<Option<Headroom>> = endpoints.iter().map(|e| headroom(request, e, config.slo_buffers())).collect();
     let positive: Vec<usize> = (0..endpoints.len()).filter(|&i| judged[i].is_some_and(|h| h.is_positive())).collect();
     let negative: Vec<usize> = (0..endpoints.len()).filter(|i| !positive.contains(i)).collect();
 
@@ -91,7 +91,7 @@ pub fn decide(
     // rather than the least busy, where tight requests still meet theirs; having waited in
     // the flow queue, late where it slows fewer still.
     if positive.is_empty() {
-        if let Some(least_harm) = least_harm_with_own_room(request, endpoints, config.tpot_buffer, waited_ms) {
+        if let Some(least_harm) = least_harm_with_own_room(request, endpoints, config.slo_buffers(), waited_ms) {
             let ranked = with_fallbacks(vec![least_harm], endpoints, config.fallback_endpoints);
             return Decision::Route { ranked, source: RouteSource::PredictedNegative };
         }

@@ -534,12 +534,15 @@ fn a_sheddable_request_no_endpoint_can_serve_gets_429() {
 #[test]
 fn with_flow_control_an_slo_request_offers_to_wait_and_the_call_waits_as_long() {
     let mut host = FakeHost::new();
-    let mut vm = vm(r#"{"flow_control":true,"flow_max_wait_ms":3000,"tpot_buffer":1.5,"flow_dispatch_horizon_ms":90}"#);
+    let mut vm = vm(
+        r#"{"flow_control":true,"flow_max_wait_ms":3000,"tpot_buffer":1.5,"ttft_buffer":0.85,"flow_dispatch_horizon_ms":90}"#,
+    );
     let headers = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", "team-a")];
     assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &headers, BODY), Step::Pause);
     let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
     let terms = asked.flow.expect("flow terms sent");
     assert_eq!((terms.max_wait_ms, terms.tpot_buffer, terms.fairness_id.as_str()), (3000, 1.5, "team-a"));
+    assert_eq!(terms.ttft_buffer, 0.85, "the predictor judges headroom with the filter's buffers");
     assert_eq!(terms.dispatch_horizon_ms, 90);
     assert_eq!(host.calls[0].timeout, Duration::from_millis(3050));
 
@@ -1379,4 +1382,18 @@ fn a_request_past_every_servers_context_is_a_400_once_the_count_is_known() {
     let (step, _) = ask(&mut host, &mut vm, &[2048, 4096]);
     assert_eq!(step, Step::Resume);
     assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+}
+
+/// Llumnix's SLO dispatch threshold: with `ttft_buffer` 0.85 an endpoint predicted at 450 ms
+/// for a 500 ms TTFT SLO is not in the positive tier (it would need 425), where at 1 it is.
+#[test]
+fn a_ttft_buffer_under_one_asks_for_a_margin_under_the_slo() {
+    for (config, positive) in [("{}", true), (r#"{"ttft_buffer":0.85}"#, false)] {
+        let mut host = FakeHost::new();
+        let mut vm = vm(config);
+        let mut flow = Flow::new();
+        let answer = predictions(&[("10.0.0.1:8000", Some(450.0))]);
+        assert_eq!(routed(&mut flow, &mut host, &mut vm, 200, &answer), Step::Resume);
+        assert_eq!(host.has(Event::Routed(RouteSource::PredictedPositive)), positive, "{config}");
+    }
 }

@@ -204,13 +204,17 @@ fn reference_flaw_missing_tpot_slo_never_switches_protection_off() {
     for running in [None, Some(0.0)] {
         let mut e = ep(Some(10.0), Some(40.0));
         e.state.tightest_tpot_slo_ms = running;
-        let h = headroom(&req(None, Some(30.0), true, 0), &e, 1.0).unwrap_or_else(|| unreachable!());
+        let h = headroom(&req(None, Some(30.0), true, 0), &e, SloBuffers::default()).unwrap_or_else(|| unreachable!());
         assert_eq!(h.tpot, Some(-10.0), "running {running:?}");
     }
     let mut e = ep(Some(10.0), Some(20.0));
     e.state.tightest_tpot_slo_ms = Some(15.0);
-    assert_eq!(headroom(&req(None, Some(50.0), true, 0), &e, 1.0).map(|h| h.tpot), Some(Some(-5.0)));
-    assert_eq!(headroom(&req(None, Some(50.0), true, 0), &e, 2.0).map(|h| h.tpot), Some(Some(10.0)), "buffer");
+    assert_eq!(headroom(&req(None, Some(50.0), true, 0), &e, SloBuffers::default()).map(|h| h.tpot), Some(Some(-5.0)));
+    assert_eq!(
+        headroom(&req(None, Some(50.0), true, 0), &e, SloBuffers { ttft: 1.0, tpot: 2.0 }).map(|h| h.tpot),
+        Some(Some(10.0)),
+        "buffer"
+    );
 }
 
 #[test]
