@@ -140,6 +140,18 @@ impl Harness {
         headroom_stack::http::metric_sum(&text, name)
     }
 
+    /// `POST /v1/predict` straight to the predictor, with the stack's token: its answer.
+    pub fn predict(&self, body: &Value) -> Value {
+        self.http
+            .post(format!("{}/v1/predict", self.predictor()))
+            .bearer_auth(self.stack.state.token.as_deref().unwrap_or_default())
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .and_then(|r| r.json())
+            .unwrap_or_default()
+    }
+
     /// The predictor's newest observations.
     pub fn observations(&self) -> Vec<Value> {
         let url = format!("{}/v1/observations?limit=1000", self.predictor());

@@ -6,21 +6,12 @@ use std::time::Duration;
 use headroom_e2e::{wait_until, Harness, StackOptions};
 use headroom_loadgen::runner::{self, Target};
 use headroom_loadgen::workload::{RequestSpec, SloClass};
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn predict_model_version(h: &Harness) -> String {
     let body =
         json!({"pool": "default", "request_id": "probe", "request": {"model": "sim-llama-8b", "input_tokens": 500}});
-    let r = h
-        .http
-        .post(format!("{}/v1/predict", h.predictor()))
-        .bearer_auth(h.stack.state.token.as_deref().unwrap_or_default())
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .unwrap();
-    let v: Value = r.json().unwrap();
-    v["model_version"].as_str().unwrap_or("").to_string()
+    h.predict(&body)["model_version"].as_str().unwrap_or("").to_string()
 }
 
 #[test]

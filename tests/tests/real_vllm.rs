@@ -12,23 +12,16 @@ use std::time::Duration;
 use headroom_e2e::{wait_until, Harness, StackOptions, SLO};
 use headroom_predictor_config::Profile;
 use headroom_stack::{vllm, Engine};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// A predict call for a prompt of `input_tokens`, straight to the predictor: the endpoints'
 /// predicted TTFTs.
 fn predicted_ttft(h: &Harness, input_tokens: u32) -> Vec<f64> {
     let body = json!({"pool": "default", "request_id": "probe",
         "request": {"model": vllm::MODEL_NAME, "input_tokens": input_tokens}});
-    let r = h
-        .http
-        .post(format!("{}/v1/predict", h.predictor()))
-        .bearer_auth(h.stack.state.token.as_deref().unwrap_or_default())
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .unwrap();
-    let v: Value = r.json().unwrap();
-    v["endpoints"].as_array().unwrap().iter().filter_map(|e| e["ttft_ms"].as_f64()).collect()
+    let endpoints = h.predict(&body)["endpoints"].as_array().cloned().unwrap_or_default();
+    assert_eq!(endpoints.len(), 2, "both servers predicted");
+    endpoints.iter().filter_map(|e| e["ttft_ms"].as_f64()).collect()
 }
 
 #[test]
