@@ -122,12 +122,10 @@ pub async fn run(url: &str, model: &str, sweep: &Sweep, mut say: impl FnMut(&str
 /// `max_model_len`, else 4,096 tokens).
 pub async fn served(url: &str) -> anyhow::Result<(String, u32)> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-    let models: serde_json::Value = client.get(format!("{url}/v1/models")).send().await?.json().await?;
-    let first = models.pointer("/data/0").ok_or_else(|| anyhow::anyhow!("{url}/v1/models lists no model"))?;
-    let id = first.get("id").and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
-    anyhow::ensure!(!id.is_empty(), "{url}/v1/models: the first model has no id");
-    let context = first.get("max_model_len").and_then(serde_json::Value::as_u64).unwrap_or(4096);
-    Ok((id, u32::try_from(context).unwrap_or(u32::MAX)))
+    let body = client.get(format!("{url}/v1/models")).send().await?.bytes().await?;
+    let (id, context) = headroom_protocol::openai::served_model(&body)
+        .ok_or_else(|| anyhow::anyhow!("{url}/v1/models lists no model with an id"))?;
+    Ok((id, context.unwrap_or(4096)))
 }
 
 /// Writes `DIR/NAME-ttft.json` and `DIR/NAME-tpot.json`; returns their paths.

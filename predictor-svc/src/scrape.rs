@@ -202,14 +202,7 @@ pub async fn expire(state: Arc<AppState>) {
 async fn context_length(client: &reqwest::Client, address: &str) -> Option<u32> {
     let response = client.get(format!("http://{address}/v1/models")).send().await.ok()?;
     let bytes = response.bytes().await.ok().filter(|b| b.len() <= 1 << 20)?;
-    parse_context_length(&bytes)
-}
-
-/// `data[0].max_model_len` of a `/v1/models` body, within the contract's token bound.
-pub fn parse_context_length(body: &[u8]) -> Option<u32> {
-    let models: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let tokens = models.pointer("/data/0/max_model_len")?.as_u64()?;
-    u32::try_from(tokens).ok().filter(|t| *t > 0 && *t <= headroom_protocol::limits::MAX_TOKENS)
+    headroom_protocol::openai::served_model(&bytes)?.1
 }
 
 /// One scrape; the body is read only up to `max_bytes` (a larger one fails the scrape).

@@ -94,6 +94,21 @@ pub fn parse_inference_body(bytes: &[u8], chat: bool) -> Result<InferenceBody, B
     })
 }
 
+/// What a server's `GET /v1/models` says of the model it serves first: its id, and its context
+/// length where it gives one (vLLM's and the simulator's `max_model_len`), held to the
+/// contract's token bound. `None` when the body lists no model with an id.
+pub fn served_model(body: &[u8]) -> Option<(String, Option<u32>)> {
+    let models: Value = serde_json::from_slice(body).ok()?;
+    let first = models.pointer("/data/0")?;
+    let id = first.get("id").and_then(Value::as_str).filter(|id| !id.is_empty())?.to_string();
+    let context = first
+        .get("max_model_len")
+        .and_then(Value::as_u64)
+        .and_then(|t| u32::try_from(t).ok())
+        .filter(|t| *t > 0 && *t <= crate::limits::MAX_TOKENS);
+    Some((id, context))
+}
+
 fn positive_u32(v: &Value, field: &str) -> Result<u32, BodyError> {
     v.as_u64()
         .filter(|n| *n >= 1)
@@ -209,6 +224,18 @@ mod tests {
         for (body, chat, field) in cases {
             let err = parse_inference_body(body, *chat).unwrap_err();
             assert_eq!(err.field, *field, "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn served_model_reads_the_first_models_id_and_context() {
+        let vllm = br#"{"object":"list","data":[{"id":"tiny","max_model_len":4096},{"id":"other"}]}"#;
+        assert_eq!(served_model(vllm), Some(("tiny".to_string(), Some(4096))));
+        assert_eq!(served_model(br#"{"data":[{"id":"m"}]}"#), Some(("m".to_string(), None)));
+        assert_eq!(served_model(br#"{"data":[{"id":"m","max_model_len":0}]}"#), Some(("m".to_string(), None)));
+        assert_eq!(served_model(br#"{"data":[{"id":"m","max_model_len":99999999999}]}"#), Some(("m".into(), None)));
+        for bad in [&br#"{"data":[]}"#[..], br#"{"data":[{"id":""}]}"#, b"garbage"] {
+            assert_eq!(served_model(bad), None);
         }
     }
 }

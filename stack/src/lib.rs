@@ -354,11 +354,10 @@ fn profile_servers(
 
 /// The model a fleet serves: the first of `/v1/models` of the first server that answers.
 fn served_model(servers: &[SocketAddr]) -> anyhow::Result<String> {
+    let runtime = tokio::runtime::Runtime::new()?;
     for s in servers {
-        let Ok((200, body)) = http::get(*s, "/v1/models") else { continue };
-        let models: Value = serde_json::from_str(&body).unwrap_or_default();
-        if let Some(id) = models.pointer("/data/0/id").and_then(Value::as_str) {
-            return Ok(id.to_string());
+        if let Ok((model, _)) = runtime.block_on(profile::served(&format!("http://{s}"))) {
+            return Ok(model);
         }
     }
     anyhow::bail!(

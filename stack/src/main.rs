@@ -138,6 +138,10 @@ fn main() -> anyhow::Result<()> {
             } else {
                 Vec::new()
             };
+            anyhow::ensure!(
+                !(profile && !servers.is_empty() && profiles.is_empty()),
+                "--profile measures a hardware class: name each server's with --hardware"
+            );
             if let Some(old) = StackState::load(&run_dir)? {
                 let stopped = old.stop_all(&run_dir);
                 if stopped > 0 {
@@ -147,10 +151,6 @@ fn main() -> anyhow::Result<()> {
             if engine == Engine::Vllm && servers.is_empty() {
                 println!("starting {} real vLLM servers (a minute or two)...", profiles.len());
             }
-            anyhow::ensure!(
-                !(profile && !servers.is_empty() && profiles.is_empty()),
-                "--profile measures a hardware class: name each server's with --hardware"
-            );
             let profile = profile || (engine == Engine::Vllm && servers.is_empty());
             let opts = StackOptions {
                 run_dir: run_dir.clone(),
