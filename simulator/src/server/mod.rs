@@ -119,6 +119,15 @@ pub async fn serve(
                 res
             }
         }));
+    // Each token is its own small write: without TCP_NODELAY, Nagle's algorithm holds a
+    // stream's next write until the client acknowledges the last, and a client delaying its
+    // acknowledgements (on a reused connection) saw the first token ~40 ms late. vLLM's
+    // server (uvicorn) sets it too.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY not set: {e}");
+        }
+    });
     let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
     engine.abort();
     result.map_err(Into::into)
