@@ -107,7 +107,7 @@ pub struct StackOptions {
     /// Measure each hardware class's costs on its first server before traffic
     /// (`headroom-profile`'s sweep, seconds on the idle fleet) and give them to the predictor
     /// as its prior (`model.prior_profiles`). Off, classes take the analytic prior, the
-    /// simulator's own cost formula: what the simulated stacks use.
+    /// simulator's own cost formula (what the tests and the simulated benchmark use).
     pub profile: bool,
     /// Simulator time scale (1 = real time).
     pub time_scale: f64,
@@ -329,12 +329,18 @@ fn prior_scale_as_an_operator_would(config: &mut PredictorConfig, profiles: &[St
 }
 
 /// Profiles the first server of each hardware class with `headroom-profile`'s sweep, on the
-/// idle fleet, into `dir` (`<class>-ttft.json`, `<class>-tpot.json`), and returns the
-/// predictor's `model.prior_profiles` for them.
+/// idle fleet, into `dir` (`<class>-ttft.json`, `<class>-tpot.json`; a simulated class as
+/// `<class>-<scale>x-...`), and returns the predictor's `model.prior_profiles` for them.
+///
+/// A simulated class's costs are the simulator's constants at its time scale: its profile
+/// is reused while it is newer than the simulator binary (an operator profiles a GPU type
+/// once too), so a benchmark starting a stack per router pays the sweep once per class and
+/// speed. A real engine is measured at every start: the host it shares may be busier.
 fn profile_servers(
     servers: &[(SocketAddr, String)],
     model: &str,
     dir: &Path,
+    simulated: Option<(f64, &Path)>,
 ) -> anyhow::Result<BTreeMap<String, ProfilePaths>> {
     let mut out = BTreeMap::new();
     let runtime = tokio::runtime::Runtime::new()?;
@@ -342,14 +348,31 @@ fn profile_servers(
         if out.contains_key(class) {
             continue;
         }
+        let name = match simulated {
+            Some((scale, _)) => format!("{class}-{scale}x"),
+            None => class.clone(),
+        };
+        let (ttft, tpot) = (dir.join(format!("{name}-ttft.json")), dir.join(format!("{name}-tpot.json")));
+        if let Some((_, binary)) = simulated {
+            if [&ttft, &tpot].iter().all(|file| newer_than(file, binary)) {
+                out.insert(class.clone(), ProfilePaths { ttft, tpot });
+                continue;
+            }
+        }
         let url = format!("http://{server}");
         let (_, context) = runtime.block_on(profile::served(&url))?;
         let sweep = profile::Sweep::for_engine(context, vllm::MAX_NUM_SEQS);
         let profiled = runtime.block_on(profile::run(&url, model, &sweep, |_| {}))?;
-        let (ttft, tpot) = profile::write(&profiled, dir, class)?;
+        let (ttft, tpot) = profile::write(&profiled, dir, &name)?;
         out.insert(class.clone(), ProfilePaths { ttft, tpot });
     }
     Ok(out)
+}
+
+/// Whether `file` exists and was written after `than` was.
+fn newer_than(file: &Path, than: &Path) -> bool {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    matches!((modified(file), modified(than)), (Some(f), Some(t)) if f > t)
 }
 
 /// The model a fleet serves: the first of `/v1/models` of the first server that answers.
@@ -557,7 +580,10 @@ impl Stack {
         let profiles = if opts.profile {
             let hardware: Vec<(SocketAddr, String)> =
                 stack.state.servers.iter().copied().zip(opts.profiles.iter().cloned()).collect();
-            match profile_servers(&hardware, &stack.state.model, &run_dir.join("profiles")) {
+            let sim_binary = bins.join("headroom-sim");
+            let simulated =
+                (stack.engine == Some(Engine::Simulator)).then_some((opts.time_scale, sim_binary.as_path()));
+            match profile_servers(&hardware, &stack.state.model, &run_dir.join("profiles"), simulated) {
                 Ok(p) => p,
                 Err(e) => {
                     stack.stop();

@@ -36,8 +36,8 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         hardware: Vec<String>,
         /// Profile each hardware class's first server before traffic (`headroom-profile`'s
-        /// sweep, seconds) for the predictor's prior: always on for `--engine vllm`; for
-        /// `--servers`, it loads your servers for those seconds.
+        /// sweep, seconds) for the predictor's prior: always on for the servers the stack
+        /// starts; for `--servers`, it loads your servers for those seconds.
         #[arg(long)]
         profile: bool,
     },
@@ -151,7 +151,7 @@ fn main() -> anyhow::Result<()> {
             if engine == Engine::Vllm && servers.is_empty() {
                 println!("starting {} real vLLM servers (a minute or two)...", profiles.len());
             }
-            let profile = profile || (engine == Engine::Vllm && servers.is_empty());
+            let profile = profile || servers.is_empty();
             let opts = StackOptions {
                 run_dir: run_dir.clone(),
                 attached: false,
@@ -286,7 +286,7 @@ fn demo(
             run_dir: run_dir.to_path_buf(),
             router,
             engine,
-            profile: engine == Engine::Vllm && router == Router::Headroom,
+            profile: router == Router::Headroom,
             profiles: servers.clone(),
             ..Default::default()
         };
