@@ -58,9 +58,14 @@ demo: build $(ENGINE_SETUP)
 # about 1.4 at 0.25x, a hetero one about 1), more than half of it short-long. BENCH_ARGS="--seeds 1"
 # skips the repeats, --workloads runs a part, and `headroom-bench report --merge` puts the parts
 # together.
+#
+# ENGINE=vllm runs it on the two local real vLLM servers instead (restarted for every router, so no
+# router finds another's prompts in vLLM's prefix cache): mixed-small, rates 1-4 req/s, 40 s steps
+# after a 10 s lead-in, three seeds near the cliffs, into results/vllm (docs/real-engine.md).
 BENCH_ARGS ?=
-bench: build
-	@$(BENCH) run --out results $(BENCH_ARGS)
+BENCH_OUT ?= $(if $(filter vllm,$(ENGINE)),results/vllm,results)
+bench: build $(ENGINE_SETUP)
+	@$(BENCH) run --engine $(ENGINE) --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The gateway's own cost: plain Envoy against Envoy + headroom in one run, latency added at
 # low load and closed-loop throughput with CPU (docs/performance.md). About 3 minutes.

@@ -28,7 +28,7 @@ use headroom_loadgen::{runner, workload};
 use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
-use headroom_stack::{Router, Stack, StackOptions};
+use headroom_stack::{Engine, Router, Stack, StackOptions};
 use summary::Summary;
 
 /// The attainment the capacity is measured at.
@@ -264,9 +264,34 @@ pub fn default_fleet(workload: &str) -> Vec<String> {
     fleet
 }
 
+/// The default rate ladder of a workload on the local real vLLM servers (two, a core each, the
+/// 2-core reference host): `mixed-small` at 2 req/s kept the host 88-90% busy and every router
+/// near 90% of its SLOs, at 4 req/s 99-100% busy (docs/real-engine.md), so the ladder
+/// brackets that crossing; past it the host, not the routing, sets the latencies, and each
+/// point records how busy the host was.
+pub fn default_rates_vllm(_workload: &str) -> Vec<f64> {
+    vec![1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
+}
+
+/// The workloads a real-engine run measures unless `--workloads` says otherwise: the ones
+/// sized for a small model on CPU (`workload::mixed_small`).
+pub const VLLM_WORKLOADS: [&str; 1] = ["mixed-small"];
+
+/// Seconds of measured traffic per rate on real vLLM: at its rates (1-4 req/s) a 15 s step
+/// would judge a router on a few dozen requests.
+pub const VLLM_STEP_S: f64 = 40.0;
+
+/// Seconds of each rate's traffic before a real-engine step: `mixed-small`'s answers (up to 200
+/// tokens at 3-40 ms each) end within a few seconds, so 10 s puts the fleet at the load.
+pub const VLLM_LEAD_IN_S: f64 = 10.0;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
+    /// What serves the model: simulated GPUs, or the local real vLLM servers (real time, a
+    /// fresh pair of servers per router and per repeat, so no router finds another's prompts
+    /// in vLLM's prefix cache).
+    pub engine: Engine,
     pub workloads: Vec<String>,
     /// Rate ladder for every workload (`None`: [`default_rates`]).
     pub rates: Option<Vec<f64>>,
@@ -323,6 +348,9 @@ pub struct WorkloadRun {
     #[serde(default)]
     pub load_held_after: bool,
     pub servers: usize,
+    /// `vllm` when real vLLM servers were measured (absent: the simulator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
     /// Hardware profile per server (empty in results written before it was recorded:
     /// the run's `profiles`).
     #[serde(default)]
@@ -348,6 +376,9 @@ pub struct WorkloadRun {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchResults {
     pub command: String,
+    /// `vllm` when every workload ran on real vLLM servers (absent: the simulator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
     /// The fleet of every workload that does not name its own.
     pub profiles: Vec<String>,
     pub time_scale: f64,
@@ -364,7 +395,7 @@ impl BenchResults {
     /// measured with (a report made in parts says which part is which).
     pub fn merge(&mut self, other: BenchResults) -> Vec<String> {
         let mut said = Vec::new();
-        let BenchResults { command, profiles, time_scale, workloads } = self;
+        let BenchResults { command, profiles, time_scale, workloads, .. } = self;
         for mut w in other.workloads {
             w.fill_from_run(&other.command, &other.profiles, other.time_scale);
             let Some(mine) = workloads.iter_mut().find(|mine| mine.workload == w.workload) else {
@@ -434,7 +465,7 @@ impl WorkloadRun {
         [
             (self.step_s != other.step_s, "step"),
             (self.lead_in_s != other.lead_in_s || self.load_held_after != other.load_held_after, "lead-in"),
-            (self.profiles != other.profiles, "fleet"),
+            (self.profiles != other.profiles || self.engine != other.engine, "fleet"),
             (self.time_scale != other.time_scale, "time scale"),
             (self.trace_window != other.trace_window, "trace window"),
         ]
@@ -625,7 +656,11 @@ impl<'a> Bench<'a> {
         let plugin = if contender.router == Router::Headroom { plugin(contender, time_scale) } else { Map::new() };
         let stack = Stack::start(StackOptions {
             run_dir: opts.run_dir.clone(),
+            engine: opts.engine,
             profiles: ladder.fleet.clone(),
+            // Real servers start from their measured profile, as `make up` does; the
+            // simulated reference keeps the analytic prior it was measured on.
+            profile: opts.engine == Engine::Vllm && contender.router == Router::Headroom,
             time_scale,
             router: contender.router,
             objective: contender.objective.to_string(),
@@ -635,7 +670,7 @@ impl<'a> Bench<'a> {
         })?;
         let target = runner::Target {
             url: format!("http://{}", stack.state.gateway),
-            model: "sim-llama-8b".into(),
+            model: stack.state.model.clone(),
             slo_headers: true,
             prediction_based: contender.prediction_based,
             timeout: std::time::Duration::from_secs_f64(LONGEST_REQUEST_S / time_scale),
@@ -879,6 +914,11 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     anyhow::ensure!(opts.lead_in_s.is_none_or(|l| l >= 0.0 && l.is_finite()), "--lead-in must be >= 0");
     anyhow::ensure!(opts.time_scale.is_none_or(|t| t > 0.0 && t <= 1.0), "--time-scale must be within (0, 1]");
     anyhow::ensure!(opts.trace_window != Some(0), "--trace-window: must be at least 1 request");
+    // Real servers run in real time: a slowed run has no meaning for them.
+    anyhow::ensure!(
+        opts.engine == Engine::Simulator || opts.time_scale.is_none_or(|t| t == 1.0),
+        "--time-scale slows the simulator; real vLLM servers run in real time"
+    );
     // A window given where no workload replays the trace would be dropped without a word, and
     // the run would not be the one asked for.
     anyhow::ensure!(
@@ -890,22 +930,32 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     let contenders = contenders(opts)?;
     let mut results = BenchResults {
         command: command.to_string(),
-        profiles: opts.profiles.clone().unwrap_or_else(|| default_fleet("")),
+        engine: (opts.engine == Engine::Vllm).then(|| "vllm".to_string()),
+        profiles: opts.profiles.clone().unwrap_or_else(|| match opts.engine {
+            Engine::Vllm => Engine::Vllm.default_profiles(),
+            Engine::Simulator => default_fleet(""),
+        }),
         time_scale: opts.time_scale.unwrap_or(1.0),
         workloads: vec![],
     };
     for name in &opts.workloads {
-        let rates = opts.rates.clone().unwrap_or_else(|| default_rates(name));
+        let real = opts.engine == Engine::Vllm;
+        let rates =
+            opts.rates.clone().unwrap_or_else(|| if real { default_rates_vllm(name) } else { default_rates(name) });
         anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
         requests(name, 11, rates[0], 1.0, 1)?; // an unknown workload fails before any stack starts
-        let time_scale = opts.time_scale.unwrap_or_else(|| default_time_scale(name));
-        let lead_in_s = opts.lead_in_s.unwrap_or_else(|| default_lead_in(name));
+        let time_scale = if real { 1.0 } else { opts.time_scale.unwrap_or_else(|| default_time_scale(name)) };
+        let lead_in_s = opts.lead_in_s.unwrap_or_else(|| if real { VLLM_LEAD_IN_S } else { default_lead_in(name) });
         let lead = if lead_in_s > 0.0 { format!(" after {lead_in_s} s not counted") } else { String::new() };
-        println!(
-            "workload {name}: rates {rates:?} req/s, {} s per rate{lead}, simulator at {time_scale}x",
-            opts.step_s
-        );
-        let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet(name));
+        let speed = if real { "real vLLM".to_string() } else { format!("simulator at {time_scale}x") };
+        println!("workload {name}: rates {rates:?} req/s, {} s per rate{lead}, {speed}", opts.step_s);
+        let fleet = opts.profiles.clone().unwrap_or_else(|| {
+            if real {
+                Engine::Vllm.default_profiles()
+            } else {
+                default_fleet(name)
+            }
+        });
         let ladder = Ladder::new(opts, &rates, fleet.clone(), time_scale, lead_in_s);
         let mut w = WorkloadRun {
             workload: name.clone(),
@@ -913,6 +963,7 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
             lead_in_s,
             load_held_after: lead_in_s > 0.0,
             servers: fleet.len(),
+            engine: real.then(|| "vllm".to_string()),
             profiles: fleet,
             trace_window: (name == TRACE).then_some(ladder.window),
             time_scale: Some(time_scale),
@@ -973,6 +1024,7 @@ mod tests {
     fn a_trace_window_is_refused_where_it_would_not_apply_before_anything_starts() {
         let dir = std::env::temp_dir().join(format!("headroom-bench-window-{}", std::process::id()));
         let opts = |workloads: &[&str], trace_window| BenchOptions {
+            engine: Engine::Simulator,
             workloads: workloads.iter().map(|w| w.to_string()).collect(),
             rates: None,
             trace_window,
@@ -989,6 +1041,8 @@ mod tests {
         let refused = |o: BenchOptions| run(&o, "test").unwrap_err().to_string();
         assert!(refused(opts(&["mixed"], Some(1200))).contains("only the azure workload"));
         assert!(refused(opts(&["mixed", TRACE], Some(0))).contains("at least 1 request"));
+        let slowed_vllm = BenchOptions { engine: Engine::Vllm, time_scale: Some(0.5), ..opts(&["mixed-small"], None) };
+        assert!(refused(slowed_vllm).contains("real vLLM servers run in real time"));
         assert!(!dir.exists(), "refused before any directory or stack");
     }
 

@@ -21,11 +21,17 @@ enum Cmd {
     /// Compare routers on identical request sequences over a rate ladder: plain Envoy round
     /// robin and least request, headroom with prediction off (composite) and on.
     Run {
-        /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, hetero, azure).
-        #[arg(long, default_value = "mixed,azure,hetero,shared-prefix,short-long,long-short")]
-        workloads: String,
-        /// Comma-separated rate ladder in requests/s (default: one per workload; azure replays the same
-        /// stretch of its trace compressed to each rate).
+        /// What serves the model: `sim` (8 simulated GPUs) or `vllm` (the local real vLLM servers,
+        /// `make setup-vllm`; two, a core each, real time, restarted for every router).
+        #[arg(long, default_value = "sim")]
+        engine: String,
+        /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, hetero, azure;
+        /// mixed-small, sized for a small model on CPU). Default: the six on the simulator,
+        /// mixed-small on vLLM.
+        #[arg(long)]
+        workloads: Option<String>,
+        /// Comma-separated rate ladder in requests/s (default: one per workload and engine; azure
+        /// replays the same stretch of its trace compressed to each rate).
         #[arg(long)]
         rates: Option<String>,
         /// How many of the azure trace's requests every rate replays (default: as many as the
@@ -33,9 +39,10 @@ enum Cmd {
         /// same traffic, give its `trace_window` from results.json.
         #[arg(long)]
         trace_window: Option<usize>,
-        /// Seconds of measured traffic per router and rate.
-        #[arg(long, default_value_t = 15.0)]
-        step: f64,
+        /// Seconds of measured traffic per router and rate (default: 15 on the simulator, 40 on
+        /// vLLM, whose rates are a hundred times lower).
+        #[arg(long)]
+        step: Option<f64>,
         /// Seconds of each rate's traffic sent before its measured step and not counted, so the
         /// step measures the fleet at that load, not filling up from empty, for every workload;
         /// with a lead-in the traffic also goes on until the step's last request has ended.
@@ -152,6 +159,7 @@ fn main() -> anyhow::Result<()> {
             println!("report: {}", opts.out.join("gateway.md").display());
         }
         Cmd::Run {
+            engine,
             workloads,
             rates,
             trace_window,
@@ -172,11 +180,20 @@ fn main() -> anyhow::Result<()> {
                         .collect::<anyhow::Result<Vec<f64>>>()
                 })
                 .transpose()?;
+            let engine = headroom_stack::Engine::parse(&engine)?;
+            let workloads = workloads.unwrap_or_else(|| match engine {
+                headroom_stack::Engine::Simulator => SIM_WORKLOADS.to_string(),
+                headroom_stack::Engine::Vllm => headroom_bench::VLLM_WORKLOADS.join(","),
+            });
             let opts = BenchOptions {
+                engine,
                 workloads: list(&workloads),
                 rates,
                 trace_window,
-                step_s: step,
+                step_s: step.unwrap_or(match engine {
+                    headroom_stack::Engine::Simulator => 15.0,
+                    headroom_stack::Engine::Vllm => headroom_bench::VLLM_STEP_S,
+                }),
                 lead_in_s: lead_in,
                 warmup_s: warmup,
                 profiles: servers.as_deref().map(list),
@@ -193,6 +210,9 @@ fn main() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The workloads a simulated run measures unless `--workloads` says otherwise.
+const SIM_WORKLOADS: &str = "mixed,azure,hetero,shared-prefix,short-long,long-short";
 
 fn read_results(path: &std::path::Path) -> anyhow::Result<BenchResults> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
