@@ -80,7 +80,7 @@ pub const FLOW_MAX_WAIT_MS: f64 = 10_000.0;
 /// engine time, so a request that waited 100 ms of wall time for its prediction at 0.15x
 /// lost 15 ms. Left at 50 ms of wall time, the timeout sent requests to the fallback
 /// whenever this host's Envoy, metering thousands of slowed streams, answered late
-/// (docs/performance.md, "Streaming"): the host's CPU in the result, which the slowed
+/// (docs/notebook/performance.md, "Streaming"): the host's CPU in the result, which the slowed
 /// run is there to keep out.
 pub const PREDICTOR_TIMEOUT_MS: f64 = 50.0;
 
@@ -99,7 +99,7 @@ const PREDICTED: Contender = Contender {
 };
 
 /// Flow control on the p90 objective: requests wait at the gateway until an endpoint is
-/// 90% sure to meet them (docs/flow-control.md, "Flow control on the p90 objective").
+/// 90% sure to meet them (docs/notebook/flow-control.md, "Flow control on the p90 objective").
 const FLOW_P90: Contender =
     Contender { name: "headroom flow control p90", flow_control: true, objective: "p90", ..PREDICTED };
 
@@ -159,7 +159,7 @@ pub const CONTENDERS: [Contender; 10] = [
     Contender { name: "headroom predicted p90", objective: "p90", ..PREDICTED },
     FLOW_P90,
     // The same, served by the analytic prior with the live correction, no trained model
-    // (`model.train = false`; docs/predictor.md, "Trained models past the cliff").
+    // (`model.train = false`; docs/notebook/predictor.md, "Trained models past the cliff").
     Contender { name: "headroom flow control p90 prior", train: false, ..FLOW_P90 },
 ];
 
@@ -190,7 +190,7 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // "The shared-prefix workload with the current method"): 500 bounds it. Least request
         // fell from 95% at 350 to 40% at 425 and flow control's critical classes from 100% at
         // 425 to 57% at 500, two lines across 75 req/s; rungs 25 apart from 350 to 500 place both
-        // crossings (docs/benchmark.md, "shared-prefix on the current code").
+        // crossings (docs/notebook/benchmark.md, "shared-prefix on the current code").
         "shared-prefix" => vec![125.0, 200.0, 275.0, 350.0, 375.0, 400.0, 425.0, 450.0, 475.0, 500.0],
         // On 4 H100 + 4 A100 (`default_fleet`). Least request crosses 90% between 90 and 115,
         // flow control's critical classes between 140 and 165 (96% and 58%): rungs at 102.5 and
@@ -245,7 +245,7 @@ pub fn default_time_scale(workload: &str) -> f64 {
 /// 132 req/s; held, it met 47% at 140 and 89% at 120. `hetero`'s answers (up to 500 tokens)
 /// and `mixed`'s long ones do the same at their cliffs: from empty, least request kept 79% of
 /// hetero at 140 req/s, held 51%, and llm-d's default kept 90% of mixed to about 141 req/s
-/// from empty in real time, 132 held at half speed (docs/benchmark.md, "Hetero held").
+/// from empty in real time, 132 held at half speed (docs/notebook/benchmark.md, "Hetero held").
 /// `long-short` (answers of a few dozen tokens) and `shared-prefix` (30-200) end within a few
 /// seconds below their cliffs and keep their time.
 pub fn default_lead_in(workload: &str) -> f64 {

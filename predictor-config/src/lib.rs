@@ -164,7 +164,7 @@ pub struct ModelConfig {
     /// target from a trained model that live reports show worse (`model::duel`): past a
     /// fleet's cliff, models refitted every few seconds on the newest reports swung 2-10x
     /// against what requests measured, where the prior, which reads the endpoint's load,
-    /// held (docs/predictor.md, "Trained models past the cliff").
+    /// held (docs/notebook/predictor.md, "Trained models past the cliff").
     pub train: bool,
     /// The ONNX Runtime library (default: `ORT_DYLIB_PATH`, then the project's `.venv`).
     pub onnxruntime_library: Option<PathBuf>,

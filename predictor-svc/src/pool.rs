@@ -580,7 +580,7 @@ impl Pool {
 /// Why: a prompt counted whole until its first token is seen reads as work ahead of every
 /// request placed meanwhile, though the engine may have finished most of it. On the
 /// accuracy run the TTFT error was 23% where such a prompt was ahead at dispatch and 14%
-/// where none was (docs/predictor.md, "Training replayed offline").
+/// where none was (docs/notebook/predictor.md, "Training replayed offline").
 fn prefill_backlog(prompts: &mut [(Instant, u64)], ms_per_token: f64, now: Instant) -> u64 {
     if !(ms_per_token.is_finite() && ms_per_token > 0.0) {
         return prompts.iter().map(|p| p.1).sum();

@@ -322,7 +322,7 @@ pub fn floors(
 
 /// Writes each phase's scored requests as `<dir>/<phase>.csv`: the server's state when
 /// the request arrived (exact, and as a predictor a report tick late sees it) and what
-/// the request took, for analysis offline (docs/predictor.md, "What the state knows").
+/// the request took, for analysis offline (docs/notebook/predictor.md, "What the state knows").
 pub fn write_floor_records(dir: &std::path::Path, floors: &[(&str, Floor)]) -> anyhow::Result<()> {
     use std::fmt::Write;
     std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("--floor-dump {}: {e}", dir.display()))?;
@@ -540,7 +540,7 @@ mod tests {
     #[test]
     fn the_shifted_regimes_tpot_floor_is_where_recovery_is_judged() {
         // The run's own traffic, shortened: the long prompts' TPOT cannot be predicted
-        // within 1.5x of what the mixed phase allows (docs/predictor.md, "What the state knows").
+        // within 1.5x of what the mixed phase allows (docs/notebook/predictor.md, "What the state knows").
         let opts = AccuracyOptions {
             run_dir: PathBuf::new(),
             engine: Engine::Simulator,

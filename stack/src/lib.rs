@@ -311,7 +311,7 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 /// one to give it. Under load the prior's TPOT is set by the share of time prompts take, whose
 /// slope is the prefill cost; an idle decode's error is a constant factor, which the live
 /// correction takes out, and a wrong slope is not (with 2.0: azure's interactive class at 160
-/// req/s 89.1% against 90.3%, docs/benchmark.md "The prior at the simulator's speed"). A simulator at
+/// req/s 89.1% against 90.3%, docs/notebook/benchmark.md "The prior at the simulator's speed"). A simulator at
 /// `--time-scale` s runs every GPU 1/s times slower in wall time, which is all the predictor
 /// sees. Without the time scale, at 0.25x every engine term of the prior was 4x under, which
 /// the live correction's factor absorbs, but its prefill share (the wall-time rate of prompt

@@ -5,7 +5,7 @@
 //! Each streaming completion holds its own HTTP/1.1 connection to its server, so with the
 //! defaults the whole fleet behind one gateway is capped at 1024 concurrent streams; a
 //! decode-heavy benchmark reached that at 150 req/s on 8 servers and its TTFTs grew by
-//! seconds while the servers had room (docs/benchmark.md, "Envoy's connection cap").
+//! seconds while the servers had room (docs/notebook/benchmark.md, "Envoy's connection cap").
 
 use std::time::{Duration, Instant};
 

@@ -63,7 +63,7 @@ pub struct FilterConfig {
     /// Dispatches and reports are sent in batches on this tick. It is also how late
     /// the predictor learns of a placement (and of a first token): until a dispatch
     /// arrives, requests predicted for the same endpoint do not see it. Measured on the
-    /// simulator (docs/predictor.md, "What the state knows"): a 100 ms tick costs about
+    /// simulator (docs/notebook/predictor.md, "What the state knows"): a 100 ms tick costs about
     /// 5 points of TTFT error against fresh state, 20 ms about 1.5; a batch is one call
     /// whatever its size, so a short tick costs calls only where traffic is light.
     pub flush_interval_ms: u64,

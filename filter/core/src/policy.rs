@@ -251,7 +251,7 @@ fn with_fallbacks(mut order: Vec<usize>, endpoints: &[EndpointPrediction], fallb
 /// of 0.8 on TTFT, candidates that differed only in TPOT got weights of 0.8 to 1.0, a
 /// near-uniform pick: on the azure trace held past the cliff, 5-16% of the interactive
 /// requests went to the two A100s, predicted (rightly) at 1.6x the H100s' TPOT, and 82-99%
-/// of those missed it (docs/flow-control.md, "When nothing is in time").
+/// of those missed it (docs/notebook/flow-control.md, "When nothing is in time").
 fn blend(ttft: &[Option<f64>], tpot: &[Option<f64>], ttft_weight: f64) -> Vec<f64> {
     match (min_max(ttft), min_max(tpot)) {
         (Some(a), Some(b)) => a.iter().zip(&b).map(|(a, b)| ttft_weight * a + (1.0 - ttft_weight) * b).collect(),

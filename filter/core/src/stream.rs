@@ -3,7 +3,7 @@
 //!
 //! Why a stream: Envoy's HTTP client spends about 100 us of CPU on each call the filter
 //! makes, more than Envoy spends proxying a whole request; a message on an open stream is a
-//! frame each way (docs/performance.md, "The predict stream").
+//! frame each way (docs/notebook/performance.md, "The predict stream").
 //!
 //! The stream is opened from the tick, never from a request, and carries batches only once
 //! the predictor has answered its headers ([`PredictStream::on_headers`]): a predictor or a

@@ -19,7 +19,7 @@
 //! p90 objective would take it) with the p90 pinball loss two ways: of the relative
 //! error (what judged models until 2026-11-27) and of the log ratio (`training::loss`),
 //! with the share of requests each would have let through on their TPOT goal that then
-//! missed it. docs/predictor.md, "A proper loss, judged per hardware class", has a run.
+//! missed it. docs/notebook/predictor.md, "A proper loss, judged per hardware class", has a run.
 //!
 //! `--scale` gives the prior's hardware factors by class id as the observations carry
 //! it (the pool's hardware names in order, from 1): the benchmark's fleet is

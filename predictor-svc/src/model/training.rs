@@ -108,7 +108,7 @@ pub struct Scores {
 /// where the engine is saturated, the wrong way round for routing (azure past the cliff:
 /// it scored the models' A100 TPOTs better than the corrected prior's, the log scores them
 /// worse, and the models' placements there missed their TPOT 25 times as often;
-/// docs/predictor.md, "A proper loss, judged per hardware class"). In the log it is the
+/// docs/notebook/predictor.md, "A proper loss, judged per hardware class"). In the log it is the
 /// loss the trees fit (`gbdt`: quantiles of the log are the log of the quantiles), and a
 /// factor too high costs what the same factor too low does, weighed as the quantile
 /// weighs them.
