@@ -147,17 +147,22 @@ fn scaled(class: SloClass, factor: f64) -> SloClass {
 pub const SMALL_SLO_FACTOR: f64 = 0.4;
 
 /// [`mixed`] sized for a small real model on CPU (the local vLLM servers, a 4,096-token
-/// context): the same three shapes and classes with prompts of 20-1,400 tokens by the
-/// shared approximation (up to ~2,800 tokens to the model's tokenizer, which packs about
-/// 2 bytes a token of the filler text) and answers of 5-200, every SLO scaled by
-/// [`SMALL_SLO_FACTOR`].
+/// context): the same three shapes and classes, every SLO scaled by [`SMALL_SLO_FACTOR`],
+/// with prompts of 20-500 tokens by the shared approximation (about twice that to the
+/// model's tokenizer, which packs about 2 bytes a token of the filler text) and answers of
+/// 5-200. As in [`mixed`] on the simulated H100, an idle server meets every class's goals
+/// with room to spare (the longest prompt, ~1,000 model tokens, prefills in ~75 ms against
+/// the interactive class's 160 ms), so what misses them is load and placement. Sized to
+/// 1,400 tokens, a tenth of the requests (interactive prompts of ~2,000-2,800 model tokens,
+/// 200-600 ms even alone) missed at every rate on every router, and the benchmark measured
+/// the workload, not the routing.
 pub fn mixed_small(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     poisson(seed, rate, duration_s, |rng, t| {
         let class = scaled(mixed_class(rng), SMALL_SLO_FACTOR);
         let (prompt, output) = match rng.gen_range(0..3) {
-            0 => (rng.gen_range(20..200), rng.gen_range(40..200)),
-            1 => (rng.gen_range(400..1400), rng.gen_range(5..40)),
-            _ => (rng.gen_range(100..600), rng.gen_range(20..100)),
+            0 => (rng.gen_range(20..150), rng.gen_range(40..200)),
+            1 => (rng.gen_range(200..500), rng.gen_range(5..40)),
+            _ => (rng.gen_range(50..300), rng.gen_range(20..100)),
         };
         spec(t, prompt, output, rng.gen_bool(0.85), class)
     })
@@ -380,6 +385,17 @@ mod tests {
         assert_eq!(w[2].prompt_tokens, 24_000, "clamped to the context");
         let err = trace_replay("h\n1,2\n", 1, 1.0, 10.0).unwrap_err();
         assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn the_small_mix_fits_an_idle_cpu_server_within_every_goal() {
+        let w = mixed_small(5, 20.0, 60.0);
+        // At most ~1,000 model tokens (about 2 bytes a token), which the local vLLM server
+        // prefills in ~75 ms, under half the tightest TTFT goal.
+        assert!(w.iter().all(|r| r.prompt_tokens < 500), "a prompt over 500 tokens");
+        let tightest = w.iter().filter_map(|r| r.class.ttft_ms).fold(f64::INFINITY, f64::min);
+        assert_eq!(tightest, 400.0 * SMALL_SLO_FACTOR);
+        assert!(w.iter().any(|r| r.prompt_tokens >= 450), "the long shape is there");
     }
 
     #[test]
