@@ -265,12 +265,11 @@ pub fn default_fleet(workload: &str) -> Vec<String> {
 }
 
 /// The default rate ladder of a workload on the local real vLLM servers (two, a core each, the
-/// 2-core reference host): `mixed-small` at 2 req/s kept the host 88-90% busy and every router
-/// near 90% of its SLOs, at 4 req/s 99-100% busy (docs/real-engine.md), so the ladder
-/// brackets that crossing; past it the host, not the routing, sets the latencies, and each
-/// point records how busy the host was.
+/// 2-core reference host): from 0.5 req/s, where the host is well under saturation (46% busy),
+/// to 4, where it ran 99-100% busy (docs/real-engine.md) and the host, not the routing, sets
+/// the latencies. Each point records how busy the host was.
 pub fn default_rates_vllm(_workload: &str) -> Vec<f64> {
-    vec![1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
+    vec![0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
 }
 
 /// The workloads a real-engine run measures unless `--workloads` says otherwise: the ones
@@ -990,22 +989,77 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
 /// Writes the report, the raw results (with each workload's ratios) and the charts.
 pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
+    for (name, text) in render(results)? {
+        std::fs::write(out.join(name), text)?;
+    }
+    Ok(())
+}
+
+/// Every file `write_outputs` writes for `results`, by name: `results.json` (with each
+/// workload's ratios), `report.md` and one SVG per workload. The one place they are made, so a
+/// committed reference can be checked against what its own results render.
+pub fn render(results: &BenchResults) -> anyhow::Result<Vec<(String, String)>> {
     let mut results = results.clone();
     for w in &mut results.workloads {
         w.ratios = report::ratios(w);
     }
-    let results = &results;
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(results)?)?;
-    std::fs::write(out.join("report.md"), report::markdown(results))?;
-    for w in &results.workloads {
-        std::fs::write(out.join(format!("{}.svg", w.workload)), report::chart(w))?;
+    let mut files = vec![
+        ("results.json".to_string(), serde_json::to_string_pretty(&results)? + "\n"),
+        ("report.md".to_string(), report::markdown(&results)),
+    ];
+    files.extend(results.workloads.iter().map(|w| (format!("{}.svg", w.workload), report::chart(w))));
+    Ok(files)
+}
+
+impl BenchResults {
+    /// Keeps only the routers named in `routers` (all of them when it is empty), in every
+    /// workload: a reference made from parts shows the routers it compares, not every one a part
+    /// also ran. A name no workload has is an error, so a typo cannot empty the report silently.
+    pub fn keep_routers(&mut self, routers: &[String]) -> anyhow::Result<()> {
+        if routers.is_empty() {
+            return Ok(());
+        }
+        for name in routers {
+            anyhow::ensure!(
+                self.workloads.iter().any(|w| w.runs.iter().any(|r| &r.router == name)),
+                "--routers: no workload has a router named {name:?}"
+            );
+        }
+        for w in &mut self.workloads {
+            w.runs.retain(|r| routers.contains(&r.router));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed references (`docs/bench/`, and the real-engine one under `docs/bench/vllm/`)
+    /// are what `headroom-bench report` renders from their own `results.json`: nobody edits a
+    /// report by hand, and a change to the rendering shows up here until they are regenerated.
+    #[test]
+    fn the_committed_references_are_what_their_results_render() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
+        for dir in [docs.clone(), docs.join("vllm")] {
+            let Ok(text) = std::fs::read_to_string(dir.join("results.json")) else {
+                assert!(dir != docs, "docs/bench/results.json is missing");
+                continue;
+            };
+            let results: BenchResults = serde_json::from_str(&text).unwrap();
+            for (name, rendered) in render(&results).unwrap() {
+                let committed = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
+                assert!(
+                    committed == rendered,
+                    "{}/{name} is not what `headroom-bench report --out {}` renders from its results.json: \
+                     regenerate it, never edit it",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
 
     #[test]
     fn after_a_lead_in_the_traffic_goes_on_past_the_step_and_the_step_is_unchanged() {

@@ -110,6 +110,10 @@ enum Cmd {
         /// (fills the figures the report gained since the run was made).
         #[arg(long)]
         recompute: bool,
+        /// Keep only these routers (comma-separated names) once merged: a reference made from
+        /// parts that also ran other routers.
+        #[arg(long, default_value = "")]
+        routers: String,
     },
 }
 
@@ -117,13 +121,21 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let run_dir = args.run_dir.unwrap_or_else(|| locate::root().join(".run"));
     match args.command {
-        Cmd::Report { out, merge, recompute } => {
-            let mut results = read_results(&out.join("results.json"))?;
-            for path in &merge {
+        Cmd::Report { out, merge, recompute, routers } => {
+            // A reference assembled from parts into an empty directory starts from its first part.
+            let fresh = !out.join("results.json").exists() && !merge.is_empty();
+            let (mut results, merge) = if fresh {
+                println!("{}: the first part", merge[0].display());
+                (read_results(&merge[0])?, &merge[1..])
+            } else {
+                (read_results(&out.join("results.json"))?, &merge[..])
+            };
+            for path in merge {
                 for line in results.merge(read_results(path)?) {
                     println!("{}: {line}", path.display());
                 }
             }
+            results.keep_routers(&headroom_bench::parse_routers(&routers)?)?;
             if recompute {
                 let n = headroom_bench::recompute(&out, &mut results)?;
                 println!("{n} measurements summarized again from {}", out.join("requests").display());

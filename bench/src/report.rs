@@ -926,6 +926,19 @@ mod tests {
     }
 
     #[test]
+    fn a_reference_keeps_the_routers_it_names_and_refuses_an_unknown_one() {
+        let mut results = one_run(vec![workload()]);
+        results.keep_routers(&["lr".to_string(), "pred".to_string()]).unwrap();
+        let kept: Vec<&str> = results.workloads[0].runs.iter().map(|r| r.router.as_str()).collect();
+        assert_eq!(kept, ["lr", "pred"]);
+        let unknown = results.keep_routers(&["rr".to_string()]).unwrap_err().to_string();
+        assert!(unknown.contains("no workload has a router named \"rr\""), "{unknown}");
+        assert_eq!(results.workloads[0].runs.len(), 2, "nothing dropped on a refusal");
+        results.keep_routers(&[]).unwrap();
+        assert_eq!(results.workloads[0].runs.len(), 2, "no names: every router kept");
+    }
+
+    #[test]
     fn ratios_compare_the_best_of_each_side_by_capacity_and_critical_capacity() {
         let r = ratios(&workload()).unwrap();
         assert_eq!((r.best_headroom.as_str(), r.best_baseline.as_str()), ("pred", "lr"));
