@@ -62,7 +62,7 @@ demo: build $(ENGINE_SETUP)  ## the same traffic through Envoy least request, th
 # together.
 #
 # ENGINE=vllm runs it on the two local real vLLM servers instead (restarted for every router, so no
-# router finds another's prompts in vLLM's prefix cache): mixed-small, rates 1-4 req/s, 40 s steps
+# router finds another's prompts in vLLM's prefix cache): mixed-small, rates 1-5 req/s, 40 s steps
 # after a 10 s lead-in, three seeds near the cliffs, into results/vllm (docs/real-engine.md).
 BENCH_ARGS ?=
 BENCH_OUT ?= $(if $(filter vllm,$(ENGINE)),results/vllm,results)

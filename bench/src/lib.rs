@@ -265,11 +265,12 @@ pub fn default_fleet(workload: &str) -> Vec<String> {
 }
 
 /// The default rate ladder of a workload on the local real vLLM servers (two, a core each, the
-/// 2-core reference host): from 0.5 req/s, where the host is well under saturation (46% busy),
-/// to 4, where it ran 99-100% busy (docs/real-engine.md) and the host, not the routing, sets
-/// the latencies. Each point records how busy the host was.
+/// 2-core reference host): from 1 req/s, the host about half busy, to 5, where it ran 99% busy
+/// and every router still met 96-100% of `mixed-small`'s SLOs (docs/real-engine.md,
+/// "Routing"): past that the host, not the routing, sets the latencies. Each point records how
+/// busy the host was.
 pub fn default_rates_vllm(_workload: &str) -> Vec<f64> {
-    vec![0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
+    vec![1.0, 2.0, 3.0, 4.0, 5.0]
 }
 
 /// The workloads a real-engine run measures unless `--workloads` says otherwise: the ones
