@@ -273,6 +273,15 @@ pub fn default_rates_vllm(_workload: &str) -> Vec<f64> {
     vec![1.0, 2.0, 3.0, 4.0, 5.0]
 }
 
+/// The fleet a workload runs on unless `--servers` says otherwise: the simulator's
+/// [`default_fleet`], or the local vLLM servers.
+fn default_fleet_on(engine: Engine, workload: &str) -> Vec<String> {
+    match engine {
+        Engine::Simulator => default_fleet(workload),
+        Engine::Vllm => Engine::Vllm.default_profiles(),
+    }
+}
+
 /// The workloads a real-engine run measures unless `--workloads` says otherwise: the ones
 /// sized for a small model on CPU (`workload::mixed_small`).
 pub const VLLM_WORKLOADS: [&str; 1] = ["mixed-small"];
@@ -376,9 +385,6 @@ pub struct WorkloadRun {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchResults {
     pub command: String,
-    /// `vllm` when every workload ran on real vLLM servers (absent: the simulator).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<String>,
     /// The fleet of every workload that does not name its own.
     pub profiles: Vec<String>,
     pub time_scale: f64,
@@ -395,7 +401,7 @@ impl BenchResults {
     /// measured with (a report made in parts says which part is which).
     pub fn merge(&mut self, other: BenchResults) -> Vec<String> {
         let mut said = Vec::new();
-        let BenchResults { command, profiles, time_scale, workloads, .. } = self;
+        let BenchResults { command, profiles, time_scale, workloads } = self;
         for mut w in other.workloads {
             w.fill_from_run(&other.command, &other.profiles, other.time_scale);
             let Some(mine) = workloads.iter_mut().find(|mine| mine.workload == w.workload) else {
@@ -930,11 +936,7 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     let contenders = contenders(opts)?;
     let mut results = BenchResults {
         command: command.to_string(),
-        engine: (opts.engine == Engine::Vllm).then(|| "vllm".to_string()),
-        profiles: opts.profiles.clone().unwrap_or_else(|| match opts.engine {
-            Engine::Vllm => Engine::Vllm.default_profiles(),
-            Engine::Simulator => default_fleet(""),
-        }),
+        profiles: opts.profiles.clone().unwrap_or_else(|| default_fleet_on(opts.engine, "")),
         time_scale: opts.time_scale.unwrap_or(1.0),
         workloads: vec![],
     };
@@ -949,13 +951,7 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         let lead = if lead_in_s > 0.0 { format!(" after {lead_in_s} s not counted") } else { String::new() };
         let speed = if real { "real vLLM".to_string() } else { format!("simulator at {time_scale}x") };
         println!("workload {name}: rates {rates:?} req/s, {} s per rate{lead}, {speed}", opts.step_s);
-        let fleet = opts.profiles.clone().unwrap_or_else(|| {
-            if real {
-                Engine::Vllm.default_profiles()
-            } else {
-                default_fleet(name)
-            }
-        });
+        let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet_on(opts.engine, name));
         let ladder = Ladder::new(opts, &rates, fleet.clone(), time_scale, lead_in_s);
         let mut w = WorkloadRun {
             workload: name.clone(),

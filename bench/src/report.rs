@@ -621,12 +621,15 @@ fn servers_kind(engine: Option<&str>) -> &'static str {
 }
 
 pub fn markdown(results: &BenchResults) -> String {
+    // The header speaks for the whole run: real vLLM only when every workload ran on it.
+    let real = !results.workloads.is_empty() && results.workloads.iter().all(|w| w.engine.as_deref() == Some("vllm"));
+    let engine = real.then_some("vllm");
     let mut s = format!(
         "# Benchmark: SLO attainment by router\n\n{} {} ({}, unless a workload names its own fleet) behind the real Envoy; at each rate every router gets the identical request sequence. {}\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, llm-d's default scheduler (prefix-cache affinity + token load), and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, with the default `most` (spreading) strategy for the positive tier, or `least` (bin-packing, llm-d's default), or with flow control (`flow_control`: requests wait at the gateway by priority and deadline), or with the predictor's `p90` objective (tiers judged on 90th-percentile predictions).\n\nEach verdict below says whether predicted routing reached the target (at least {CAPACITY_TARGET_RATIO}x the best baseline's capacity); `docs/benchmark.md` explains the reference run's results, including why the target is missed where it is.\n",
         results.profiles.len(),
-        servers_kind(results.engine.as_deref()),
+        servers_kind(engine),
         fleet(&results.profiles),
-        match results.engine.as_deref() {
+        match engine {
             Some("vllm") => "Real time: rates and latencies as the clients measured them.".to_string(),
             _ => format!(
                 "Simulator speed: {}x real time unless a workload says otherwise (rates and latencies are in simulated time).",
@@ -794,13 +797,7 @@ mod tests {
 
     /// Results of one `make bench` run at real time.
     fn one_run(workloads: Vec<WorkloadRun>) -> BenchResults {
-        BenchResults {
-            command: "make bench".into(),
-            engine: None,
-            profiles: vec!["h100".into()],
-            time_scale: 1.0,
-            workloads,
-        }
+        BenchResults { command: "make bench".into(), profiles: vec!["h100".into()], time_scale: 1.0, workloads }
     }
 
     fn run(name: &str, baseline: bool, pts: &[(f64, f64)]) -> RouterRun {
@@ -1070,7 +1067,6 @@ mod tests {
     fn markdown_has_every_router_and_rate() {
         let r = BenchResults {
             command: "make bench".into(),
-            engine: None,
             profiles: vec!["h100".into(), "h100".into(), "a100".into()],
             time_scale: 0.5,
             workloads: vec![workload()],
