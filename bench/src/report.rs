@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use crate::summary::{capacity, Capacity, ClassSummary, Summary, TierCount};
 use crate::{host, BenchResults, RouterRun, WorkloadRun, TARGET};
-use headroom_loadgen::chart::{attainment_svg, Series};
+use headroom_loadgen::chart::{attainment_svg, Panel, Series};
 
 /// The capacity target of predicted routing over the best baseline.
 pub const CAPACITY_TARGET_RATIO: f64 = 1.3;
@@ -755,11 +755,41 @@ fn provenance(w: &WorkloadRun, results: &BenchResults) -> String {
     s
 }
 
-/// The workload's chart: attainment against offered load, one line per router.
+/// `(offered rps, lowest, highest)` of `pick` per rate over that rate's measurements (the
+/// seeds' spread; one measurement gives a band of no width).
+fn seed_spread(run: &RouterRun, pick: Pick) -> Vec<(f64, f64, f64)> {
+    measurements(run)
+        .iter()
+        .filter_map(|(_, ms)| {
+            let values: Vec<f64> = ms.iter().filter_map(|s| pick(s)).collect();
+            let lo = values.iter().copied().reduce(f64::min)?;
+            let hi = values.iter().copied().reduce(f64::max)?;
+            Some((ms.iter().map(|s| s.offered_rps).sum::<f64>() / ms.len() as f64, lo, hi))
+        })
+        .collect()
+}
+
+/// The workload's chart: attainment against offered load, one line per router (the mean over
+/// the seeds, their range shaded), all requests beside the critical classes when the
+/// workload has them.
 pub fn chart(w: &WorkloadRun) -> String {
-    let series: Vec<Series> =
-        w.runs.iter().map(|r| Series { name: &r.router, points: mean_curve(r, overall).unwrap_or_default() }).collect();
-    attainment_svg(&format!("{}: SLO attainment vs load", w.workload), &series, TARGET)
+    let panel = |title, pick: Pick| Panel {
+        title,
+        series: w
+            .runs
+            .iter()
+            .map(|r| Series {
+                name: &r.router,
+                points: mean_curve(r, pick).unwrap_or_default(),
+                band: seed_spread(r, pick),
+            })
+            .collect(),
+    };
+    let mut panels = vec![panel("all requests", overall)];
+    if w.runs.iter().any(|r| r.points.iter().any(|(_, s)| s.critical_attainment.is_some())) {
+        panels.push(panel("critical classes (not sheddable)", critical));
+    }
+    attainment_svg(&format!("{}: SLO attainment vs load", w.workload), &panels, TARGET)
 }
 
 #[cfg(test)]

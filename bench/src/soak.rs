@@ -81,6 +81,21 @@ pub struct Sample {
     pub wasm_memory: u64,
 }
 
+impl Sample {
+    /// What `make soak` prints as it takes the sample: where the run is and each memory.
+    pub fn line(&self, seconds: f64, warmup_s: f64) -> String {
+        let mib = |v: u64| v as f64 / (1 << 20) as f64;
+        let phase = if self.t_s < warmup_s { " (warming up)" } else { "" };
+        format!(
+            "  {:>5.0} s of {seconds:.0}: predictor {:.1} MiB, Envoy {:.1} MiB, Wasm VMs {:.1} MiB{phase}",
+            self.t_s,
+            mib(self.predictor_rss),
+            mib(self.envoy_rss),
+            mib(self.wasm_memory)
+        )
+    }
+}
+
 /// Growth of one process's memory after warm-up.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Growth {
@@ -209,6 +224,7 @@ pub fn run(opts: &SoakOptions, command: &str) -> anyhow::Result<SoakSummary> {
                 envoy_rss: process::rss_bytes(envoy).unwrap_or(0),
                 wasm_memory: wasm as u64,
             };
+            println!("{}", sample.line(opts.seconds, opts.warmup_s));
             samples.push(sample);
             next += Duration::from_secs_f64(opts.sample_s);
         }
@@ -280,13 +296,22 @@ fn write_outputs(opts: &SoakOptions, samples: &[Sample], summary: &SoakSummary) 
     }
     std::fs::write(opts.out.join("samples.csv"), csv)?;
     let mib = |v: u64| v as f64 / (1 << 20) as f64;
-    let series = [
+    let series = vec![
         chart::Series {
             name: "predictor RSS",
             points: samples.iter().map(|s| (s.t_s, mib(s.predictor_rss))).collect(),
+            ..Default::default()
         },
-        chart::Series { name: "Envoy RSS", points: samples.iter().map(|s| (s.t_s, mib(s.envoy_rss))).collect() },
-        chart::Series { name: "Wasm VMs", points: samples.iter().map(|s| (s.t_s, mib(s.wasm_memory))).collect() },
+        chart::Series {
+            name: "Envoy RSS",
+            points: samples.iter().map(|s| (s.t_s, mib(s.envoy_rss))).collect(),
+            ..Default::default()
+        },
+        chart::Series {
+            name: "Wasm VMs",
+            points: samples.iter().map(|s| (s.t_s, mib(s.wasm_memory))).collect(),
+            ..Default::default()
+        },
     ];
     let top = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(1.0f64, f64::max);
     let step = (top / 5.0).ceil().max(1.0);
@@ -302,7 +327,7 @@ fn write_outputs(opts: &SoakOptions, samples: &[Sample], summary: &SoakSummary) 
         dots: false,
     };
     let title = format!("soak: memory at {} req/s ({})", opts.rate, if summary.passed { "passed" } else { "failed" });
-    std::fs::write(opts.out.join("memory.svg"), chart::line_svg(&title, &axes, &series))?;
+    std::fs::write(opts.out.join("memory.svg"), chart::line_svg(&title, &axes, series))?;
     std::fs::write(opts.out.join("soak.json"), serde_json::to_string_pretty(summary)?)?;
     Ok(())
 }
@@ -310,6 +335,16 @@ fn write_outputs(opts: &SoakOptions, samples: &[Sample], summary: &SoakSummary) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_prints_where_the_run_is_and_each_memory() {
+        let s = Sample { t_s: 30.2, predictor_rss: 3 << 20, envoy_rss: 50 << 20, wasm_memory: 1 << 19 };
+        assert_eq!(
+            s.line(120.0, 40.0),
+            "     30 s of 120: predictor 3.0 MiB, Envoy 50.0 MiB, Wasm VMs 0.5 MiB (warming up)"
+        );
+        assert!(!s.line(120.0, 20.0).contains("warming"));
+    }
 
     fn samples(values: &[u64]) -> Vec<Sample> {
         values

@@ -308,6 +308,7 @@ fn demo(
     let bars = |name, classes: &[(String, f64)]| chart::Series {
         name,
         points: classes.iter().enumerate().map(|(i, (_, y))| (i as f64, *y)).collect(),
+        ..Default::default()
     };
     let title = format!("SLO attainment by class: {rate} req/s on {}", servers.join(", "));
     let svg = chart::bars_svg(&title, &groups, &[bars(a_name, &a_classes), bars(b_name, &b_classes)], 0.9);
