@@ -15,8 +15,10 @@
 //! at `rate * time_scale` per wall second with SLOs divided by `time_scale`, and measured
 //! latencies are multiplied by it.
 
+pub mod analyze;
 pub mod gateway;
 pub mod host;
+pub mod progress;
 pub mod report;
 pub mod soak;
 pub mod summary;
@@ -29,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Map;
 
 use headroom_stack::{Engine, Router, Stack, StackOptions};
+use progress::Progress;
 use summary::Summary;
 
 /// The attainment the capacity is measured at.
@@ -623,12 +626,12 @@ fn contenders(opts: &BenchOptions) -> anyhow::Result<Vec<Contender>> {
 }
 
 /// The seed of the ladder's traffic; repeats use [`repeat_seed`].
-const LADDER_SEED: u64 = 11;
+pub(crate) const LADDER_SEED: u64 = 11;
 /// The seed of the warm-up traffic.
 const WARMUP_SEED: u64 = 12;
 
 /// The seed of the `k`-th repeat (1..) of a point.
-fn repeat_seed(k: u32) -> u64 {
+pub(crate) fn repeat_seed(k: u32) -> u64 {
     LADDER_SEED + 100 * u64::from(k)
 }
 
@@ -645,6 +648,7 @@ struct Bench<'a> {
     target: runner::Target,
     runtime: tokio::runtime::Runtime,
     stack: Stack,
+    progress: &'a Progress,
 }
 
 impl<'a> Bench<'a> {
@@ -656,6 +660,7 @@ impl<'a> Bench<'a> {
         workload: &'a str,
         ladder: &Ladder,
         warmup_rate: f64,
+        progress: &'a Progress,
     ) -> anyhow::Result<Bench<'a>> {
         let (window, time_scale, lead_in_s) = (ladder.window, ladder.time_scale, ladder.lead_in_s);
         let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
@@ -682,7 +687,8 @@ impl<'a> Bench<'a> {
             timeout: std::time::Duration::from_secs_f64(LONGEST_REQUEST_S / time_scale),
         };
         let runtime = tokio::runtime::Runtime::new()?;
-        let bench = Bench { opts, contender, workload, window, time_scale, lead_in_s, target, runtime, stack };
+        let bench =
+            Bench { opts, contender, workload, window, time_scale, lead_in_s, target, runtime, stack, progress };
         if contender.router == Router::Headroom && opts.warmup_s > 0.0 {
             let warm = requests(workload, WARMUP_SEED, warmup_rate, opts.warmup_s, window)?;
             bench.runtime.block_on(runner::run(&bench.target, &to_wall(workload::as_run(warm, 0), time_scale)))?;
@@ -716,10 +722,11 @@ impl<'a> Bench<'a> {
             _ => String::new(),
         };
         println!(
-            "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}{late}",
+            "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}{late} {}",
             100.0 * s.attainment,
             s.goodput_rps,
-            100.0 * s.shed
+            100.0 * s.shed,
+            self.progress.step()
         );
         let file = requests_file(self.workload, name, rate, seed);
         let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
@@ -745,9 +752,33 @@ impl<'a> Bench<'a> {
 const OBSERVATIONS_MAX: usize = 100_000;
 
 /// The per-request results of one measurement, under `requests/`.
-fn requests_file(workload: &str, router: &str, rate: f64, seed: u64) -> String {
+pub(crate) fn requests_file(workload: &str, router: &str, rate: f64, seed: u64) -> String {
     let seed_part = if seed == LADDER_SEED { String::new() } else { format!("-seed{seed}") };
     format!("{workload}-{}-{rate}{seed_part}.jsonl", router.replace([' ', ','], "-"))
+}
+
+/// The per-request results in `path` (JSON lines), `None` when there is no such file.
+pub(crate) fn read_outcomes(path: &Path) -> anyhow::Result<Option<Vec<runner::Outcome>>> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(None) };
+    let outcomes = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(Some(outcomes))
+}
+
+/// Every measurement of `run` as `(rate, seed)`: the ladder's points, then its repeats (the
+/// k-th repeat of a rate, 1.., ran with `repeat_seed(k)`; see [`repeat`]).
+pub(crate) fn seeds_of(run: &RouterRun) -> Vec<(f64, u64)> {
+    let points = run.points.iter().map(|(rate, _)| (*rate, LADDER_SEED));
+    let mut seen: Vec<f64> = Vec::new();
+    let repeats = run.repeats.iter().map(|(rate, _)| {
+        seen.push(*rate);
+        (*rate, repeat_seed(seen.iter().filter(|x| **x == *rate).count() as u32))
+    });
+    points.chain(repeats).collect()
 }
 
 /// Summarizes every measurement of `results` again from its per-request results under
@@ -757,23 +788,11 @@ pub fn recompute(out: &Path, results: &mut BenchResults) -> anyhow::Result<usize
     let mut done = 0;
     for w in &mut results.workloads {
         for r in &mut w.runs {
-            let mut seen: Vec<f64> = Vec::new();
-            let points = r.points.iter_mut().map(|(rate, s)| (*rate, LADDER_SEED, s));
-            // The k-th repeat of a rate (1..) ran with `repeat_seed(k)` (`repeat`).
-            let repeats = r.repeats.iter_mut().map(|(rate, s)| {
-                seen.push(*rate);
-                let k = seen.iter().filter(|x| **x == *rate).count() as u32;
-                (*rate, repeat_seed(k), s)
-            });
-            for (rate, seed, summary) in points.chain(repeats) {
+            let seeds = seeds_of(r);
+            let summaries = r.points.iter_mut().chain(r.repeats.iter_mut()).map(|(_, s)| s);
+            for ((rate, seed), summary) in seeds.into_iter().zip(summaries) {
                 let path = out.join("requests").join(requests_file(&w.workload, &r.router, rate, seed));
-                let Ok(text) = std::fs::read_to_string(&path) else { continue };
-                let outcomes: Vec<runner::Outcome> = text
-                    .lines()
-                    .filter(|l| !l.trim().is_empty())
-                    .map(serde_json::from_str)
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                let Some(outcomes) = read_outcomes(&path)? else { continue };
                 // What was read from Envoy and the host while it ran is not in the outcomes.
                 let (gateway_overflow, host_cpu_busy) = (summary.gateway_overflow, summary.host_cpu_busy);
                 *summary = Summary::of(&outcomes, w.step_s);
@@ -821,9 +840,15 @@ impl Ladder {
     }
 
     /// A fresh stack for `c`, warmed up at the ladder's lowest rate.
-    fn start<'a>(&self, opts: &'a BenchOptions, c: &'a Contender, name: &'a str) -> anyhow::Result<Bench<'a>> {
+    fn start<'a>(
+        &self,
+        opts: &'a BenchOptions,
+        c: &'a Contender,
+        name: &'a str,
+        progress: &'a Progress,
+    ) -> anyhow::Result<Bench<'a>> {
         let lowest = self.steps.first().map_or(1.0, |s| s.1);
-        Bench::start(opts, c, name, self, lowest)
+        Bench::start(opts, c, name, self, lowest, progress)
     }
 }
 
@@ -836,9 +861,16 @@ pub fn ladder_done(s: &Summary) -> bool {
     s.attainment < STOP_BELOW && s.critical_attainment.is_none_or(|c| c < STOP_BELOW)
 }
 
-/// Runs one router's rate ladder on one workload, until it falls under [`STOP_BELOW`].
-fn sweep(opts: &BenchOptions, c: &Contender, name: &str, ladder: &Ladder) -> anyhow::Result<RouterRun> {
-    let bench = ladder.start(opts, c, name)?;
+/// Runs one router's rate ladder on one workload, until it falls under [`STOP_BELOW`]; the
+/// rungs it stops before leave `progress`'s plan.
+fn sweep(
+    opts: &BenchOptions,
+    c: &Contender,
+    name: &str,
+    ladder: &Ladder,
+    progress: &Progress,
+) -> anyhow::Result<RouterRun> {
+    let bench = ladder.start(opts, c, name, progress)?;
     let mut run =
         RouterRun { router: c.name.to_string(), baseline: c.baseline, points: Vec::new(), repeats: Vec::new() };
     // Every router gets the same requests at a rate, and new prompts at each rate.
@@ -850,6 +882,7 @@ fn sweep(opts: &BenchOptions, c: &Contender, name: &str, ladder: &Ladder) -> any
             break;
         }
     }
+    progress.replan(run.points.len() as isize - ladder.steps.len() as isize);
     drop(bench.stack);
     Ok(run)
 }
@@ -883,6 +916,16 @@ fn crossing_rungs(points: &[(f64, Summary)], pick: report::Pick) -> Vec<f64> {
     }
 }
 
+/// The rungs of `cliff` that a router's ladder reached: those [`repeat`] runs again.
+fn repeated_rungs(ladder: &Ladder, ran: &RouterRun, cliff: &[f64]) -> Vec<(u32, f64)> {
+    ladder
+        .steps
+        .iter()
+        .filter(|(_, rate)| cliff.contains(rate) && ran.points.iter().any(|p| p.0 == *rate))
+        .copied()
+        .collect()
+}
+
 /// Runs the rates of `cliff` that the router's ladder reached again, once per further
 /// seed (`opts.seeds - 1` times), on a fresh stack; the same traffic for every router.
 fn repeat(
@@ -892,17 +935,13 @@ fn repeat(
     ladder: &Ladder,
     ran: &RouterRun,
     cliff: &[f64],
+    progress: &Progress,
 ) -> anyhow::Result<Vec<(f64, Summary)>> {
-    let todo: Vec<(u32, f64)> = ladder
-        .steps
-        .iter()
-        .filter(|(_, rate)| cliff.contains(rate) && ran.points.iter().any(|p| p.0 == *rate))
-        .copied()
-        .collect();
+    let todo = repeated_rungs(ladder, ran, cliff);
     if todo.is_empty() || opts.seeds < 2 {
         return Ok(Vec::new());
     }
-    let bench = ladder.start(opts, c, name)?;
+    let bench = ladder.start(opts, c, name, progress)?;
     let mut repeats = Vec::new();
     for k in 1..opts.seeds {
         for &(step, rate) in &todo {
@@ -940,12 +979,21 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         time_scale: opts.time_scale.unwrap_or(1.0),
         workloads: vec![],
     };
+    let real = opts.engine == Engine::Vllm;
+    let mut ladders = Vec::new();
     for name in &opts.workloads {
-        let real = opts.engine == Engine::Vllm;
         let rates =
             opts.rates.clone().unwrap_or_else(|| if real { default_rates_vllm(name) } else { default_rates(name) });
         anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
         requests(name, 11, rates[0], 1.0, 1)?; // an unknown workload fails before any stack starts
+        ladders.push((name, rates));
+    }
+    // Every rung of every ladder, and a guess at the repeats (about three rungs near the cliffs
+    // per router), revised as the run learns them.
+    let repeats_guess = |rates: &[f64]| (opts.seeds.max(1) as usize - 1) * rates.len().min(3);
+    let planned = ladders.iter().map(|(_, rates)| contenders.len() * (rates.len() + repeats_guess(rates))).sum();
+    let progress = Progress::new(planned);
+    for (name, rates) in ladders {
         let time_scale = if real { 1.0 } else { opts.time_scale.unwrap_or_else(|| default_time_scale(name)) };
         let lead_in_s = opts.lead_in_s.unwrap_or_else(|| if real { VLLM_LEAD_IN_S } else { default_lead_in(name) });
         let lead = if lead_in_s > 0.0 { format!(" after {lead_in_s} s not counted") } else { String::new() };
@@ -968,17 +1016,25 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
             ratios: None,
         };
         for c in &contenders {
-            w.runs.push(sweep(opts, c, name, &ladder)?);
+            w.runs.push(sweep(opts, c, name, &ladder, &progress)?);
+            // A long run keeps what it has so far, and its report can be read while it goes on.
+            let mut so_far = results.clone();
+            so_far.workloads.push(w.clone());
+            write_outputs(&opts.out, &so_far)?;
         }
         let cliff = cliff_rates(&w);
+        let repeats: usize = w.runs.iter().map(|r| repeated_rungs(&ladder, r, &cliff).len()).sum();
+        progress.replan(
+            (repeats * (opts.seeds.max(1) as usize - 1)) as isize - (contenders.len() * repeats_guess(&rates)) as isize,
+        );
         if opts.seeds > 1 {
             println!("  repeating {cliff:?} req/s with {} more seeds", opts.seeds - 1);
             for (c, run) in contenders.iter().zip(w.runs.iter_mut()) {
-                run.repeats = repeat(opts, c, name, &ladder, run, &cliff)?;
+                run.repeats = repeat(opts, c, name, &ladder, run, &cliff, &progress)?;
             }
         }
         results.workloads.push(w);
-        write_outputs(&opts.out, &results)?; // a long run keeps what it has so far
+        write_outputs(&opts.out, &results)?;
     }
     Ok(results)
 }

@@ -1,6 +1,6 @@
-//! `headroom-bench run | report | gateway | soak`: the benchmarks behind `make bench`
+//! `headroom-bench run | report | analyze | gateway | soak`: the benchmarks behind `make bench`
 //! (docs/benchmark.md), `make bench-gateway` (docs/performance.md) and `make soak`
-//! (docs/reliability.md).
+//! (docs/reliability.md), and the tables read from a run's results.
 
 use clap::{Parser, Subcommand};
 use headroom_bench::{BenchOptions, BenchResults};
@@ -96,6 +96,15 @@ enum Cmd {
         #[arg(long, default_value = "results/soak")]
         out: std::path::PathBuf,
     },
+    /// Tables the report leaves out, from runs' results.json and per-request logs: every class
+    /// over every seed, each server's share, how flow control let each class through.
+    Analyze {
+        /// classes, servers or flows.
+        view: headroom_bench::analyze::View,
+        /// `run --out` directories (one or more: their rows are told apart by a run column).
+        #[arg(required = true)]
+        dirs: Vec<std::path::PathBuf>,
+    },
     /// Re-render report.md and the charts from a results.json of an earlier `run`.
     Report {
         #[arg(long, default_value = "results")]
@@ -121,6 +130,13 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let run_dir = args.run_dir.unwrap_or_else(|| locate::root().join(".run"));
     match args.command {
+        Cmd::Analyze { view, dirs } => {
+            let mut measured = Vec::new();
+            for dir in &dirs {
+                measured.extend(headroom_bench::analyze::load(dir)?);
+            }
+            print!("{}", headroom_bench::analyze::table(view, &measured));
+        }
         Cmd::Report { out, merge, recompute, routers } => {
             // A reference assembled from parts into an empty directory starts from its first part.
             let fresh = !out.join("results.json").exists() && !merge.is_empty();

@@ -26,7 +26,8 @@ pub struct Summary {
     pub shed: f64,
     /// Share of requests that failed otherwise (not 200, not 429).
     pub failed: f64,
-    /// Requests served per model server (`x-served-by`).
+    /// Requests served per model server (`x-served-by`; for servers that do not send it, as
+    /// vLLM does not, the endpoint headroom chose).
     pub per_server: BTreeMap<String, usize>,
     /// Attainment of the non-sheddable requests (priority >= 0) alone: what the SLO
     /// classes exist to protect. Shed sheddable requests do not count against it.
@@ -117,7 +118,7 @@ impl Summary {
         let tpot: Vec<f64> = ok().filter_map(|o| o.tpot_ms).collect();
         let q = |v: &[f64]| [quantile(v, 0.5), quantile(v, 0.9), quantile(v, 0.99)];
         let mut per_server = BTreeMap::new();
-        for s in outcomes.iter().filter_map(|o| o.served_by.as_ref()) {
+        for s in outcomes.iter().filter_map(|o| o.served_by.as_ref().or(o.chosen.as_ref())) {
             *per_server.entry(s.clone()).or_default() += 1;
         }
         let mut classes: Vec<&str> = outcomes.iter().map(|o| o.class.as_str()).collect();

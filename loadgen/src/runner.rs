@@ -38,7 +38,7 @@ impl Target {
 }
 
 /// What happened to one request.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Outcome {
     pub index: usize,
     pub class: String,
@@ -107,6 +107,31 @@ impl Outcome {
 
     pub fn shed(&self) -> bool {
         self.status == 429
+    }
+
+    /// What a request that missed its SLOs missed, by [`Outcome::met_slo`]'s rule (`None`
+    /// when it met them): `shed` (a 429), `failed` (no 200 otherwise), `e2e` (not streamed: its
+    /// whole response came after the deadline), else `ttft`, `tpot` or `ttft+tpot`.
+    pub fn missed(&self) -> Option<&'static str> {
+        if self.met_slo() {
+            return None;
+        }
+        if self.shed() {
+            return Some("shed");
+        }
+        if self.status != 200 {
+            return Some("failed");
+        }
+        if !self.stream {
+            return Some("e2e");
+        }
+        let ttft = self.slo_ttft_ms.is_some_and(|slo| self.ttft_ms.is_none_or(|t| t > slo));
+        let tpot = matches!((self.slo_tpot_ms, self.tpot_ms), (Some(slo), Some(t)) if t > slo);
+        Some(match (ttft, tpot) {
+            (true, true) => "ttft+tpot",
+            (false, true) => "tpot",
+            _ => "ttft",
+        })
     }
 }
 
@@ -309,6 +334,31 @@ mod tests {
             }
         });
         (url, received)
+    }
+
+    #[test]
+    fn a_miss_names_what_missed_and_only_a_miss_does() {
+        let streamed = |ttft, tpot| Outcome {
+            status: 200,
+            stream: true,
+            slo_ttft_ms: Some(100.0),
+            slo_tpot_ms: Some(20.0),
+            ttft_ms: ttft,
+            tpot_ms: tpot,
+            ..Default::default()
+        };
+        assert_eq!(streamed(Some(90.0), Some(19.0)).missed(), None);
+        assert_eq!(streamed(Some(190.0), Some(19.0)).missed(), Some("ttft"));
+        assert_eq!(streamed(None, None).missed(), Some("ttft"), "no first token is a late one");
+        assert_eq!(streamed(Some(90.0), Some(21.0)).missed(), Some("tpot"));
+        assert_eq!(streamed(Some(190.0), Some(21.0)).missed(), Some("ttft+tpot"));
+        assert_eq!(Outcome { status: 429, ..streamed(None, None) }.missed(), Some("shed"));
+        assert_eq!(Outcome { status: 503, ..streamed(None, None) }.missed(), Some("failed"));
+        let whole = Outcome { stream: false, max_tokens: 10, e2e_ms: 400.0, ..streamed(None, None) };
+        assert_eq!(whole.missed(), Some("e2e"), "100 + 10 x 20 = 300 ms for the whole response");
+        // Without SLOs nothing can be missed, streamed or not.
+        let free = Outcome { status: 200, e2e_ms: 1e6, ..Default::default() };
+        assert!(free.met_slo() && free.missed().is_none());
     }
 
     fn at(at_s: f64) -> RequestSpec {
