@@ -28,3 +28,37 @@ fn routes_on_headers_without_holding_the_body() {
     }));
     assert!(sizes.iter().all(|&t| (200..=400).contains(&t)), "input token estimates: {sizes:?}");
 }
+
+/// `content-length` is a client's claim (docs/reliability.md, "Bad inputs tried"): requests
+/// claiming 64 MiB that never send a body are placed on their headers, but book nothing on
+/// the predictor, so honest requests still find every endpoint with room. Before the claim was
+/// held back, each booked 2^24 prompt tokens and the pool had no positive tier left.
+#[test]
+fn a_claimed_body_that_never_comes_books_nothing() {
+    use std::io::Write;
+    let h = Harness::start(json!({"read_body": false})).unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
+    let mut liars = Vec::new();
+    for _ in 0..9 {
+        let mut s = std::net::TcpStream::connect(h.stack.state.gateway).unwrap();
+        let head = "POST /v1/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+            content-length: 67108864\r\nx-slo-ttft-ms: 2000\r\nx-slo-tpot-ms: 100\r\n\
+            x-prediction-based-scheduling: true\r\n\r\n";
+        s.write_all(head.as_bytes()).unwrap();
+        liars.push(s);
+        // Each placement reaches the predictor (20 ms ticks) before the next is decided.
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    for _ in 0..3 {
+        let r = h.completion(6, true, &SLO).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.tier.as_deref(), Some("positive"), "the claims emptied the positive tier");
+    }
+    // Nothing of the liars is in the predictor's books while they hold their connections.
+    let endpoints: Vec<String> = h.stack.state.servers.iter().map(|s| s.to_string()).collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || endpoints.iter().all(|e| h.in_flight(e) == Some(0))),
+        "in flight: {:?}",
+        endpoints.iter().map(|e| h.in_flight(e)).collect::<Vec<_>>()
+    );
+    drop(liars);
+}

@@ -56,6 +56,11 @@ pub struct FilterConfig {
     /// which Istio's WasmPlugin cannot set: with a WasmPlugin use `false`, routing on
     /// headers alone (input tokens estimated from `content-length`).
     pub read_body: bool,
+    /// Header-only routing: the most prompt bytes a request's `content-length` may claim.
+    /// The claim sizes the request's own prediction only; what the predictor books for its
+    /// endpoint waits until the body has passed and is what actually did (docs/reliability.md).
+    /// Default 1 MiB: about 250,000 tokens of text, more than any served context.
+    pub max_claimed_body_bytes: u64,
     /// `:authority` of predictor calls.
     pub predictor_authority: String,
     /// Give up on a predict call after this long and fall back.
@@ -163,6 +168,7 @@ impl Default for FilterConfig {
             predictor_cluster: "headroom_predictor".into(),
             predictor_shards: Vec::new(),
             read_body: true,
+            max_claimed_body_bytes: 1 << 20,
             predictor_authority: "headroom-predictor".into(),
             predictor_timeout_ms: 50,
             flush_interval_ms: 20,
@@ -283,6 +289,9 @@ impl FilterConfig {
         }
         if !(10..=60_000).contains(&self.flush_interval_ms) {
             return Err(bad("flush_interval_ms", "must be within 10..=60000"));
+        }
+        if !(1024..=1 << 30).contains(&self.max_claimed_body_bytes) {
+            return Err(bad("max_claimed_body_bytes", "must be within 1024..=1073741824"));
         }
         if self.max_queued == 0 {
             return Err(bad("max_queued", "must be at least 1"));

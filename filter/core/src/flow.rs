@@ -102,6 +102,12 @@ pub struct Flow {
     offered_wait: bool,
     /// How it left the predictor's flow-control queue and after how long, when it waited there.
     queued: Option<(FlowOutcome, f64)>,
+    /// Header-only routing: the request's dispatch, held until its body has passed, so the
+    /// predictor books the prompt the body carried and not what `content-length` claimed.
+    held_dispatch: Option<Dispatch>,
+    /// Header-only routing: body bytes seen so far, and whether the body has ended.
+    body_bytes: u64,
+    body_ended: bool,
     /// The host's id of this stream's context: a coalesced call's answer is handed to it
     /// by id. `None`: its predict calls are its own.
     context: Option<u32>,
@@ -159,7 +165,8 @@ impl Flow {
         self.request_id = vm.new_request_id();
         if !config.read_body {
             self.routed = true;
-            self.features_from_headers(&headers, &vm.tokens);
+            self.body_ended = end_of_stream;
+            self.features_from_headers(&headers, &vm.tokens, config.max_claimed_body_bytes);
             return self.start_callout(host, vm);
         }
         if end_of_stream {
@@ -172,8 +179,17 @@ impl Flow {
 
     /// Part of the request body arrived (`body_size`: all of it buffered so far).
     pub fn on_request_body(&mut self, host: &mut dyn Host, vm: &mut Vm, body_size: usize, end: bool) -> Step {
-        // Header-only routing decided (or fell back) before the body.
-        if !self.routed || self.choice.is_some() || !vm.config.read_body {
+        // Header-only routing decided (or fell back) before the body: the body passes as it
+        // comes (each call sees only its own chunk), and is counted.
+        if self.routed && !vm.config.read_body {
+            self.body_bytes += body_size as u64;
+            self.body_ended |= end;
+            if end {
+                self.release_dispatch(vm);
+            }
+            return Step::Continue;
+        }
+        if !self.routed || self.choice.is_some() {
             return Step::Continue;
         }
         if !end {
@@ -365,6 +381,7 @@ impl Flow {
     /// Queues the first-token event once the first token passed, for a request the
     /// predictor saw dispatched, served where it was dispatched.
     fn queue_first_token(&mut self, host: &dyn Host, vm: &mut Vm) {
+        self.release_dispatch(vm);
         if self.first_token_queued || self.dispatch_seq == 0 || !vm.config.first_token_events {
             return;
         }
@@ -403,6 +420,7 @@ impl Flow {
         if !self.routed || self.forwarded_ns == 0 {
             return;
         }
+        self.release_dispatch(vm);
         let now = host.now_ns();
         let measured = match self.meter.take() {
             Some(m) => m.finish(now),
@@ -495,12 +513,26 @@ impl Flow {
     }
 
     /// Header-only routing: the input size estimated from `content-length` at the pool's
-    /// learned bytes per token (no model is known before the body); streaming assumed when
-    /// a TPOT SLO is given (it only means something for a stream).
-    fn features_from_headers(&mut self, headers: &HeaderMap, counts: &TokenCounts) {
+    /// learned bytes per token (no model is known before the body), a claim held to
+    /// `max_claimed` bytes; streaming assumed when a TPOT SLO is given (it only means
+    /// something for a stream).
+    fn features_from_headers(&mut self, headers: &HeaderMap, counts: &TokenCounts, max_claimed: u64) {
         let bytes = headers.get("content-length").and_then(|v| v.trim().parse::<u64>().ok());
-        self.features.input_tokens = bytes.map_or(0, |b| counts.estimate(None, b));
+        self.features.input_tokens = bytes.map_or(0, |b| counts.estimate(None, b.min(max_claimed)));
         self.features.streaming = self.features.slo.tpot_ms.is_some();
+    }
+
+    /// Header-only routing: queues the held dispatch, its prompt what the body that passed
+    /// carries (at most the claim). Called when the body ends, and at the latest before the
+    /// request's first token or report, which wait for their dispatch.
+    fn release_dispatch(&mut self, vm: &mut Vm) {
+        let Some(mut dispatch) = self.held_dispatch.take() else { return };
+        if !vm.config.read_body {
+            let seen = vm.tokens.estimate(None, self.body_bytes);
+            self.features.input_tokens = self.features.input_tokens.min(seen);
+            dispatch.request.input_tokens = self.features.input_tokens;
+        }
+        self.dispatch_seq = vm.outbox.dispatch(dispatch);
     }
 
     /// Sends the one predictor call; the answer arrives in [`Flow::on_callout_answer`].
@@ -592,13 +624,18 @@ impl Flow {
                 host.log(Level::Warn, "headroom: could not set the destination header");
             }
             vm.placed.started(&c.endpoint);
-            self.dispatch_seq = vm.outbox.dispatch(Dispatch {
+            let dispatch = Dispatch {
                 pool: vm.config.pool.clone(),
                 request_id: self.request_id.clone(),
                 endpoint: c.endpoint.clone(),
                 request: self.features.clone(),
                 predicted_ttft_ms: c.predicted_ttft_ms,
-            });
+            };
+            self.held_dispatch = Some(dispatch);
+            // Read from the body, or header-only with the body already through: as it is.
+            if vm.config.read_body || self.body_ended {
+                self.release_dispatch(vm);
+            }
         }
         host.record(Event::Routed(source));
         self.choice = choice;

@@ -781,6 +781,49 @@ fn header_only_routing_calls_out_on_the_headers() {
     assert_eq!(flow.on_request_body(&mut host, &mut vm, 10, true), Step::Continue);
 }
 
+/// Header-only routing: `content-length` is a client's claim. It is held to
+/// `max_claimed_body_bytes`, and the predictor books only what the body then carried: a
+/// request claiming 64 MiB and sending nothing books nothing (docs/reliability.md).
+#[test]
+fn a_claimed_size_is_bounded_and_booked_only_as_far_as_the_body_bears_it_out() {
+    let dispatched_tokens = |host: &FakeHost| -> Vec<u32> {
+        batches::<DispatchBatch>(host, paths::DISPATCH)
+            .iter()
+            .flat_map(|b| b.dispatches.iter().map(|d| d.request.input_tokens))
+            .collect()
+    };
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"read_body":false}"#);
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    // 64 MiB claimed: the prediction asks for the bound's worth, not 2^24 tokens.
+    let mut liar = Flow::new();
+    host.new_stream(&[SLO[0], SLO[1], ("content-length", "67108864")], "");
+    assert_eq!(liar.on_request_headers(&mut host, &mut vm, false), Step::Pause);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
+    let bound = vm.tokens.estimate(None, 1 << 20);
+    assert_eq!(asked.request.input_tokens, bound);
+    let token = host.answer(200, &answer);
+    assert_eq!(liar.on_callout_answer(&mut host, &mut vm, token, answer.len()), Step::Resume);
+    // Routed, but no body yet: nothing is dispatched on the claim.
+    deliver_all(&mut host, &mut vm, 200);
+    assert!(dispatched_tokens(&host).is_empty(), "dispatched on the claim alone");
+    // An honest request sends its body: booked at what passed, never above the claim.
+    let mut honest = Flow::new();
+    host.new_stream(&[SLO[0], SLO[1], ("content-length", "4000")], "");
+    assert_eq!(honest.on_request_headers(&mut host, &mut vm, false), Step::Pause);
+    let token = host.answer(200, &answer);
+    assert_eq!(honest.on_callout_answer(&mut host, &mut vm, token, answer.len()), Step::Resume);
+    assert_eq!(honest.on_request_body(&mut host, &mut vm, 3000, false), Step::Continue);
+    assert_eq!(honest.on_request_body(&mut host, &mut vm, 1000, true), Step::Continue);
+    deliver_all(&mut host, &mut vm, 200);
+    assert_eq!(dispatched_tokens(&host), vec![vm.tokens.estimate(None, 4000)]);
+    // The liar gives up having sent 400 bytes: dispatched at those, then reported.
+    assert_eq!(liar.on_request_body(&mut host, &mut vm, 400, false), Step::Continue);
+    liar.on_log(&mut host, &mut vm);
+    deliver_all(&mut host, &mut vm, 200);
+    assert_eq!(dispatched_tokens(&host), vec![vm.tokens.estimate(None, 4000), vm.tokens.estimate(None, 400)]);
+}
+
 #[test]
 fn an_answer_to_another_call_is_ignored() {
     let mut host = FakeHost::new();
