@@ -11,10 +11,11 @@ use headroom_protocol::headers::{DEBUG_FLOW, DEBUG_QUEUED};
 use headroom_stack::http::metric_with;
 use serde_json::json;
 
-/// One H100, flow control on, the filter's choices in debug headers.
+/// One H100, flow control on, the filter's choices in debug headers; these clients may
+/// claim priority 1 (a client's range is -1..=0 by default).
 fn options() -> StackOptions {
     let plugin = json!({"flow_control": true, "flow_max_wait_ms": 30000, "debug_headers": true,
-                        "negative_tier_epsilon": 0});
+                        "negative_tier_epsilon": 0, "client_priority_range": [-1, 1]});
     StackOptions {
         profiles: vec!["h100".into()],
         plugin: plugin.as_object().cloned().unwrap_or_default(),

@@ -125,3 +125,38 @@ fn a_client_never_picks_its_server_even_when_the_filter_is_skipped() {
     }
     assert!(served.len() > 1, "every request went to the client's pin {}: {served:?}", servers[0]);
 }
+
+/// A client's priority is a claim held to `client_priority_range` (by default it may lower
+/// its own, not raise it over anyone's: with flow control a higher band blocks every band
+/// below); a trusted filter's header overrides it (docs/reliability.md, "What a client's
+/// headers can do").
+#[test]
+fn a_client_cannot_raise_its_own_priority_and_a_trusted_header_can() {
+    let h = harness(json!({"flow_control": true, "trusted_priority_header": "x-auth-priority"}));
+    let claims = [
+        (vec![("x-request-priority", "2147483647")], 0),
+        (vec![("x-request-priority", "-1000")], -1),
+        (vec![("x-request-priority", "-1")], -1),
+        (vec![("x-request-priority", "9"), ("x-auth-priority", "3")], 3),
+    ];
+    for (i, (extra, _)) in claims.iter().enumerate() {
+        let mut headers = SLO.to_vec();
+        headers.extend(extra.iter().copied());
+        let r = h.completion(40 + i as u32, false, &headers).unwrap();
+        assert!(r.status == 200 || r.status == 429, "{}", r.body);
+    }
+    let mut seen = Vec::new();
+    assert!(wait_until(Duration::from_secs(5), || {
+        seen = h
+            .observations()
+            .iter()
+            .filter_map(|o| Some((o["request"]["max_tokens"].as_u64()?, o["request"]["priority"].as_i64()?)))
+            .filter(|(m, _)| (40..44).contains(m))
+            .collect();
+        seen.len() == claims.len()
+    }));
+    seen.sort_unstable();
+    let want: Vec<(u64, i64)> = claims.iter().enumerate().map(|(i, (_, p))| (40 + i as u64, *p)).collect();
+    assert_eq!(seen, want, "(max_tokens, priority) as the predictor saw them");
+    assert_eq!(h.envoy_stat("headroom_priority_clamped"), 2.0);
+}

@@ -154,6 +154,19 @@ pub struct FilterConfig {
     pub flow_max_wait_ms: u64,
     /// Header naming a request's tenant: within a priority band, tenants take turns.
     pub fairness_header: String,
+    /// The priorities a client may claim in `priority_header`, lowest and highest: a claim
+    /// outside is held to the range (and counted). With flow control a band above blocks every
+    /// band below it, so the default lets a client lower its own priority (`-1`: sheddable)
+    /// but not raise it over anyone's; a higher priority comes from `trusted_priority_header`.
+    pub client_priority_range: [i32; 2],
+    /// A header that a trusted filter ahead of this one sets (an auth filter, from a verified
+    /// token) with the request's priority: when configured and present, the priority is taken
+    /// from it, unclamped, and the client's `priority_header` is ignored. Envoy must strip a
+    /// client's own copy first (docs/reliability.md, "What a client's headers can do").
+    pub trusted_priority_header: Option<String>,
+    /// The same for the tenant: when configured, the tenant is taken from this header only
+    /// (absent: the shared anonymous tenant), never from the client's `fairness_header`.
+    pub trusted_fairness_header: Option<String>,
     /// A request with room still waits while its best endpoint's predicted TTFT is above
     /// this (ms), unless its own SLO is about to run out: model servers' queues stay this
     /// short, so later, tighter requests find room instead of looser work ahead of them.
@@ -208,6 +221,9 @@ impl Default for FilterConfig {
             flow_max_wait_ms: 10_000,
             fairness_header: headers::FAIRNESS_ID.into(),
             flow_dispatch_horizon_ms: 150,
+            client_priority_range: [-1, 0],
+            trusted_priority_header: None,
+            trusted_fairness_header: None,
         }
     }
 }
@@ -279,6 +295,21 @@ impl FilterConfig {
         }
         if self.predictor_shards.iter().any(|c| c.trim().is_empty()) {
             return Err(bad("predictor_shards", "cluster names must not be empty"));
+        }
+        for (field, value) in [
+            ("trusted_priority_header", &self.trusted_priority_header),
+            ("trusted_fairness_header", &self.trusted_fairness_header),
+        ] {
+            if value
+                .as_ref()
+                .is_some_and(|v| v.is_empty() || v.chars().any(|c| c.is_ascii_uppercase() || c.is_whitespace()))
+            {
+                return Err(bad(field, "header names must be non-empty, lower case with no spaces"));
+            }
+        }
+        let [lowest, highest] = self.client_priority_range;
+        if lowest > highest {
+            return Err(bad("client_priority_range", "must be [lowest, highest] with lowest <= highest"));
         }
         let mut seen = std::collections::BTreeSet::new();
         if !self.predictor_shards.iter().all(|c| seen.insert(c)) {
@@ -477,6 +508,10 @@ mod tests {
             (br#"{"predictor_shards":[""]}"#, "predictor_shards"),
             (br#"{"":0}"#, "(configuration)"),
             (br#"{"read_body":"no"}"#, "read_body"),
+            (br#"{"client_priority_range":[1,-1]}"#, "client_priority_range"),
+            (br#"{"trusted_priority_header":"X-Auth"}"#, "trusted_priority_header"),
+            (br#"{"trusted_fairness_header":""}"#, "trusted_fairness_header"),
+            (br#"{"max_claimed_body_bytes":10}"#, "max_claimed_body_bytes"),
             (br#"{"max_batch_bytes":100}"#, "max_batch_bytes"),
             (br#"{"max_batch_bytes":99999999}"#, "max_batch_bytes"),
             (br#"{"predictor_token":"short"}"#, "predictor_token"),

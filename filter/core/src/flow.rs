@@ -152,12 +152,17 @@ impl Flow {
         };
         self.features.slo = parsed.slo;
         self.features.priority = parsed.priority;
+        if parsed.priority_clamped {
+            host.record(Event::PriorityClamped);
+        }
         self.prediction_based = parsed.prediction_based.unwrap_or(false);
         if config.flow_control {
-            let tenant = headers.get(&config.fairness_header).unwrap_or_default().to_string();
+            // A configured trusted header is the only source: a client cannot name a tenant then.
+            let header = config.trusted_fairness_header.as_ref().unwrap_or(&config.fairness_header);
+            let tenant = headers.get(header).unwrap_or_default().to_string();
             if tenant.len() > limits::MAX_NAME_BYTES {
                 let message = format!("must be at most {} bytes", limits::MAX_NAME_BYTES);
-                return self.reject(host, 400, &config.fairness_header, &message);
+                return self.reject(host, 400, header, &message);
             }
             self.fairness_id = tenant;
         }

@@ -11,6 +11,8 @@ pub struct RoutingHints {
     pub slo: Slo,
     /// Below zero: the request may be shed when no endpoint can serve it.
     pub priority: i32,
+    /// The client claimed a priority outside `client_priority_range`, held to it.
+    pub priority_clamped: bool,
     /// The caller's `x-prediction-based-scheduling`, when it sent one.
     pub prediction_based: Option<bool>,
 }
@@ -32,12 +34,20 @@ pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) 
         ttft_ms: parse_slo(&get, &SLO_TTFT, floor(config.min_ttft_slo_ms))?,
         tpot_ms: parse_slo(&get, &SLO_TPOT, floor(config.min_tpot_slo_ms))?,
     };
-    let priority = match get(priority_header) {
-        None => 0,
-        Some(v) => v.trim().parse::<i32>().map_err(|_| HeaderError {
-            header: priority_header.to_string(),
-            message: format!("must be an integer, got {v:?}"),
-        })?,
+    let integer = |header: &str, v: String| {
+        v.trim()
+            .parse::<i32>()
+            .map_err(|_| HeaderError { header: header.to_string(), message: format!("must be an integer, got {v:?}") })
+    };
+    let trusted = config.trusted_priority_header.as_deref().and_then(|h| Some((h, get(h)?)));
+    let (priority, priority_clamped) = match trusted {
+        Some((header, v)) => (integer(header, v)?, false),
+        None => {
+            let claimed = get(priority_header).map(|v| integer(priority_header, v)).transpose()?.unwrap_or(0);
+            let [lowest, highest] = config.client_priority_range;
+            let held = claimed.clamp(lowest, highest);
+            (held, held != claimed)
+        }
     };
     let prediction_based = match get(PREDICTION_BASED) {
         None => None,
@@ -52,7 +62,7 @@ pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) 
             }
         },
     };
-    Ok(RoutingHints { slo, priority, prediction_based })
+    Ok(RoutingHints { slo, priority, priority_clamped, prediction_based })
 }
 
 /// The first present header of `names`, as milliseconds within `(0, MAX_MS]`, then
@@ -149,6 +159,30 @@ mod tests {
             let err = hints(&[(header, value)]).unwrap_err();
             assert_eq!(err.header, header, "{header}: {value}");
         }
+    }
+
+    #[test]
+    fn a_client_claims_a_priority_only_within_its_range_and_a_trusted_header_overrides_it() {
+        let config = FilterConfig::default();
+        let with = |headers: &[(&str, &str)], config: &FilterConfig| {
+            parse_hints(|name| headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()), config)
+        };
+        let p = |headers: &[(&str, &str)], config: &FilterConfig| {
+            with(headers, config).map(|h| (h.priority, h.priority_clamped))
+        };
+        assert_eq!(p(&[("x-request-priority", "2147483647")], &config), Ok((0, true)));
+        assert_eq!(p(&[("x-request-priority", "-7")], &config), Ok((-1, true)));
+        assert_eq!(p(&[("x-request-priority", "-1")], &config), Ok((-1, false)));
+        assert_eq!(p(&[], &config), Ok((0, false)));
+        let wide = FilterConfig { client_priority_range: [-10, 10], ..FilterConfig::default() };
+        assert_eq!(p(&[("x-request-priority", "7")], &wide), Ok((7, false)));
+        let trusting =
+            FilterConfig { trusted_priority_header: Some("x-auth-priority".into()), ..FilterConfig::default() };
+        let both = [("x-request-priority", "0"), ("x-auth-priority", "5")];
+        assert_eq!(p(&both, &trusting), Ok((5, false)), "the trusted value, unclamped");
+        assert_eq!(p(&[("x-request-priority", "5")], &trusting), Ok((0, true)), "no trusted value: a claim");
+        let bad = with(&[("x-auth-priority", "high")], &trusting).err().map(|e| e.header);
+        assert_eq!(bad.as_deref(), Some("x-auth-priority"));
     }
 
     #[test]

@@ -100,6 +100,8 @@ pub enum Event {
     Shed,
     /// A request answered 400 by the filter.
     BadRequest,
+    /// A client's priority claim outside `client_priority_range`, held to it.
+    PriorityClamped,
     Fallback(FallbackCause),
     /// A predictor callout's round trip.
     PredictorCallMs(u64),

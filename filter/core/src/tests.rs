@@ -552,6 +552,24 @@ fn with_flow_control_an_slo_request_offers_to_wait_and_the_call_waits_as_long() 
     assert_eq!((asked.flow, host.calls[1].timeout), (None, Duration::from_millis(50)));
 }
 
+/// With a trusted tenant header configured, a client cannot name its tenant, or claim
+/// another's: only the trusted header counts, and without it the request is anonymous.
+#[test]
+fn a_trusted_tenant_header_is_the_only_source_of_the_tenant() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true,"trusted_fairness_header":"x-auth-tenant"}"#);
+    let tenant_of = |host: &FakeHost, call: usize| {
+        let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[call].body).unwrap();
+        asked.flow.map(|f| f.fairness_id).unwrap_or_default()
+    };
+    let claimed = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", "team-a"), ("x-auth-tenant", "team-b")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &claimed, BODY), Step::Pause);
+    assert_eq!(tenant_of(&host, 0), "team-b");
+    let unauthenticated = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", "team-b")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &unauthenticated, BODY), Step::Pause);
+    assert_eq!(tenant_of(&host, 1), "", "a client's own header names no tenant");
+}
+
 #[test]
 fn a_released_request_is_judged_against_the_slo_left_after_its_wait() {
     let mut host = FakeHost::new();

@@ -26,6 +26,7 @@ pub struct Stats {
     predictor_ejected: Option<u32>,
     served_elsewhere: Option<u32>,
     cut_off: Option<u32>,
+    priority_clamped: Option<u32>,
     slo_violation_ttft: Option<u32>,
     slo_violation_tpot: Option<u32>,
     /// Per flow outcome, in [`FlowOutcome::ALL`] order.
@@ -65,6 +66,7 @@ impl Stats {
             predictor_ejected: counter("predictor.ejected"),
             served_elsewhere: counter("served_elsewhere"),
             cut_off: counter("response_cut_off"),
+            priority_clamped: counter("priority_clamped"),
             slo_violation_ttft: counter("slo_violation.ttft"),
             slo_violation_tpot: counter("slo_violation.tpot"),
             flow: FlowOutcome::ALL.map(|o| counter(&format!("flow.{}", o.name()))),
@@ -104,6 +106,7 @@ impl Stats {
             Event::PredictorEjected => Self::inc(self.predictor_ejected, 1),
             Event::ServedElsewhere => Self::inc(self.served_elsewhere, 1),
             Event::CutOff => Self::inc(self.cut_off, 1),
+            Event::PriorityClamped => Self::inc(self.priority_clamped, 1),
             Event::SloViolation { ttft, tpot } => {
                 Self::inc(self.slo_violation_ttft, u64::from(ttft));
                 Self::inc(self.slo_violation_tpot, u64::from(tpot));
