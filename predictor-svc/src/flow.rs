@@ -483,8 +483,8 @@ fn service_ms(state: &AppState, req: &PredictRequest, endpoint: &EndpointPredict
 
 /// Counts `req` as in flight at `endpoint` until the filter's dispatch replaces it.
 fn reserve(state: &AppState, req: &PredictRequest, endpoint: &EndpointPrediction, now: Instant) {
-    let ttft = endpoint.ttft_ms.unwrap_or(0.0);
-    state.pools.with(&req.pool, |p| p.reserve(&req.request_id, &endpoint.address, &req.request, ttft, now));
+    let predicted = (endpoint.ttft_ms.unwrap_or(0.0), endpoint.tpot_ms);
+    state.pools.with(&req.pool, |p| p.reserve(&req.request_id, &endpoint.address, &req.request, predicted, now));
 }
 
 fn waited_ms(arrived: Instant, now: Instant) -> f64 {

@@ -38,7 +38,13 @@ struct InFlight {
     input_tokens: u32,
     uncached_tokens: u64,
     expected_output: u32,
+    /// Its TPOT SLO where it may tighten later requests' targets (`states_for`): a stream
+    /// predicted to meet it where it was placed, or placed without a TPOT prediction. An SLO
+    /// no endpoint could meet (a client asking 1 ms a token) protects nothing it could keep,
+    /// so it does not make every later request there look negative.
     tpot_slo_ms: Option<f64>,
+    /// Its priority: its SLO tightens the targets of requests in its band and below only.
+    priority: i32,
     /// Predicted end of prefill (dispatch + predicted TTFT).
     prefill_done_by: Option<Instant>,
     /// Its first token passed the gateway: past prefill, observed.
@@ -51,21 +57,23 @@ struct InFlight {
 
 impl InFlight {
     /// `r` sent to endpoint `endpoint` at `now`, `prefix` of its prompt cached there, with
-    /// its predicted TTFT; `reserved`: by flow control, not yet dispatched.
+    /// its predicted TTFT and TPOT there; `reserved`: by flow control, not yet dispatched.
     fn new(
         endpoint: usize,
         r: &RequestFeatures,
         prefix: f64,
-        ttft_ms: Option<f64>,
+        (ttft_ms, tpot_ms): (Option<f64>, Option<f64>),
         now: Instant,
         reserved: bool,
     ) -> Self {
+        let kept = |slo: &f64| tpot_ms.is_none_or(|p| !p.is_finite() || p <= *slo);
         InFlight {
             endpoint,
             input_tokens: r.input_tokens,
             uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
             expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
-            tpot_slo_ms: r.streamed_tpot_slo_ms(),
+            tpot_slo_ms: r.streamed_tpot_slo_ms().filter(kept),
+            priority: r.priority,
             // Checked: a prediction too large for an Instant means "not known", never a panic.
             prefill_done_by: ttft_ms
                 .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
@@ -431,7 +439,7 @@ impl Pool {
         }
         let prefix = self.endpoints[i].prefix.match_fraction(&d.request.prefix_hashes);
         self.endpoints[i].prefix.insert(&d.request.prefix_hashes);
-        let f = InFlight::new(i, &d.request, prefix, d.predicted_ttft_ms, now, false);
+        let f = InFlight::new(i, &d.request, prefix, (d.predicted_ttft_ms, d.predicted_tpot_ms), now, false);
         self.endpoints[i].add_prefill(f.uncached_tokens, now);
         self.in_flight.insert(d.request_id.clone(), f);
         Applied::Accepted
@@ -441,13 +449,20 @@ impl Pool {
     /// until its dispatch arrives (up to a flush interval later) and replaces the
     /// reservation, wherever the filter placed it. Without it, every queued request
     /// released before that flush would see the same free endpoint.
-    pub fn reserve(&mut self, request_id: &str, endpoint: &str, r: &RequestFeatures, ttft_ms: f64, now: Instant) {
+    pub fn reserve(
+        &mut self,
+        request_id: &str,
+        endpoint: &str,
+        r: &RequestFeatures,
+        (ttft_ms, tpot_ms): (f64, Option<f64>),
+        now: Instant,
+    ) {
         let Some(i) = self.index_of(endpoint) else { return };
         if self.in_flight.contains_key(request_id) || self.in_flight.len() >= self.max_in_flight {
             return;
         }
         let prefix = self.endpoints[i].prefix.match_fraction(&r.prefix_hashes);
-        self.in_flight.insert(request_id.to_string(), InFlight::new(i, r, prefix, Some(ttft_ms), now, true));
+        self.in_flight.insert(request_id.to_string(), InFlight::new(i, r, prefix, (Some(ttft_ms), tpot_ms), now, true));
     }
 
     /// Drops the reservation of a request whose client left before it was dispatched.
@@ -554,7 +569,8 @@ impl Pool {
                 s.uncached_tokens_in_flight = s.uncached_tokens_in_flight.saturating_add(f.uncached_tokens);
                 prefilling[f.endpoint].push((f.dispatched_at, f.uncached_tokens));
             }
-            if let Some(slo) = f.tpot_slo_ms {
+            // Only a running request of the asker's band or a higher one tightens its target.
+            if let Some(slo) = f.tpot_slo_ms.filter(|_| f.priority >= request.priority) {
                 s.tightest_tpot_slo_ms = Some(s.tightest_tpot_slo_ms.map_or(slo, |t: f64| t.min(slo)));
                 if own_tpot_slo.is_some_and(|own| slo < own) {
                     s.tighter_tpot_in_flight = s.tighter_tpot_in_flight.saturating_add(1);
@@ -663,6 +679,7 @@ mod tests {
                 ..Default::default()
             },
             predicted_ttft_ms: Some(100.0),
+            predicted_tpot_ms: None,
         }
     }
 
@@ -691,6 +708,40 @@ mod tests {
         p.finish("r2", now);
         assert_eq!(p.in_flight_on("a:1"), 0);
         assert_eq!(p.finish("never-dispatched", now), None, "a report for an unseen request is not tracked");
+    }
+
+    /// One client asking a TPOT no endpoint can meet (predicted 7 ms against its 5 ms) used to
+    /// become the target of every later request on its endpoint; an honest tight stream
+    /// (predicted 7 ms against its 10 ms) still is, for its own band and those below.
+    #[test]
+    fn only_a_running_slo_predicted_to_be_met_tightens_and_only_its_band_and_below() {
+        let mut p = pool();
+        let now = Instant::now();
+        let mut unmeetable = dispatch("liar", "a:1", 10, Some(5.0));
+        unmeetable.predicted_tpot_ms = Some(7.0);
+        assert_eq!(p.dispatch(&unmeetable, now), Applied::Accepted);
+        let mut honest = dispatch("tight", "b:2", 10, Some(10.0));
+        honest.predicted_tpot_ms = Some(7.0);
+        honest.request.priority = 0;
+        assert_eq!(p.dispatch(&honest, now), Applied::Accepted);
+        let asking = |tpot, priority| RequestFeatures {
+            streaming: true,
+            priority,
+            slo: Slo { ttft_ms: None, tpot_ms: Some(tpot) },
+            ..Default::default()
+        };
+        let s = p.states_for(&asking(100.0, 0), now);
+        assert_eq!((s[0].tightest_tpot_slo_ms, s[0].tighter_tpot_in_flight), (None, 0), "the 5 ms claim is left out");
+        assert_eq!((s[1].tightest_tpot_slo_ms, s[1].tighter_tpot_in_flight), (Some(10.0), 1), "the seed's rule");
+        let sheddable = p.states_for(&asking(100.0, -1), now);
+        assert_eq!(sheddable[1].tightest_tpot_slo_ms, Some(10.0), "a lower band is held to it");
+        let above = p.states_for(&asking(100.0, 1), now);
+        assert_eq!(above[1].tightest_tpot_slo_ms, None, "a higher band is not");
+        // Without a TPOT prediction (fallback placement) the SLO counts, as it always did.
+        let mut unknown = dispatch("unknown", "a:1", 10, Some(5.0));
+        unknown.predicted_tpot_ms = None;
+        assert_eq!(p.dispatch(&unknown, now), Applied::Accepted);
+        assert_eq!(p.states_for(&asking(100.0, 0), now)[0].tightest_tpot_slo_ms, Some(5.0));
     }
 
     #[test]

@@ -85,6 +85,7 @@ proptest! {
                             ..Default::default()
                         },
                         predicted_ttft_ms: ttft,
+                        predicted_tpot_ms: None,
                     };
                     pool.dispatch(&d, now);
                 }

@@ -246,7 +246,8 @@ impl Dispatch {
         text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, true)?;
         text(at, "endpoint", &self.endpoint, MAX_NAME_BYTES, true)?;
         self.request.check(&format!("{at}.request"))?;
-        opt_ms(at, "predicted_ttft_ms", self.predicted_ttft_ms)
+        opt_ms(at, "predicted_ttft_ms", self.predicted_ttft_ms)?;
+        opt_ms(at, "predicted_tpot_ms", self.predicted_tpot_ms)
     }
 }
 
@@ -307,6 +308,7 @@ mod tests {
             endpoint: "e:1".into(),
             request: RequestFeatures::default(),
             predicted_ttft_ms: Some(10.0),
+            predicted_tpot_ms: Some(10.0),
         }
     }
 

@@ -276,6 +276,10 @@ pub struct Dispatch {
     /// predictor tell when the request has likely left prefill.
     #[serde(default)]
     pub predicted_ttft_ms: Option<f64>,
+    /// Predicted TPOT for the chosen endpoint, if there was one: a running request's TPOT
+    /// SLO tightens later requests' targets only where it was predicted to be met.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_tpot_ms: Option<f64>,
 }
 
 /// `POST /v1/dispatch` body: decisions made since the filter's last flush.

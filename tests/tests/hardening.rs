@@ -160,3 +160,49 @@ fn a_client_cannot_raise_its_own_priority_and_a_trusted_header_can() {
     assert_eq!(seen, want, "(max_tokens, priority) as the predictor saw them");
     assert_eq!(h.envoy_stat("headroom_priority_clamped"), 2.0);
 }
+
+/// One long stream per endpoint asking 5 ms a token (the floor; an idle simulated H100 steps
+/// in about 7) used to become the TPOT target of every later request on its endpoint, so
+/// every TPOT-SLO request was negative everywhere. A running SLO now tightens others only
+/// where it was predicted to be met (`predictor-svc/src/pool.rs`, `InFlight::tpot_slo_ms`).
+#[test]
+fn streams_asking_an_unmeetable_tpot_do_not_make_everyone_negative() {
+    let h = harness(json!({}));
+    let endpoints: Vec<String> = h.stack.state.servers.iter().map(|s| s.to_string()).collect();
+    let tight: Vec<_> = (0..9)
+        .map(|i| {
+            // Each placement reaches the predictor (20 ms ticks) before the next is decided.
+            std::thread::sleep(Duration::from_millis(100));
+            let gateway = h.gateway();
+            std::thread::spawn(move || {
+                let body = json!({"model": "sim-llama-8b", "prompt": format!("tight {i} ").repeat(20),
+                    "max_tokens": 700, "stream": true});
+                reqwest::blocking::Client::new()
+                    .post(format!("{gateway}/v1/completions"))
+                    .header("content-type", "application/json")
+                    .header("x-slo-ttft-ms", "2000")
+                    .header("x-slo-tpot-ms", "5")
+                    .header("x-prediction-based-scheduling", "true")
+                    .body(body.to_string())
+                    .send()
+                    .and_then(|r| r.text())
+                    .is_ok()
+            })
+        })
+        .collect();
+    let running = || endpoints.iter().filter(|e| h.in_flight(e).unwrap_or(0) > 0).count();
+    let spread = wait_until(Duration::from_secs(5), || running() == endpoints.len());
+    assert!(
+        spread,
+        "a tight stream on every endpoint: {:?}",
+        endpoints.iter().map(|e| h.in_flight(e)).collect::<Vec<_>>()
+    );
+    for _ in 0..3 {
+        let r = h.completion(6, true, &SLO).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.tier.as_deref(), Some("positive"), "the 5 ms streams made every endpoint negative");
+    }
+    for t in tight {
+        assert!(t.join().unwrap(), "a tight stream failed");
+    }
+}

@@ -635,6 +635,7 @@ impl Flow {
                 endpoint: c.endpoint.clone(),
                 request: self.features.clone(),
                 predicted_ttft_ms: c.predicted_ttft_ms,
+                predicted_tpot_ms: c.predicted_tpot_ms,
             };
             self.held_dispatch = Some(dispatch);
             // Read from the body, or header-only with the body already through: as it is.

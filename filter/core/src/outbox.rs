@@ -278,6 +278,7 @@ mod tests {
             endpoint: "e:1".into(),
             request: RequestFeatures { prefix_hashes: vec![u64::MAX; hashes], ..Default::default() },
             predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
         }
     }
 
