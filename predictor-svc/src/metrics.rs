@@ -144,8 +144,9 @@ pub struct RouteLabel {
 }
 
 impl Metrics {
-    /// `persist_failures` is the model store's count of failed writes to its data directory.
-    pub fn new(persist_failures: Counter) -> Metrics {
+    /// `persist_failures` and `substituted` are the model store's counts of failed writes to
+    /// its data directory and of model values out of range that the prior replaced.
+    pub fn new(persist_failures: Counter, substituted: Counter) -> Metrics {
         let mut r = Registry::default();
         let latency = || Histogram::new(exponential_buckets(0.001, 2.0, 18));
         let duration = || Histogram::new(exponential_buckets(1e-6, 2.0, 20));
@@ -197,6 +198,11 @@ impl Metrics {
             "headroom_persist_failures",
             "Failed writes to the data directory (full, read-only, gone)",
             persist_failures,
+        );
+        r.register(
+            "headroom_model_values_substituted",
+            "Values (a TTFT or a TPOT of one endpoint) the serving model predicted out of range, served by the prior",
+            substituted,
         );
         r.register("headroom_predictions", "Predict requests answered", m.predictions.clone());
         r.register(
@@ -438,7 +444,7 @@ impl Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(Counter::default())
+        Self::new(Counter::default(), Counter::default())
     }
 }
 

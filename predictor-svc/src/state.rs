@@ -44,7 +44,7 @@ impl AppState {
         let models = ModelStore::open(config.model.clone())?.with_prior(prior);
         Ok(AppState {
             pools: Pools::from_config(&config, &prefill_cost),
-            metrics: Metrics::new(models.persist_failures.clone()),
+            metrics: Metrics::new(models.persist_failures.clone(), models.substituted.clone()),
             models,
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),
             scraped_once: AtomicBool::new(false),

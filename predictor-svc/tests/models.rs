@@ -183,3 +183,37 @@ fn a_user_supplied_model_replaces_online_training() {
     assert!(err.contains("mine.onnx") && err.contains("not a usable ONNX model"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A model whose TTFT runs off to infinity for prompts over 5,000 tokens (a region it never
+/// trained on) and is sane below: only the bad row is served by the prior, counted, and the
+/// other rows of the same call keep the model. One bad row used to send the whole call to
+/// the prior.
+#[test]
+fn one_row_out_of_range_is_served_by_the_prior_alone() {
+    use headroom_predictor::model::gbdt::{Ensemble, Node};
+    let split = vec![
+        Node::Split { feature: 1, threshold: 5000.0, left: 1, right: 2 },
+        Node::Leaf { value: 0.0 },
+        Node::Leaf { value: 1000.0 },
+    ];
+    let ttft = Ensemble { base: 50f64.ln(), trees: vec![split], offset_feature: None };
+    let tpot = Ensemble { base: 9f64.ln(), trees: vec![vec![Node::Leaf { value: 0.0 }]], offset_feature: None };
+    let dir = temp_dir("wild");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("wild.onnx");
+    std::fs::write(&path, headroom_predictor::model::onnx::export(&ttft, &tpot, 1, &[])).unwrap();
+    let store = ModelStore::open(ModelConfig { model_path: Some(path), ..config(None) }).unwrap();
+    let prior = ModelStore::open(config(None)).unwrap();
+
+    let state = EndpointState::default();
+    let row =
+        |input| store.row(&RequestFeatures { input_tokens: input, streaming: true, ..Default::default() }, &state);
+    let rows = [row(100), row(9000), row(200)];
+    let (served, name) = store.predict(&rows);
+    assert_ne!(name, PRIOR, "the model still serves the call");
+    assert!((served[0].0 - 50.0).abs() < 0.5 && (served[2].0 - 50.0).abs() < 0.5, "{served:?}");
+    assert_eq!(served[1].0, prior.predict(&rows[1..2]).0[0].0, "the bad value is the prior's");
+    assert!((served[1].1 - 9.0).abs() < 0.1, "the row's sane TPOT stays the model's: {served:?}");
+    assert_eq!(store.substituted.get(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -154,6 +154,22 @@ impl RequestFeatures {
 }
 
 impl EndpointState {
+    /// The state held to the bounds [`EndpointState::check`] enforces: shares into 0..=1
+    /// (NaN: 0), a duration out of range unknown, a context or rate over its bound at the
+    /// bound. What the predictor answers with, so one endpoint's odd reading never costs a
+    /// filter the whole answer.
+    pub fn bounded(mut self) -> EndpointState {
+        let share = |x: f64| if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) };
+        self.kv_usage = share(self.kv_usage);
+        self.prefix_match = share(self.prefix_match);
+        self.tightest_tpot_slo_ms = self.tightest_tpot_slo_ms.filter(|&v| is_ms(v) && v > 0.0);
+        self.recent_tpot_ms = ms_or_none(self.recent_tpot_ms);
+        self.max_context_tokens = self.max_context_tokens.map(|t| t.min(MAX_TOKENS));
+        let rate = self.prefill_tokens_per_s;
+        self.prefill_tokens_per_s = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, MAX_TOKENS as f64 * 1000.0) };
+        self
+    }
+
     pub fn check(&self, at: &str) -> Result<(), Invalid> {
         unit(at, "kv_usage", self.kv_usage)?;
         unit(at, "prefix_match", self.prefix_match)?;
@@ -451,5 +467,32 @@ mod proptests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_bounded_state_always_passes_its_check_and_a_sane_one_is_unchanged() {
+        let odd = EndpointState {
+            kv_usage: f64::NAN,
+            prefix_match: 7.5,
+            tightest_tpot_slo_ms: Some(0.0),
+            recent_tpot_ms: Some(-3.0),
+            max_context_tokens: Some(u32::MAX),
+            prefill_tokens_per_s: f64::INFINITY,
+            ..Default::default()
+        };
+        assert!(odd.check("e").is_err());
+        let held = odd.bounded();
+        assert_eq!(held.check("e"), Ok(()));
+        assert_eq!(
+            (held.kv_usage, held.prefix_match, held.tightest_tpot_slo_ms, held.recent_tpot_ms),
+            (0.0, 1.0, None, None)
+        );
+        let sane = EndpointState {
+            kv_usage: 0.4,
+            recent_tpot_ms: Some(12.0),
+            prefill_tokens_per_s: 9e3,
+            ..Default::default()
+        };
+        assert_eq!(sane.clone().bounded(), sane);
     }
 }

@@ -477,6 +477,22 @@ fn a_garbage_answer_falls_back() {
     }
 }
 
+/// One endpoint whose state breaks a bound (a share of 7.5) is left out; the answer's other
+/// endpoints still place the request. It used to send the whole request to the fallback.
+#[test]
+fn an_endpoint_with_a_broken_state_is_left_out_not_the_whole_answer() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let mut answer: PredictResponse =
+        codec::decode(Format::MsgPack, &predictions(&[("10.0.0.1:8000", Some(50.0)), ("10.0.0.2:8000", Some(60.0))]))
+            .unwrap();
+    answer.endpoints[0].state.kv_usage = 7.5;
+    let answer = codec::encode(Format::MsgPack, &answer).unwrap();
+    assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer), Step::Resume);
+    assert!(!host.events.iter().any(|e| matches!(e, Event::Fallback(_))), "{:?}", host.events);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+}
+
 #[test]
 fn predictions_out_of_range_count_as_none() {
     let mut host = FakeHost::new();

@@ -122,6 +122,22 @@ struct Round {
     filed: u64,
 }
 
+/// Lets a warning through at most once a minute.
+#[derive(Debug, Default)]
+struct LogLimit(Mutex<Option<Instant>>);
+
+impl LogLimit {
+    /// Whether a warning may be logged at `now` (and, if so, counts it as logged).
+    fn due(&self, now: Instant) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let due = last.is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(60));
+        if due {
+            *last = Some(now);
+        }
+        due
+    }
+}
+
 pub struct ModelStore {
     config: ModelConfig,
     prior: AnalyticPrior,
@@ -145,6 +161,12 @@ pub struct ModelStore {
     data: Option<DataDir>,
     /// Failed writes to the data directory (`headroom_persist_failures`).
     pub persist_failures: Counter,
+    /// Values a model predicted out of range, served by the prior instead
+    /// (`headroom_model_values_substituted`).
+    pub substituted: Counter,
+    /// When the serving model's last failure was logged: at most once a minute, however many
+    /// calls fail (each predict call would log otherwise).
+    warned: LogLimit,
 }
 
 impl ModelStore {
@@ -168,6 +190,8 @@ impl ModelStore {
             training: AtomicBool::new(false),
             data: config.data_dir.clone().map(|d| DataDir::open(d, config.keep_versions, persist_failures.clone())),
             persist_failures,
+            substituted: Counter::default(),
+            warned: LogLimit::default(),
             config,
         };
         if let Some(path) = store.config.model_path.clone() {
@@ -239,7 +263,7 @@ impl ModelStore {
     /// `+prior:tpot` for a target the contest has handed to the prior on the hardware
     /// class of some of the rows).
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
-        let (raw, name) = self.predict_raw(rows);
+        let (raw, name, substituted) = self.model_raw(rows);
         let now = Instant::now();
         // The correction before the contest, the order `train` takes them in; the prior's
         // correction last, and only when a row is handed to the prior (`observe` takes it on
@@ -254,14 +278,16 @@ impl ModelStore {
         let served = rows
             .iter()
             .zip(raw)
-            .map(|(r, p)| {
+            .zip(substituted)
+            .map(|((r, p), substituted)| {
                 let class = r[features::HARDWARE_CLASS];
                 let model = calibration.apply(class, p);
-                let by_prior = by_prior(class);
+                let by_contest = by_prior(class);
+                let by_prior = [by_contest[0] || substituted[0], by_contest[1] || substituted[1]];
                 if by_prior == [false, false] {
                     return model;
                 }
-                handed = [handed[0] || by_prior[0], handed[1] || by_prior[1]];
+                handed = [handed[0] || by_contest[0], handed[1] || by_contest[1]];
                 let prior_calibration = prior_calibration
                     .get_or_insert_with(|| self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner()));
                 let prior = prior_calibration.apply(class, self.prior.predict(r));
@@ -290,18 +316,55 @@ impl ModelStore {
         self.duel.lock().unwrap_or_else(|p| p.into_inner()).prior_serves_targets(class, at)
     }
 
-    /// The model's own predictions (the prior's when no model serves or it fails).
+    /// The model's own predictions (the prior's when no model serves or it fails, and for
+    /// each value out of range).
     fn predict_raw(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
+        let (out, name, _) = self.model_raw(rows);
+        (out, name)
+    }
+
+    /// [`Self::predict_raw`], and per row which of its two values the prior gave because the
+    /// model's was out of range. One bad row (an input unlike any the model trained on) is
+    /// its own: the rest of the call keeps the model. Each such value counts in
+    /// `headroom_model_values_substituted`, and the warning is logged at most once a minute.
+    fn model_raw(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String, Vec<[bool; 2]>) {
+        let none = || vec![[false, false]; rows.len()];
         if let Some(ActiveModel { onnx, info }) = &*self.registry.active() {
             match onnx.predict(rows) {
-                Ok(out) if out.iter().all(|&(a, b)| limits::is_ms(a) && limits::is_ms(b)) => return (out, info.name()),
-                Ok(_) => {
-                    tracing::warn!(version = %info.name(), "model predicted a value out of range; using the prior")
+                Ok(mut out) if out.len() == rows.len() => {
+                    let mut substituted = none();
+                    let mut count = 0;
+                    for ((value, row), bad) in out.iter_mut().zip(rows).zip(&mut substituted) {
+                        *bad = [!limits::is_ms(value.0), !limits::is_ms(value.1)];
+                        if bad[0] || bad[1] {
+                            let prior = self.prior.predict(row);
+                            *value = (if bad[0] { prior.0 } else { value.0 }, if bad[1] { prior.1 } else { value.1 });
+                            count += u64::from(bad[0]) + u64::from(bad[1]);
+                        }
+                    }
+                    if count > 0 {
+                        self.substituted.inc_by(count);
+                        if self.warned.due(Instant::now()) {
+                            let version = info.name();
+                            tracing::warn!(%version, count, "model predicted values out of range; the prior served those");
+                        }
+                    }
+                    return (out, info.name(), substituted);
                 }
-                Err(e) => tracing::warn!(version = %info.name(), error = %e, "model failed; using the prior"),
+                Ok(out) => {
+                    if self.warned.due(Instant::now()) {
+                        let (version, got) = (info.name(), out.len());
+                        tracing::warn!(%version, got, rows = rows.len(), "model answered the wrong number of rows; using the prior");
+                    }
+                }
+                Err(e) => {
+                    if self.warned.due(Instant::now()) {
+                        tracing::warn!(version = %info.name(), error = %e, "model failed; using the prior");
+                    }
+                }
             }
         }
-        (rows.iter().map(|r| self.prior.predict(r)).collect(), PRIOR.to_string())
+        (rows.iter().map(|r| self.prior.predict(r)).collect(), PRIOR.to_string(), none())
     }
 
     /// Files a finished request as a training sample when it can teach something:
