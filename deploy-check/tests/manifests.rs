@@ -126,3 +126,37 @@ fn a_broken_file_in_the_tree_fails_the_tree_check() {
     let problems: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     assert!(problems.iter().any(|p| p.contains("deployment.yaml") && p.contains("spec.replicas")), "{problems:#?}");
 }
+
+/// The NetworkPolicy admits what docs/reliability.md says it does: the gateway and
+/// monitoring, on the port the predictor serves its routes and `/metrics` on, and nobody else.
+#[test]
+fn the_network_policy_admits_the_gateway_and_monitoring_on_the_predictors_port() {
+    let root = locate::root().join("istio/base");
+    let policy: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(root.join("access/networkpolicy.yaml")).unwrap()).unwrap();
+    let config = std::fs::read_to_string(root.join("predictor/configmap.yaml")).unwrap();
+    let port: u64 = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("listen = \"")?.trim_end_matches('"').rsplit(':').next()?.parse().ok())
+        .expect("the predictor's listen address");
+    let rules = policy["spec"]["ingress"].as_array().unwrap();
+    let admitted: Vec<(String, Vec<u64>)> = rules
+        .iter()
+        .map(|r| {
+            let from = &r["from"][0];
+            let who = if from["namespaceSelector"].is_object() {
+                format!("namespace {}", from["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"])
+            } else {
+                format!("pods {}", from["podSelector"]["matchLabels"]["gateway.networking.k8s.io/gateway-name"])
+            };
+            (who, r["ports"].as_array().unwrap().iter().filter_map(|p| p["port"].as_u64()).collect())
+        })
+        .collect();
+    assert_eq!(
+        admitted,
+        vec![
+            ("pods \"inference-gateway\"".to_string(), vec![port]),
+            ("namespace \"monitoring\"".to_string(), vec![port])
+        ]
+    );
+}

@@ -222,9 +222,10 @@ async fn pools(State(state): State<Arc<AppState>>) -> Response {
                 endpoints: p
                     .endpoints
                     .iter()
-                    .map(|e| EndpointView {
+                    .zip(p.in_flight_by_endpoint())
+                    .map(|(e, in_flight)| EndpointView {
                         address: e.address.clone(),
-                        in_flight: p.in_flight_on(&e.address),
+                        in_flight,
                         running: e.metrics.map(|m| m.running),
                         waiting: e.metrics.map(|m| m.waiting),
                         kv_usage: e.metrics.map(|m| m.kv_usage),
@@ -241,16 +242,26 @@ async fn pools(State(state): State<Arc<AppState>>) -> Response {
 #[derive(Deserialize)]
 struct ObservationQuery {
     limit: Option<usize>,
+    after: Option<u64>,
 }
 
-/// `GET /v1/observations?limit=N`: the newest observations (JSON).
+/// `GET /v1/observations?limit=N[&after=S]`: the newest `limit` observations, or with `after`
+/// the first `limit` after the `S`-th (observations are numbered from 1 as they arrive; the
+/// answer's `first` is its first one's number), oldest first (JSON).
 async fn observations(
     State(state): State<Arc<AppState>>,
     query: Result<Query<ObservationQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "limit", e.body_text()))?;
-    let log = state.observations.lock().unwrap_or_else(|p| p.into_inner());
-    let body = serde_json::json!({ "total": log.total, "observations": log.newest(q.limit.unwrap_or(100)) });
+    let limit = q.limit.unwrap_or(100);
+    let max = limits::MAX_OBSERVATIONS_PAGE;
+    if limit > max {
+        let message = format!("must be at most {max} (page with `after`), got {limit}");
+        return Err(ApiError::field(StatusCode::BAD_REQUEST, "limit", message));
+    }
+    // Copied under the lock, serialised after it.
+    let (total, first, page) = state.observations.lock().unwrap_or_else(|p| p.into_inner()).page(q.after, limit);
+    let body = serde_json::json!({ "total": total, "first": first, "observations": page });
     Ok(axum::Json(body).into_response())
 }
 
@@ -285,29 +296,42 @@ async fn model_file(
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    // Series of endpoints that left the pool go with them: per-endpoint series stay bounded.
-    state.metrics.in_flight.clear();
-    for name in state.pools.names() {
-        state.pools.with(&name, |p| {
-            for e in &p.endpoints {
-                let label = crate::metrics::EndpointLabel { pool: name.clone(), endpoint: e.address.clone() };
-                state.metrics.in_flight.get_or_create(&label).set(p.in_flight_on(&e.address) as i64);
-            }
-        });
-    }
-    // Bands that emptied go with the clear; every pool shows a saturation (0: nothing waits).
+    // A snapshot first, each pool's lock held for one pass over its requests; then the
+    // gauges are refilled and rendered as one step, so concurrent scrapes never see each
+    // other's half-cleared families.
+    let names = state.pools.names();
+    let in_flight: Vec<(String, Vec<(String, usize)>)> = names
+        .iter()
+        .filter_map(|name| {
+            state.pools.with(name, |p| {
+                let counts = p.in_flight_by_endpoint();
+                (name.clone(), p.endpoints.iter().map(|e| e.address.clone()).zip(counts).collect())
+            })
+        })
+        .collect();
     let flows = state.flows.snapshot(Instant::now());
-    state.metrics.flow_queued.clear();
-    for pool in state.pools.names() {
-        let flow = flows.iter().find(|f| f.pool == pool);
-        for &(band, n) in flow.map_or(&[][..], |f| &f.bands) {
-            let label = crate::metrics::BandLabel { pool: pool.clone(), band: band.to_string() };
-            state.metrics.flow_queued.get_or_create(&label).set(n as i64);
+    let text = state.metrics.render_refreshed(|m| {
+        // Series of endpoints that left the pool go with them: per-endpoint series stay bounded.
+        m.in_flight.clear();
+        for (pool, endpoints) in &in_flight {
+            for (endpoint, n) in endpoints {
+                let label = crate::metrics::EndpointLabel { pool: pool.clone(), endpoint: endpoint.clone() };
+                m.in_flight.get_or_create(&label).set(*n as i64);
+            }
         }
-        let saturation = flow.map_or(0.0, |f| f.saturation);
-        state.metrics.saturation.get_or_create(&crate::metrics::PoolLabel { pool }).set(saturation);
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+        // Bands that emptied go with the clear; every pool shows a saturation (0: nothing waits).
+        m.flow_queued.clear();
+        for pool in &names {
+            let flow = flows.iter().find(|f| f.pool == *pool);
+            for &(band, n) in flow.map_or(&[][..], |f| &f.bands) {
+                let label = crate::metrics::BandLabel { pool: pool.clone(), band: band.to_string() };
+                m.flow_queued.get_or_create(&label).set(n as i64);
+            }
+            let saturation = flow.map_or(0.0, |f| f.saturation);
+            m.saturation.get_or_create(&crate::metrics::PoolLabel { pool: pool.clone() }).set(saturation);
+        }
+    });
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {

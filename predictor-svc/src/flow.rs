@@ -304,11 +304,18 @@ impl Flows {
     /// The gateway says the client of `request_id` left while it waited: out of the queue.
     /// Returns whether it was still there.
     pub fn abandon(&self, pool: &str, request_id: &str) -> bool {
-        let removed = self.with(pool, |q| {
-            let id = q.waiters.iter().find(|w| w.request.request_id == request_id).map(|w| w.id)?;
-            q.remove(id)
-        });
-        removed.is_some()
+        // Only a queue that exists: word of a request in a pool nobody queued in creates none.
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(q) = queues.get_mut(pool) else { return false };
+        let Some(id) = q.waiters.iter().find(|w| w.request.request_id == request_id).map(|w| w.id) else {
+            return false;
+        };
+        q.remove(id).is_some()
+    }
+
+    /// How many pools have a queue (tests: word of unknown pools creates none).
+    pub fn queue_count(&self) -> usize {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Pools with requests waiting.

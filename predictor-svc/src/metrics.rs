@@ -89,6 +89,8 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
     registry: Registry,
+    /// Held while `/metrics` refills its per-scrape gauges and renders (`render_refreshed`).
+    rendering: Mutex<()>,
     predictions: Counter,
     predict_duration: Histogram,
     dispatches: Family<ResultLabel, Counter>,
@@ -182,6 +184,7 @@ impl Metrics {
             flow_expired: Family::default(),
             flow_left: Family::default(),
             registry: Registry::default(),
+            rendering: Mutex::new(()),
         };
         r.register(
             "headroom_unauthorized_requests",
@@ -430,6 +433,14 @@ impl Metrics {
         if let Some(r) = recall {
             self.tier_recall.set(r);
         }
+    }
+
+    /// Refills the gauges `/metrics` rebuilds on each scrape with `refresh`, then renders, as
+    /// one step: a concurrent scrape waits rather than render a family the other cleared.
+    pub fn render_refreshed(&self, refresh: impl FnOnce(&Metrics)) -> String {
+        let _one_at_a_time = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
+        refresh(self);
+        self.render()
     }
 
     /// Prometheus text exposition of every metric.

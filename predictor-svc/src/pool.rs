@@ -531,6 +531,18 @@ impl Pool {
     }
 
     /// Requests dispatched to the endpoint at `address` and in flight (reservations aside).
+    /// Requests in flight per endpoint, in endpoint order, in one pass over the requests
+    /// (reservations not counted): what `/metrics` and `/v1/pools` show.
+    pub fn in_flight_by_endpoint(&self) -> Vec<usize> {
+        let mut counts = vec![0; self.endpoints.len()];
+        for f in self.in_flight.values().filter(|f| !f.reserved) {
+            if let Some(n) = counts.get_mut(f.endpoint) {
+                *n += 1;
+            }
+        }
+        counts
+    }
+
     pub fn in_flight_on(&self, address: &str) -> usize {
         let Some(i) = self.index_of(address) else { return 0 };
         self.in_flight.values().filter(|f| f.endpoint == i && !f.reserved).count()

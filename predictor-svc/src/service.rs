@@ -88,6 +88,11 @@ pub fn dispatch(state: &AppState, batch: &DispatchBatch, now: Instant) -> BatchA
 pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
     for a in &batch.abandoned {
+        // A pool this predictor does not serve has no queue to leave, and gets none.
+        if state.pools.with(&a.pool, |_| ()).is_none() {
+            state.metrics.report("abandoned_unknown", 1);
+            continue;
+        }
         let left = state.flows.abandon(&a.pool, &a.request_id);
         if left {
             state.metrics.flow_left(&a.pool);

@@ -81,4 +81,17 @@ impl ObservationLog {
         let skip = self.kept.len().saturating_sub(limit);
         self.kept.iter().skip(skip).cloned().collect()
     }
+
+    /// `(total, first, page)`: up to `limit` observations, oldest first, the newest ones or,
+    /// with `after`, the first ones numbered after it (numbered from 1 as they arrived, the
+    /// oldest kept being `total - kept + 1`); `first` is the page's first one's number.
+    pub fn page(&self, after: Option<u64>, limit: usize) -> (u64, u64, Vec<Observation>) {
+        let dropped = self.total - self.kept.len() as u64;
+        let skip = match after {
+            Some(after) => usize::try_from(after.saturating_sub(dropped)).unwrap_or(usize::MAX).min(self.kept.len()),
+            None => self.kept.len().saturating_sub(limit),
+        };
+        let page = self.kept.iter().skip(skip).take(limit).cloned().collect();
+        (self.total, dropped + skip as u64 + 1, page)
+    }
 }

@@ -422,3 +422,76 @@ async fn a_server_that_refuses_connections_loses_its_prediction_at_the_next_scra
     assert!(state.pools.with("default", |p| p.endpoints[0].metrics.is_none()).unwrap());
     scraper.abort();
 }
+
+/// `/v1/observations` copies at most a page under the log's lock (every report takes it):
+/// a `limit` over the page is a 400 naming it, and a reader pages with `after`.
+#[tokio::test]
+async fn observations_come_in_bounded_pages() {
+    let s = state_with("observations_kept = 5000\n");
+    let reports: Vec<Value> = (0..2500).map(|i| observation(&format!("o-{i}"), i)).collect();
+    let (status, _) = send(&s, "POST", "/v1/report", None, json!({"observations": reports})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = send(&s, "GET", "/v1/observations?limit=100000", None, Value::Null).await;
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("limit")), "{body}");
+    let mut after = 0;
+    let mut read = Vec::new();
+    loop {
+        let (status, page) =
+            send(&s, "GET", &format!("/v1/observations?limit=1000&after={after}"), None, Value::Null).await;
+        assert_eq!(status, StatusCode::OK);
+        let list = page["observations"].as_array().cloned().unwrap_or_default();
+        if list.is_empty() {
+            break;
+        }
+        assert_eq!(page["first"].as_u64(), Some(after + 1));
+        after += list.len() as u64;
+        read.extend(list.into_iter().filter_map(|o| o["request_id"].as_str().map(str::to_string)));
+    }
+    assert_eq!(read.len(), 2500);
+    assert_eq!((read[0].as_str(), read[2499].as_str()), ("o-0", "o-2499"), "every one, in order, once");
+    // Without `after`, the newest.
+    let (_, newest) = send(&s, "GET", "/v1/observations?limit=2", None, Value::Null).await;
+    assert_eq!(newest["observations"][1]["request_id"], "o-2499");
+    assert_eq!(newest["first"], 2499);
+}
+
+/// Word that a request left the queue of a pool this predictor does not serve creates no
+/// queue (each such name used to add one, never removed).
+#[tokio::test]
+async fn abandoned_requests_of_unknown_pools_create_no_queue() {
+    let s = state_with("");
+    let abandoned: Vec<Value> = (0..50).map(|i| json!({"pool": format!("pool-{i}"), "request_id": "r"})).collect();
+    let (status, _) = send(&s, "POST", "/v1/report", None, json!({"observations": [], "abandoned": abandoned})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(s.flows.queue_count(), 0);
+}
+
+/// Concurrent scrapes of `/metrics` each see every endpoint's in-flight series: the gauges
+/// are refilled and rendered as one step, so one scrape never renders a family another has
+/// just cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_scrapes_each_see_every_series() {
+    let s = state_with("");
+    send(&s, "POST", "/v1/dispatch", None, dispatch("held", json!({}))).await;
+    let scrapes: Vec<_> = (0..8)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut missing = 0;
+                for _ in 0..300 {
+                    let req = Request::builder().uri("/metrics").body(Body::empty()).unwrap();
+                    let res = api::router(s.clone()).oneshot(req).await.unwrap();
+                    let text = String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+                    let series = text.lines().filter(|l| l.starts_with("headroom_in_flight_requests{")).count();
+                    missing += usize::from(series != 2);
+                }
+                missing
+            })
+        })
+        .collect();
+    let mut missing = 0;
+    for t in scrapes {
+        missing += t.await.unwrap();
+    }
+    assert_eq!(missing, 0, "scrapes that missed an endpoint's series");
+}

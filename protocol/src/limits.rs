@@ -33,6 +33,9 @@ pub const MAX_BATCH_ITEMS: usize = 10_000;
 /// Largest request body the predictor reads. The filter splits its batches to
 /// stay under it (`max_batch_bytes`, a quarter of this by default).
 pub const MAX_BODY_BYTES: usize = 4 << 20;
+/// Most observations one `GET /v1/observations` answer holds (`limit`); more are read in
+/// pages (`after`), so the log's lock, which every report takes, is held for a page's copy.
+pub const MAX_OBSERVATIONS_PAGE: usize = 1000;
 
 /// Bounds of the filter's `tpot_buffer` and `ttft_buffer` (factors on SLOs), sent with flow terms.
 pub const MIN_SLO_BUFFER: f64 = 0.1;

@@ -884,13 +884,32 @@ impl Stack {
     /// its newest `limit`, oldest first, and how many it has taken in all. `None` when it does
     /// not answer.
     pub fn observations_since(&self, seen: u64, limit: usize) -> Option<(u64, Vec<Value>)> {
-        let path = format!("/v1/observations?limit={limit}");
-        let (status, body) = http::get_with_token(self.state.predictor, &path, self.state.token.as_deref()).ok()?;
-        let mut log: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
-        let total = log["total"].as_u64()?;
-        let mut list = log["observations"].as_array_mut().map(std::mem::take).unwrap_or_default();
-        let new = usize::try_from(total.saturating_sub(seen)).unwrap_or(usize::MAX);
-        list.drain(..list.len().saturating_sub(new));
+        const PAGE: usize = headroom_protocol::limits::MAX_OBSERVATIONS_PAGE;
+        // (total, the page's first number, the page).
+        let page = |query: String| -> Option<(u64, u64, Vec<Value>)> {
+            let path = format!("/v1/observations?{query}");
+            let (status, body) = http::get_with_token(self.state.predictor, &path, self.state.token.as_deref()).ok()?;
+            let mut log: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+            let list = log["observations"].as_array_mut().map(std::mem::take).unwrap_or_default();
+            Some((log["total"].as_u64()?, log["first"].as_u64().unwrap_or(0), list))
+        };
+        let (total, _, mut newest) = page(format!("limit={}", limit.min(PAGE)))?;
+        let want = usize::try_from(total.saturating_sub(seen)).unwrap_or(usize::MAX).min(limit);
+        if want <= newest.len() {
+            newest.drain(..newest.len() - want);
+            return Some((total, newest));
+        }
+        // More than one page: from the oldest wanted on, a page at a time.
+        let (mut after, mut list) = (total - want as u64, Vec::with_capacity(want));
+        while list.len() < want {
+            let (_, first, more) = page(format!("limit={PAGE}&after={after}"))?;
+            if more.is_empty() {
+                break;
+            }
+            after = first + more.len() as u64 - 1;
+            list.extend(more);
+        }
+        list.truncate(want);
         Some((total, list))
     }
 }
