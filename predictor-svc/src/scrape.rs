@@ -64,8 +64,7 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
 /// timeout and stamped their metrics later than they were read).
 pub async fn run(state: Arc<AppState>) {
     let interval = Duration::from_millis(state.config.scrape_interval_ms);
-    let client = match reqwest::Client::builder().timeout(Duration::from_millis(state.config.scrape_timeout_ms)).build()
-    {
+    let client = match scrape_client(Duration::from_millis(state.config.scrape_timeout_ms)) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the scrape client; endpoint metrics stay unknown");
@@ -206,6 +205,14 @@ async fn context_length(client: &reqwest::Client, address: &str) -> Option<u32> 
 }
 
 /// One scrape; the body is read only up to `max_bytes` (a larger one fails the scrape).
+/// The client every scrape uses: bounded by `timeout`, and following no redirect. A model
+/// server's `/metrics` answers itself; one that redirects (a compromised or misconfigured
+/// server) would otherwise have the predictor fetch, and trust as that server's load,
+/// whatever address it names.
+pub fn scrape_client(timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).build()
+}
+
 pub async fn scrape_one(
     client: &reqwest::Client,
     address: &str,

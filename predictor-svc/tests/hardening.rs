@@ -495,3 +495,26 @@ async fn concurrent_scrapes_each_see_every_series() {
     }
     assert_eq!(missing, 0, "scrapes that missed an endpoint's series");
 }
+
+/// A server whose `/metrics` redirects elsewhere fails its scrape: the predictor never reads
+/// another address's load as this server's.
+#[tokio::test]
+async fn a_metrics_redirect_is_not_followed() {
+    let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}/metrics", elsewhere.local_addr().unwrap());
+    let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { "vllm:num_requests_running 7\n" }));
+    let other = tokio::spawn(async move { axum::serve(elsewhere, app).await });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let redirect = move || {
+        let target = target.clone();
+        async move { (StatusCode::FOUND, [(header::LOCATION, target)]) }
+    };
+    let app = axum::Router::new().route("/metrics", axum::routing::get(redirect));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = headroom_predictor::scrape::scrape_client(std::time::Duration::from_secs(2)).unwrap();
+    let err = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20).await.unwrap_err();
+    assert!(err.message.contains("302"), "{err}");
+    server.abort();
+    other.abort();
+}

@@ -337,6 +337,14 @@ impl FilterConfig {
             if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(bad("predictor_token", "must be at least 16 visible ASCII characters"));
             }
+            // The shipped manifests' placeholder: a token everyone knows guards nothing (the
+            // predictor refuses it too).
+            if token.starts_with("change-me") {
+                return Err(bad(
+                    "predictor_token",
+                    "is the manifests' placeholder: generate one (openssl rand -hex 32)",
+                ));
+            }
         }
         for (field, value) in [("min_ttft_slo_ms", self.min_ttft_slo_ms), ("min_tpot_slo_ms", self.min_tpot_slo_ms)] {
             if !(value.is_finite() && (0.0..=limits::MAX_MS).contains(&value)) {
@@ -515,6 +523,7 @@ mod tests {
             (br#"{"max_batch_bytes":100}"#, "max_batch_bytes"),
             (br#"{"max_batch_bytes":99999999}"#, "max_batch_bytes"),
             (br#"{"predictor_token":"short"}"#, "predictor_token"),
+            (br#"{"predictor_token":"change-me-generate-with-openssl-rand-hex-32"}"#, "predictor_token"),
             (br#"{"min_tpot_slo_ms":-1}"#, "min_tpot_slo_ms"),
             (br#"{"slo_floor_action":"ignore"}"#, "slo_floor_action"),
             (br#"{"prefix_load":{"affinity_threshold":2}}"#, "prefix_load.affinity_threshold"),

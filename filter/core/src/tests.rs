@@ -513,16 +513,19 @@ fn a_callout_that_cannot_start_falls_back_at_once() {
 
 #[test]
 fn a_replica_failing_three_times_is_skipped_for_the_next() {
-    let mut host = FakeHost::new();
-    let mut vm = vm(r#"{"predictor_shards":["p0","p1"]}"#);
-    let first = vm.predictor_cluster(host.now_ms());
-    for _ in 0..3 {
-        routed(&mut Flow::new(), &mut host, &mut vm, 503, b"");
+    // A 503, or a 401: a replica refusing the filter's token is of no use to it either.
+    for status in [503, 401] {
+        let mut host = FakeHost::new();
+        let mut vm = vm(r#"{"predictor_shards":["p0","p1"]}"#);
+        let first = vm.predictor_cluster(host.now_ms());
+        for _ in 0..3 {
+            routed(&mut Flow::new(), &mut host, &mut vm, status, b"");
+        }
+        assert!(host.has(Event::PredictorEjected), "{status}");
+        assert!(host.logs.iter().any(|(l, m)| *l == Level::Warn && m.contains(&first)));
+        routed(&mut Flow::new(), &mut host, &mut vm, 200, &predictions(&[("10.0.0.1:8000", Some(1.0))]));
+        assert_ne!(host.calls.last().map(|c| c.cluster.clone()), Some(first));
     }
-    assert!(host.has(Event::PredictorEjected));
-    assert!(host.logs.iter().any(|(l, m)| *l == Level::Warn && m.contains(&first)));
-    routed(&mut Flow::new(), &mut host, &mut vm, 200, &predictions(&[("10.0.0.1:8000", Some(1.0))]));
-    assert_ne!(host.calls.last().map(|c| c.cluster.clone()), Some(first));
 }
 
 #[test]

@@ -131,7 +131,9 @@ impl Vm {
     /// Records how a call to `cluster` went: no answer, a timeout or a 5xx count
     /// against the replica; any other answer shows it alive.
     pub fn record_call(&mut self, host: &mut dyn Host, cluster: &str, status: Option<u16>) {
-        let alive = status.is_some_and(|s| s != 0 && s < 500);
+        // A 401 or 403 is a replica that refuses this filter's token: of no use to it, so it
+        // counts as failing (and is named in the log when skipped), not as alive.
+        let alive = status.is_some_and(|s| s != 0 && s < 500 && s != 401 && s != 403);
         if self.shards.record(cluster, alive, host.now_ms()) {
             host.record(Event::PredictorEjected);
             host.log(Level::Warn, &format!("headroom: predictor cluster {cluster} failing; using the next replica"));
