@@ -251,6 +251,18 @@ impl FilterConfig {
         headroom_protocol::headroom::SloBuffers { ttft: self.ttft_buffer, tpot: self.tpot_buffer }
     }
 
+    /// What is accepted but should be changed, one message each, logged at configuration.
+    /// The manifests' placeholder token is one: the predictor refuses to start with it, so
+    /// it can never authenticate; refusing it here as well would make Envoy refuse the
+    /// shipped manifests, which carry it for the user to replace.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.predictor_token.as_deref().is_some_and(|t| t.starts_with("change-me")) {
+            out.push("predictor_token is the manifests' placeholder: set the token the predictor has".to_string());
+        }
+        out
+    }
+
     /// Parses and validates the plugin configuration (empty means defaults).
     pub fn parse(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
         let config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -336,14 +348,6 @@ impl FilterConfig {
         if let Some(token) = &self.predictor_token {
             if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(bad("predictor_token", "must be at least 16 visible ASCII characters"));
-            }
-            // The shipped manifests' placeholder: a token everyone knows guards nothing (the
-            // predictor refuses it too).
-            if token.starts_with("change-me") {
-                return Err(bad(
-                    "predictor_token",
-                    "is the manifests' placeholder: generate one (openssl rand -hex 32)",
-                ));
             }
         }
         for (field, value) in [("min_ttft_slo_ms", self.min_ttft_slo_ms), ("min_tpot_slo_ms", self.min_tpot_slo_ms)] {
@@ -491,6 +495,14 @@ mod tests {
     }
 
     #[test]
+    fn the_placeholder_token_is_accepted_with_a_warning() {
+        let config =
+            FilterConfig::parse(br#"{"predictor_token":"change-me-generate-with-openssl-rand-hex-32"}"#).unwrap();
+        assert_eq!(config.warnings().len(), 1);
+        assert!(FilterConfig::default().warnings().is_empty());
+    }
+
+    #[test]
     fn bad_configs_name_the_field() {
         let cases: &[(&[u8], &str)] = &[
             (br#"{"pool":""}"#, "pool"),
@@ -523,7 +535,6 @@ mod tests {
             (br#"{"max_batch_bytes":100}"#, "max_batch_bytes"),
             (br#"{"max_batch_bytes":99999999}"#, "max_batch_bytes"),
             (br#"{"predictor_token":"short"}"#, "predictor_token"),
-            (br#"{"predictor_token":"change-me-generate-with-openssl-rand-hex-32"}"#, "predictor_token"),
             (br#"{"min_tpot_slo_ms":-1}"#, "min_tpot_slo_ms"),
             (br#"{"slo_floor_action":"ignore"}"#, "slo_floor_action"),
             (br#"{"prefix_load":{"affinity_threshold":2}}"#, "prefix_load.affinity_threshold"),

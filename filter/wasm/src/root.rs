@@ -120,6 +120,9 @@ impl RootContext for Root {
                 return false;
             }
         };
+        for warning in config.warnings() {
+            host::log(Level::Error, &format!("headroom: {warning}"));
+        }
         if host::set_tick_period(Duration::from_millis(config.flush_interval_ms)).is_err() {
             host::log(Level::Error, "headroom: could not set the flush tick");
             return false;
