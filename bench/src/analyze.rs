@@ -92,6 +92,24 @@ fn median_ms(values: Vec<f64>) -> String {
     quantile(&values, 0.5).map_or("-".into(), |v| format!("{v:.0} ms"))
 }
 
+/// A table's two header lines: `columns` as (name, `---` or `---:`), after a run column when
+/// the measurements come from more than one run.
+fn header(measured: &[Measured], columns: &[(&str, &str)]) -> String {
+    let run = measured.iter().any(|x| x.run != measured[0].run);
+    let names: Vec<&str> = run.then_some("run").into_iter().chain(columns.iter().map(|c| c.0)).collect();
+    let rules: Vec<&str> = run.then_some("---").into_iter().chain(columns.iter().map(|c| c.1)).collect();
+    format!("| {} |\n| {} |\n", names.join(" | "), rules.join(" | "))
+}
+
+/// `outcomes` by `key`, in key order.
+fn group_by<'a>(outcomes: &'a [Outcome], key: impl Fn(&'a Outcome) -> &'a str) -> BTreeMap<&'a str, Vec<&'a Outcome>> {
+    let mut groups: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
+    for o in outcomes {
+        groups.entry(key(o)).or_default().push(o);
+    }
+    groups
+}
+
 /// The run column's text: only when the measurements come from more than one run.
 fn run_cell(measured: &[Measured], m: &Measured) -> String {
     if measured.iter().any(|x| x.run != measured[0].run) {
@@ -120,13 +138,11 @@ fn classes(measured: &[Measured]) -> String {
     groups.sort_by(|(a, _), (b, _)| {
         (&a.workload, &a.router, &a.run).cmp(&(&b.workload, &b.router, &b.run)).then(a.rate.total_cmp(&b.rate))
     });
-    let multi = !run_cell(measured, &measured[0]).is_empty();
-    let mut s = String::new();
-    let run_head = if multi { ("run | ", "--- | ") } else { ("", "") };
-    let class_head: String = names.iter().map(|c| format!(" {c} |")).collect();
-    let _ = writeln!(s, "| {}workload | router | rate | seeds | all | non-sheddable |{class_head} shed |", run_head.0);
-    let _ =
-        writeln!(s, "| {}--- | --- | ---: | ---: | ---: | ---: |{} ---: |", run_head.1, " ---: |".repeat(names.len()));
+    let (l, r) = ("---", "---:");
+    let mut columns = vec![("workload", l), ("router", l), ("rate", r), ("seeds", r), ("all", r), ("non-sheddable", r)];
+    columns.extend(names.iter().map(|c| (*c, r)));
+    columns.push(("shed", r));
+    let mut s = header(measured, &columns);
     for (m, sums) in groups {
         let (run, workload, router) = (run_cell(measured, m), &m.workload, &m.router);
         let all: Vec<f64> = sums.iter().map(|x| x.attainment).collect();
@@ -158,23 +174,25 @@ fn server_of(o: &Outcome) -> Option<&str> {
 }
 
 fn servers(measured: &[Measured]) -> String {
-    let multi = !run_cell(measured, &measured[0]).is_empty();
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "| {}workload | router | rate | seed | server | requests | by class | prompt tokens (k) | TTFT p50 | TPOT p50 | met |",
-        if multi { "run | " } else { "" }
-    );
-    let _ = writeln!(
-        s,
-        "| {}--- | --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |",
-        if multi { "--- | " } else { "" }
+    let (l, r) = ("---", "---:");
+    let mut s = header(
+        measured,
+        &[
+            ("workload", l),
+            ("router", l),
+            ("rate", r),
+            ("seed", r),
+            ("server", l),
+            ("requests", r),
+            ("by class", l),
+            ("prompt tokens (k)", r),
+            ("TTFT p50", r),
+            ("TPOT p50", r),
+            ("met", r),
+        ],
     );
     for m in measured {
-        let mut by_server: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
-        for o in &m.outcomes {
-            by_server.entry(server_of(o).unwrap_or("unknown")).or_default().push(o);
-        }
+        let by_server = group_by(&m.outcomes, |o| server_of(o).unwrap_or("unknown"));
         let mut rows: Vec<_> = by_server.into_iter().collect();
         rows.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
         for (server, os) in rows {
@@ -207,24 +225,24 @@ fn servers(measured: &[Measured]) -> String {
 }
 
 fn flows(measured: &[Measured]) -> String {
-    let multi = !run_cell(measured, &measured[0]).is_empty();
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "| {}workload | router | rate | seed | class | requests | met | by flow outcome: n (met) | misses by cause | released: waited, mean |",
-        if multi { "run | " } else { "" }
-    );
-    let _ = writeln!(
-        s,
-        "| {}--- | --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: |",
-        if multi { "--- | " } else { "" }
+    let (l, r) = ("---", "---:");
+    let mut s = header(
+        measured,
+        &[
+            ("workload", l),
+            ("router", l),
+            ("rate", r),
+            ("seed", r),
+            ("class", l),
+            ("requests", r),
+            ("met", r),
+            ("by flow outcome: n (met)", l),
+            ("misses by cause", l),
+            ("released: waited, mean", r),
+        ],
     );
     for m in measured {
-        let mut by_class: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
-        for o in &m.outcomes {
-            by_class.entry(o.class.as_str()).or_default().push(o);
-        }
-        for (class, os) in by_class {
+        for (class, os) in group_by(&m.outcomes, |o| o.class.as_str()) {
             let mut by_flow: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
             let mut causes: BTreeMap<&str, usize> = BTreeMap::new();
             for o in &os {

@@ -14,7 +14,8 @@
 //!   was reported, is still in flight, or expired (`in_flight_ttl_s`). Nothing else may
 //!   become of a request.
 //!
-//! It prints one summary line and writes `samples.csv`, `memory.svg` and `soak.json`.
+//! It prints a line per sample as it goes, one summary line at the end, and writes
+//! `samples.csv`, `memory.svg` and `soak.json`.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -79,7 +79,9 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
         assert!(report.contains(&format!("| {} |", c.name)), "{} missing from the report:\n{report}", c.name);
     }
     let svg = std::fs::read_to_string(out.join("mixed.svg")).unwrap();
-    assert_eq!(svg.matches(r#"class="series""#).count(), CONTENDERS.len());
+    // All requests beside the critical classes: a line per router in each panel.
+    assert_eq!(svg.matches(r#"class="series""#).count(), 2 * CONTENDERS.len());
+    assert!(svg.contains("critical classes"));
     let raw = std::fs::read_dir(out.join("requests")).unwrap().count();
     assert!(raw >= CONTENDERS.len(), "per-request results: {raw} files");
     // Headroom's measurements keep the predictor's observations beside them, each with the
