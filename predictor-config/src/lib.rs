@@ -50,9 +50,18 @@ pub struct Config {
     /// Metrics older than this make an endpoint's predictions unknown.
     #[serde(default = "default_stale_after_ms")]
     pub stale_after_ms: u64,
-    /// A dispatched request never reported is forgotten after this long.
+    /// A dispatched request never reported is forgotten after this long at most.
     #[serde(default = "default_in_flight_ttl_s")]
     pub in_flight_ttl_s: u64,
+    /// A dispatched request with a predicted end-to-end time (TTFT + TPOT x `max_tokens`)
+    /// is forgotten sooner: after this multiple of it, but not before `in_flight_min_s`.
+    /// A report that went to another predictor replica (a rollout's overlap, a failover)
+    /// then inflates this replica's books for seconds, not `in_flight_ttl_s`.
+    #[serde(default = "default_in_flight_expiry_multiple")]
+    pub in_flight_expiry_multiple: f64,
+    /// The least time a request with a predicted end is tracked for.
+    #[serde(default = "default_in_flight_min_s")]
+    pub in_flight_min_s: u64,
     /// Prefix blocks remembered per endpoint (LRU).
     #[serde(default = "default_prefix_blocks")]
     pub prefix_blocks_per_endpoint: usize,
@@ -272,6 +281,12 @@ fn default_stale_after_ms() -> u64 {
 fn default_in_flight_ttl_s() -> u64 {
     600
 }
+fn default_in_flight_expiry_multiple() -> f64 {
+    4.0
+}
+fn default_in_flight_min_s() -> u64 {
+    30
+}
 fn default_prefix_blocks() -> usize {
     100_000
 }
@@ -305,6 +320,8 @@ impl Config {
             scrape_timeout_ms: default_scrape_timeout_ms(),
             stale_after_ms: default_stale_after_ms(),
             in_flight_ttl_s: default_in_flight_ttl_s(),
+            in_flight_expiry_multiple: default_in_flight_expiry_multiple(),
+            in_flight_min_s: default_in_flight_min_s(),
             prefix_blocks_per_endpoint: default_prefix_blocks(),
             observations_kept: default_observations_kept(),
             max_in_flight: default_max_in_flight(),
@@ -450,6 +467,15 @@ impl Config {
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
         anyhow::ensure!((1..=100_000).contains(&self.observations_kept), "observations_kept must be within 1..=100000");
         anyhow::ensure!((1..=10_000_000).contains(&self.max_in_flight), "max_in_flight must be within 1..=10000000");
+        anyhow::ensure!((1..=86_400).contains(&self.in_flight_ttl_s), "in_flight_ttl_s must be within 1..=86400");
+        anyhow::ensure!(
+            (1.0..=100.0).contains(&self.in_flight_expiry_multiple),
+            "in_flight_expiry_multiple must be within 1..=100"
+        );
+        anyhow::ensure!(
+            (1..=self.in_flight_ttl_s).contains(&self.in_flight_min_s),
+            "in_flight_min_s must be within 1..=in_flight_ttl_s"
+        );
         anyhow::ensure!(
             (1024..=256 << 20).contains(&self.max_scrape_bytes),
             "max_scrape_bytes must be within 1024..=268435456"
@@ -594,6 +620,10 @@ mod tests {
             "[flow]\nmax_wait_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
             "[flow]\nrecheck_interval_ms = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
             "[flow]\nbogus = 1\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "in_flight_ttl_s = 0\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "in_flight_expiry_multiple = 0.5\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "in_flight_expiry_multiple = nan\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
+            "in_flight_ttl_s = 60\nin_flight_min_s = 61\n[[pool]]\nname = \"p\"\nendpoints = [\"127.0.0.1:1\"]\n",
         ] {
             assert!(Config::parse(text).is_err(), "{text}");
         }

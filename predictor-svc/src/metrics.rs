@@ -240,7 +240,7 @@ impl Metrics {
         r.register("headroom_in_flight_requests", "Requests dispatched and not yet reported", m.in_flight.clone());
         r.register(
             "headroom_in_flight_expired",
-            "Requests dispatched and never reported within in_flight_ttl_s, forgotten",
+            "Requests dispatched and not reported within their expiry (in_flight_expiry_multiple times the predicted end-to-end time, within in_flight_min_s..=in_flight_ttl_s), forgotten",
             m.in_flight_expired.clone(),
         );
         r.register(

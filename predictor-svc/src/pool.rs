@@ -1,7 +1,7 @@
 //! Pools, their endpoints, and what is known of each endpoint: scraped engine
 //! metrics, requests dispatched there and not yet reported, cached prefixes.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,8 @@ struct InFlight {
     /// Its first token passed the gateway: past prefill, observed.
     past_prefill: bool,
     dispatched_at: Instant,
+    /// When it is forgotten if no report came (`Expiry::lifetime`).
+    expires_at: Instant,
     /// Reserved by flow control when it released the request (`Pool::reserve`), not yet
     /// confirmed by the gateway's dispatch batch: forgotten after [`RESERVATION_TTL`].
     reserved: bool,
@@ -57,13 +59,14 @@ struct InFlight {
 
 impl InFlight {
     /// `r` sent to endpoint `endpoint` at `now`, `prefix` of its prompt cached there, with
-    /// its predicted TTFT and TPOT there; `reserved`: by flow control, not yet dispatched.
+    /// its predicted TTFT and TPOT there, tracked for `lifetime` without a report;
+    /// `reserved`: by flow control, not yet dispatched.
     fn new(
         endpoint: usize,
         r: &RequestFeatures,
         prefix: f64,
         (ttft_ms, tpot_ms): (Option<f64>, Option<f64>),
-        now: Instant,
+        (now, lifetime): (Instant, Duration),
         reserved: bool,
     ) -> Self {
         let kept = |slo: &f64| tpot_ms.is_none_or(|p| !p.is_finite() || p <= *slo);
@@ -80,6 +83,7 @@ impl InFlight {
                 .and_then(|d| now.checked_add(d)),
             past_prefill: false,
             dispatched_at: now,
+            expires_at: now.checked_add(lifetime).unwrap_or(now),
             reserved,
         }
     }
@@ -227,6 +231,61 @@ impl Endpoint {
 /// Output tokens assumed for a request that gave no `max_tokens`.
 const DEFAULT_EXPECTED_OUTPUT: u32 = 256;
 
+/// How long a dispatched request is tracked without its report. A report can go astray:
+/// to another predictor replica (a rollout's overlap, a failover and failback), or never
+/// be sent (an Envoy that exited). Until the request is forgotten it counts as load on its
+/// endpoint, so the bound follows how long it should run, not one long fixed TTL.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Expiry {
+    /// The most any request is tracked for (`in_flight_ttl_s`).
+    pub ttl: Duration,
+    /// Times its predicted end-to-end time a request with one is tracked for.
+    pub multiple: f64,
+    /// The least a request with a predicted end is tracked for (`in_flight_min_s`).
+    pub floor: Duration,
+}
+
+impl Default for Expiry {
+    fn default() -> Self {
+        Expiry { ttl: Duration::from_secs(600), multiple: 4.0, floor: Duration::from_secs(30) }
+    }
+}
+
+impl Expiry {
+    /// How long `d` is tracked unreported: `multiple` times its predicted end-to-end time
+    /// (TTFT + TPOT x `max_tokens`) within `floor..=ttl`; `ttl` when that is not known (no
+    /// prediction, or no `max_tokens`: its output is bounded only by the context).
+    pub fn lifetime(&self, d: &Dispatch) -> Duration {
+        let (Some(ttft), Some(tpot), Some(n)) = (d.predicted_ttft_ms, d.predicted_tpot_ms, d.request.max_tokens) else {
+            return self.ttl;
+        };
+        let predicted_ms = ttft + tpot * f64::from(n);
+        Duration::try_from_secs_f64(predicted_ms * self.multiple / 1000.0)
+            .map_or(self.ttl, |t| t.max(self.floor).min(self.ttl))
+    }
+}
+
+/// How a report's request stood in this pool's books.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finished {
+    /// Tracked in flight until now, dispatched to this address.
+    Tracked(String),
+    /// Dispatched to this address, and forgotten as overdue before its report came.
+    Late(String),
+    /// Never seen dispatched here (or forgotten too long ago).
+    Unknown,
+}
+
+impl Finished {
+    /// The address it was dispatched to, when this pool saw the dispatch.
+    pub fn address(&self) -> Option<&str> {
+        match self {
+            Finished::Tracked(a) | Finished::Late(a) => Some(a),
+            Finished::Unknown => None,
+        }
+    }
+}
+
 /// A pool's endpoints and the requests in flight on them.
 #[derive(Debug)]
 pub struct Pool {
@@ -242,6 +301,11 @@ pub struct Pool {
     max_in_flight: usize,
     /// Requests reported recently; a late dispatch for one of them is ignored.
     finished: RecentIds,
+    /// Requests forgotten unreported (`expire`), with the address they were dispatched to,
+    /// for `Expiry::ttl`: a report that comes after all (the request ran far longer than
+    /// predicted) still teaches, and is counted late.
+    overdue: RecentIds<String>,
+    expiry: Expiry,
     /// When the last first-token event arrived: while recent, prefill ends when
     /// observed (or a grace period after the prediction), not at the prediction.
     last_first_token: Option<Instant>,
@@ -251,24 +315,25 @@ pub struct Pool {
     prefill_ms_per_token: Vec<f64>,
 }
 
-/// Request ids seen finishing, oldest first: bounded in count and forgotten after
-/// [`FINISHED_MEMORY`], so a flood of reports for unknown ids cannot grow memory.
+/// Request ids seen recently, each with a value, oldest first: bounded in count and
+/// forgotten after a time, so a flood of reports for unknown ids cannot grow memory.
 #[derive(Debug, Default)]
-struct RecentIds {
+struct RecentIds<V = ()> {
     order: VecDeque<(String, Instant)>,
-    ids: HashSet<String>,
+    ids: HashMap<String, V>,
     cap: usize,
 }
 
-impl RecentIds {
+impl<V> RecentIds<V> {
     fn new(cap: usize) -> Self {
-        RecentIds { order: VecDeque::new(), ids: HashSet::new(), cap: cap.max(1) }
+        RecentIds { order: VecDeque::new(), ids: HashMap::new(), cap: cap.max(1) }
     }
 
-    fn insert(&mut self, id: &str, now: Instant) {
-        if !self.ids.insert(id.to_string()) {
+    fn insert(&mut self, id: &str, value: V, now: Instant) {
+        if self.ids.contains_key(id) {
             return;
         }
+        self.ids.insert(id.to_string(), value);
         self.order.push_back((id.to_string(), now));
         while self.order.len() > self.cap {
             self.pop_oldest();
@@ -276,7 +341,12 @@ impl RecentIds {
     }
 
     fn contains(&self, id: &str) -> bool {
-        self.ids.contains(id)
+        self.ids.contains_key(id)
+    }
+
+    /// Takes `id`'s value; its place in the order goes when it is the oldest.
+    fn remove(&mut self, id: &str) -> Option<V> {
+        self.ids.remove(id)
     }
 
     fn pop_oldest(&mut self) {
@@ -338,6 +408,8 @@ impl Pool {
             in_flight: HashMap::new(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
+            overdue: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
+            expiry: Expiry::default(),
             last_first_token: None,
             prefill_ms_per_token: Vec::new(),
         };
@@ -409,6 +481,13 @@ impl Pool {
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
         self.max_in_flight = max.max(1);
         self.finished = RecentIds::new(max);
+        self.overdue = RecentIds::new(max);
+        self
+    }
+
+    /// Requests unreported are forgotten as `expiry` says.
+    pub fn with_expiry(mut self, expiry: Expiry) -> Self {
+        self.expiry = expiry;
         self
     }
 
@@ -439,7 +518,9 @@ impl Pool {
         }
         let prefix = self.endpoints[i].prefix.match_fraction(&d.request.prefix_hashes);
         self.endpoints[i].prefix.insert(&d.request.prefix_hashes);
-        let f = InFlight::new(i, &d.request, prefix, (d.predicted_ttft_ms, d.predicted_tpot_ms), now, false);
+        let lifetime = self.expiry.lifetime(d);
+        let predicted = (d.predicted_ttft_ms, d.predicted_tpot_ms);
+        let f = InFlight::new(i, &d.request, prefix, predicted, (now, lifetime), false);
         self.endpoints[i].add_prefill(f.uncached_tokens, now);
         self.in_flight.insert(d.request_id.clone(), f);
         Applied::Accepted
@@ -462,7 +543,10 @@ impl Pool {
             return;
         }
         let prefix = self.endpoints[i].prefix.match_fraction(&r.prefix_hashes);
-        self.in_flight.insert(request_id.to_string(), InFlight::new(i, r, prefix, (Some(ttft_ms), tpot_ms), now, true));
+        self.in_flight.insert(
+            request_id.to_string(),
+            InFlight::new(i, r, prefix, (Some(ttft_ms), tpot_ms), (now, RESERVATION_TTL), true),
+        );
     }
 
     /// Drops the reservation of a request whose client left before it was dispatched.
@@ -505,23 +589,33 @@ impl Pool {
         }
     }
 
-    /// Ends tracking of a reported request (known or not). Returns the address it was
-    /// dispatched to, or `None` when this pool never saw it dispatched.
-    pub fn finish(&mut self, request_id: &str, now: Instant) -> Option<String> {
+    /// Ends tracking of a reported request (known or not): how it stood in the books.
+    pub fn finish(&mut self, request_id: &str, now: Instant) -> Finished {
         let tracked = self.in_flight.remove(request_id).filter(|f| !f.reserved);
-        self.finished.insert(request_id, now);
-        tracked.and_then(|f| self.endpoints.get(f.endpoint)).map(|e| e.address.clone())
+        self.finished.insert(request_id, (), now);
+        if let Some(address) = tracked.and_then(|f| self.endpoints.get(f.endpoint)).map(|e| e.address.clone()) {
+            return Finished::Tracked(address);
+        }
+        self.overdue.remove(request_id).map_or(Finished::Unknown, Finished::Late)
     }
 
-    /// Forgets requests never reported within `ttl` and old finished ids.
-    pub fn expire(&mut self, now: Instant, ttl: Duration) -> usize {
+    /// Forgets requests unreported past their expiry (`Expiry`), and old finished and
+    /// overdue ids. Returns how many requests in flight were forgotten.
+    pub fn expire(&mut self, now: Instant) -> usize {
         // A reservation never confirmed (the client left, the filter fell back) is no
         // dispatch: dropped without counting.
         self.in_flight.retain(|_, f| !f.reserved || now.saturating_duration_since(f.dispatched_at) < RESERVATION_TTL);
-        let before = self.in_flight.len();
-        self.in_flight.retain(|_, f| now.saturating_duration_since(f.dispatched_at) < ttl);
+        let due: Vec<String> =
+            self.in_flight.iter().filter(|(_, f)| now >= f.expires_at).map(|(id, _)| id.clone()).collect();
+        for id in &due {
+            let Some(f) = self.in_flight.remove(id) else { continue };
+            if let Some(e) = self.endpoints.get(f.endpoint) {
+                self.overdue.insert(id, e.address.clone(), now);
+            }
+        }
         self.finished.expire(now, FINISHED_MEMORY);
-        before - self.in_flight.len()
+        self.overdue.expire(now, self.expiry.ttl);
+        due.len()
     }
 
     /// (requests dispatched and tracked in flight, finished ids remembered): both bounded
@@ -653,6 +747,11 @@ impl Pools {
                     .collect();
                 let pool = Pool::with_hardware(&p.name, endpoints, config.prefix_blocks_per_endpoint)
                     .with_max_in_flight(config.max_in_flight)
+                    .with_expiry(Expiry {
+                        ttl: Duration::from_secs(config.in_flight_ttl_s),
+                        multiple: config.in_flight_expiry_multiple,
+                        floor: Duration::from_secs(config.in_flight_min_s),
+                    })
                     .with_prefill_cost(prefill_ms_per_token.to_vec());
                 (p.name.clone(), Mutex::new(pool))
             })
@@ -718,10 +817,14 @@ mod tests {
             |tpot| RequestFeatures { streaming: true, slo: Slo { ttft_ms: None, tpot_ms: tpot }, ..Default::default() };
         let tighter = |tpot| p.states_for(&asking(tpot), now)[0].tighter_tpot_in_flight;
         assert_eq!((tighter(Some(150.0)), tighter(Some(15.0)), tighter(Some(10.0)), tighter(None)), (2, 1, 0, 0));
-        assert_eq!(p.finish("r1", now).as_deref(), Some("a:1"));
+        assert_eq!(p.finish("r1", now), Finished::Tracked("a:1".into()));
         p.finish("r2", now);
         assert_eq!(p.in_flight_on("a:1"), 0);
-        assert_eq!(p.finish("never-dispatched", now), None, "a report for an unseen request is not tracked");
+        assert_eq!(
+            p.finish("never-dispatched", now),
+            Finished::Unknown,
+            "a report for an unseen request is not tracked"
+        );
     }
 
     /// One client asking a TPOT no endpoint can meet (predicted 7 ms against its 5 ms) used to
@@ -783,7 +886,7 @@ mod tests {
         }
         assert_eq!(p.tracked(), (3, 3), "finished ids capped too");
         // Expiry forgets finished ids without any scrape.
-        p.expire(now + FINISHED_MEMORY, Duration::from_secs(3600));
+        p.expire(now + FINISHED_MEMORY);
         assert_eq!(p.tracked(), (3, 0));
     }
 
@@ -1004,10 +1107,55 @@ mod tests {
 
     #[test]
     fn unreported_requests_expire() {
-        let mut p = pool();
+        let ttl = Duration::from_secs(10);
+        let mut p = pool().with_expiry(Expiry { ttl, ..Expiry::default() });
         let now = Instant::now();
         p.dispatch(&dispatch("r1", "a:1", 1, None), now);
-        assert_eq!(p.expire(now + Duration::from_secs(5), Duration::from_secs(10)), 0);
-        assert_eq!(p.expire(now + Duration::from_secs(11), Duration::from_secs(10)), 1);
+        assert_eq!(p.expire(now + Duration::from_secs(5)), 0);
+        assert_eq!(p.expire(now + Duration::from_secs(11)), 1);
+    }
+
+    #[test]
+    fn a_request_is_forgotten_at_a_multiple_of_its_predicted_time_and_a_late_report_still_counts() {
+        let expiry = Expiry { ttl: Duration::from_secs(600), multiple: 4.0, floor: Duration::from_secs(5) };
+        let mut p = pool().with_expiry(expiry);
+        let now = Instant::now();
+        // 100 ms to the first token, 10 tokens at 200 ms: 2.1 s predicted, 8.4 s at most.
+        let mut predicted = dispatch("short", "a:1", 1, None);
+        predicted.predicted_tpot_ms = Some(200.0);
+        p.dispatch(&predicted, now);
+        // No TPOT predicted (a fallback placement): the end is not known, the TTL holds.
+        p.dispatch(&dispatch("unknown", "a:1", 1, None), now);
+        // A tiny prediction is held to the floor.
+        let mut tiny = dispatch("tiny", "b:2", 1, None);
+        tiny.predicted_tpot_ms = Some(1.0);
+        p.dispatch(&tiny, now);
+        assert_eq!(p.expire(now + Duration::from_secs(4)), 0, "the floor");
+        assert_eq!(p.expire(now + Duration::from_secs(6)), 1, "tiny, past the floor");
+        assert_eq!(p.in_flight_by_endpoint(), [2, 0]);
+        assert_eq!(p.expire(now + Duration::from_millis(8_500)), 1, "short, past 4x its 2.1 s");
+        assert_eq!(p.in_flight_by_endpoint(), [1, 0], "the one without a predicted end stays");
+        // Its report comes after all: it still names where it ran, so it teaches, counted late.
+        assert_eq!(p.finish("short", now + Duration::from_secs(9)), Finished::Late("a:1".into()));
+        assert_eq!(p.finish("short", now + Duration::from_secs(9)), Finished::Unknown, "once");
+        assert_eq!(p.expire(now + Duration::from_secs(601)), 1);
+        // Overdue ids are forgotten after the TTL too.
+        p.expire(now + Duration::from_secs(607));
+        assert_eq!(p.finish("tiny", now + Duration::from_secs(607)), Finished::Unknown);
+    }
+
+    #[test]
+    fn a_lifetime_is_never_unbounded_or_negative() {
+        let expiry = Expiry::default();
+        let mut d = dispatch("r", "a:1", 1, None);
+        for (ttft, tpot) in [(f64::NAN, 1.0), (-1.0, 1.0), (f64::INFINITY, 1.0), (1e300, 1e300)] {
+            d.predicted_ttft_ms = Some(ttft);
+            d.predicted_tpot_ms = Some(tpot);
+            let t = expiry.lifetime(&d);
+            assert!(t == expiry.ttl || t == expiry.floor, "{ttft} {tpot}: {t:?}");
+        }
+        d.request.max_tokens = None;
+        d.predicted_ttft_ms = Some(100.0);
+        assert_eq!(expiry.lifetime(&d), expiry.ttl, "no max_tokens: the output is unbounded");
     }
 }

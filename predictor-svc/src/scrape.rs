@@ -177,17 +177,16 @@ fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetr
     }
 }
 
-/// Forgets requests never reported and old finished ids, every second, on its own
-/// ticker: tracking stays bounded even while every scrape fails or hangs.
+/// Forgets requests never reported (`pool::Expiry`) and old finished ids, every second,
+/// on its own ticker: tracking stays bounded even while every scrape fails or hangs.
 pub async fn expire(state: Arc<AppState>) {
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let ttl = Duration::from_secs(state.config.in_flight_ttl_s);
     loop {
         ticker.tick().await;
         let now = Instant::now();
         for pool in state.pools.names() {
-            let expired = state.pools.with(&pool, |p| p.expire(now, ttl)).unwrap_or(0);
+            let expired = state.pools.with(&pool, |p| p.expire(now)).unwrap_or(0);
             if expired > 0 {
                 state.metrics.expired(expired as u64);
                 tracing::warn!(pool = %pool, expired, "in-flight requests never reported were forgotten");

@@ -9,7 +9,7 @@ use headroom_protocol::{
 };
 
 use crate::model::features;
-use crate::pool::Applied;
+use crate::pool::{Applied, Finished};
 use crate::state::AppState;
 
 /// Predictions and state for every endpoint of `req.pool`; `None` when there is no such pool.
@@ -117,13 +117,15 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
         // dispatched, fold its TPOT into that endpoint's recent average.
         let tpot = o.tpot_ms.filter(|_| o.status == 200 && o.request.streaming);
         let finished = state.pools.with(&o.pool, |p| {
-            let tracked = p.finish(&o.request_id, now);
-            if let Some(tpot) = tpot.filter(|_| tracked.as_deref() == Some(o.endpoint.as_str())) {
-                p.observed_tpot(&o.endpoint, tpot, now);
+            let finished = p.finish(&o.request_id, now);
+            if let (Finished::Tracked(at), Some(tpot)) = (&finished, tpot) {
+                if *at == o.endpoint {
+                    p.observed_tpot(&o.endpoint, tpot, now);
+                }
             }
-            tracked
+            finished
         });
-        let Some(tracked) = finished else {
+        let Some(finished) = finished else {
             ack.rejected += 1;
             state.metrics.report("unknown_pool", 1);
             continue;
@@ -133,13 +135,15 @@ pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
         // A finished request frees its endpoint: drains the pool's queue.
         state.flows.finished(&o.pool, now);
         // Dispatched here and tracked until now: `dispatches{accepted}` = `reports{tracked}` +
-        // in flight + expired, the accounting the soak checks.
-        if tracked.is_some() {
-            state.metrics.report("tracked", 1);
+        // in flight + expired, the accounting the soak checks. A late one was expired.
+        match finished {
+            Finished::Tracked(_) => state.metrics.report("tracked", 1),
+            Finished::Late(_) => state.metrics.report("late", 1),
+            Finished::Unknown => {}
         }
         // A report for a request never dispatched here teaches nothing: with the token,
         // only the gateway posts reports, and even it cannot invent training samples.
-        if tracked.as_deref() == Some(o.endpoint.as_str()) {
+        if finished.address() == Some(o.endpoint.as_str()) {
             state.metrics.observed(&o);
             if state.models.observe(&o) {
                 state.metrics.report("sampled", 1);

@@ -94,7 +94,7 @@ proptest! {
                 }
                 Op::Expire { after_s } => {
                     now += Duration::from_secs(u64::from(after_s));
-                    pool.expire(now, Duration::from_secs(600));
+                    pool.expire(now);
                 }
                 Op::Discover { endpoints } => {
                     pool.set_discovered(0, endpoints.into_iter().map(|e| (address(e), 0)).collect());

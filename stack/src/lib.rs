@@ -126,6 +126,10 @@ pub struct StackOptions {
     pub router: Router,
     /// predictor-svc replicas; more than one are shards (`predictor_shards` in the filter).
     pub predictor_replicas: usize,
+    /// The replicas are one cluster's endpoints instead of shards: Envoy balances every
+    /// call over them, as over a Kubernetes Service's pods while a rollout's new pod and
+    /// its old one both serve (`maxSurge: 1`).
+    pub predictor_rollout: bool,
     /// Applied to each replica's configuration after the stack's settings (a test's caps).
     pub predictor_tweak: fn(&mut PredictorConfig),
     /// One simulator process per server (`server-0`, `server-1`, ...), so a test can kill
@@ -152,6 +156,7 @@ impl Default for StackOptions {
             objective: "mean".into(),
             router: Router::Headroom,
             predictor_replicas: 1,
+            predictor_rollout: false,
             predictor_tweak: |_| {},
             server_processes: false,
             envoy_hot_restart: false,
@@ -413,20 +418,27 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
 /// that predates the stream (or the e2e suite's fake) speaks.
 const PREDICTOR_HTTP2: &str = "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {}}\n";
 
-fn predictor_clusters(predictors: &[SocketAddr], http2: bool) -> String {
+/// The predictor clusters: one per replica when `sharded` (the filter's `predictor_shards`),
+/// else one, `headroom_predictor`, with every replica an endpoint of it.
+fn predictor_clusters(predictors: &[SocketAddr], http2: bool, sharded: bool) -> String {
     let protocol = if http2 { PREDICTOR_HTTP2 } else { "" };
-    predictors
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let name = StackState::predictor_cluster(i, predictors.len());
-            format!(
-                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{protocol}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
-                p.ip(),
-                p.port()
-            )
-        })
-        .collect()
+    let endpoint = |p: &SocketAddr| {
+        format!(
+            "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+            p.ip(),
+            p.port()
+        )
+    };
+    let cluster = |name: &str, endpoints: String| {
+        format!(
+            "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{protocol}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
+        )
+    };
+    if !sharded {
+        return cluster(&StackState::predictor_cluster(0, 1), predictors.iter().map(endpoint).collect());
+    }
+    let n = predictors.len();
+    predictors.iter().enumerate().map(|(i, p)| cluster(&StackState::predictor_cluster(i, n), endpoint(p))).collect()
 }
 
 /// Marks the Wasm filter's lines in `envoy/envoy.yaml.tmpl` (for [`without_wasm_filter`]).
@@ -456,6 +468,7 @@ pub fn render_envoy(
     let defaults = headroom_filter_core::config::FilterConfig::default();
     let read_body = plugin.get("read_body").and_then(Value::as_bool).unwrap_or(defaults.read_body);
     let http2 = plugin.get("predict_stream").and_then(Value::as_bool).unwrap_or(defaults.predict_stream);
+    let sharded = plugin.get("predictor_shards").is_some();
     let endpoints: Vec<String> = servers
         .iter()
         .map(|s| {
@@ -471,7 +484,7 @@ pub fn render_envoy(
     let out = template
         .replace("{{ADMIN_PORT}}", &admin.port().to_string())
         .replace("{{GATEWAY_PORT}}", &gateway.port().to_string())
-        .replace("{{PREDICTOR_CLUSTERS}}", predictor_clusters(predictors, http2).trim_end())
+        .replace("{{PREDICTOR_CLUSTERS}}", predictor_clusters(predictors, http2, sharded).trim_end())
         .replace("{{ALLOW_ON_HEADERS_STOP_ITERATION}}", &read_body.to_string())
         .replace("{{WASM_PATH}}", &wasm.display().to_string())
         .replace("{{PLUGIN_CONFIG}}", &plugin_text)
@@ -618,7 +631,7 @@ impl Stack {
         // Envoy with the filter.
         let mut plugin = default_plugin_config();
         plugin.insert("predictor_token".into(), json!(token));
-        if replicas > 1 {
+        if replicas > 1 && !opts.predictor_rollout {
             let shards: Vec<String> = (0..replicas).map(|i| StackState::predictor_cluster(i, replicas)).collect();
             plugin.insert("predictor_shards".into(), json!(shards));
         }
@@ -937,10 +950,14 @@ mod tests {
     #[test]
     fn predictor_clusters_speak_http2_while_the_filter_streams() {
         let replicas: Vec<SocketAddr> = vec!["127.0.0.1:9000".parse().unwrap(), "127.0.0.1:9001".parse().unwrap()];
-        let streaming = predictor_clusters(&replicas, true);
+        let streaming = predictor_clusters(&replicas, true, true);
         assert_eq!(streaming.matches("http2_protocol_options").count(), 2, "{streaming}");
         assert!(streaming.contains("name: headroom_predictor_1"));
-        assert!(!predictor_clusters(&replicas, false).contains("http2"));
+        assert!(!predictor_clusters(&replicas, false, true).contains("http2"));
+        // A rollout's overlap: one cluster, both replicas its endpoints.
+        let one = predictor_clusters(&replicas, false, false);
+        assert_eq!(one.matches("- name: headroom_predictor\n").count(), 1, "{one}");
+        assert!(one.contains("port_value: 9000") && one.contains("port_value: 9001"), "{one}");
     }
 
     #[test]

@@ -104,7 +104,8 @@ pub struct Flow {
     queued: Option<(FlowOutcome, f64)>,
     /// Header-only routing: the request's dispatch, held until its body has passed, so the
     /// predictor books the prompt the body carried and not what `content-length` claimed.
-    held_dispatch: Option<Dispatch>,
+    /// With the predictor replica current when it was placed: its dispatch goes there.
+    held_dispatch: Option<(Dispatch, String)>,
     /// Header-only routing: body bytes seen so far, and whether the body has ended.
     body_bytes: u64,
     body_ended: bool,
@@ -419,9 +420,9 @@ impl Flow {
         }
         // Ended while the predictor held it in its queue: Envoy does not cancel the call,
         // so the predictor is told, or the request would keep its place until its deadline.
-        if self.offered_wait && self.callout.take().is_some() {
+        if let Some(callout) = self.offered_wait.then(|| self.callout.take()).flatten() {
             let request_id = std::mem::take(&mut self.request_id);
-            vm.outbox.abandoned(Abandoned { pool: vm.config.pool.clone(), request_id });
+            vm.outbox.abandoned(Abandoned { pool: vm.config.pool.clone(), request_id }, &callout.cluster);
             return;
         }
         if !self.routed || self.forwarded_ns == 0 {
@@ -533,13 +534,13 @@ impl Flow {
     /// carries (at most the claim). Called when the body ends, and at the latest before the
     /// request's first token or report, which wait for their dispatch.
     fn release_dispatch(&mut self, vm: &mut Vm) {
-        let Some(mut dispatch) = self.held_dispatch.take() else { return };
+        let Some((mut dispatch, home)) = self.held_dispatch.take() else { return };
         if !vm.config.read_body {
             let seen = vm.tokens.estimate(None, self.body_bytes);
             self.features.input_tokens = self.features.input_tokens.min(seen);
             dispatch.request.input_tokens = self.features.input_tokens;
         }
-        self.dispatch_seq = vm.outbox.dispatch(dispatch);
+        self.dispatch_seq = vm.outbox.dispatch(dispatch, &home);
     }
 
     /// Sends the one predictor call; the answer arrives in [`Flow::on_callout_answer`].
@@ -639,7 +640,7 @@ impl Flow {
                 predicted_ttft_ms: c.predicted_ttft_ms,
                 predicted_tpot_ms: c.predicted_tpot_ms,
             };
-            self.held_dispatch = Some(dispatch);
+            self.held_dispatch = Some((dispatch, vm.predictor_cluster(host.now_ms())));
             // Read from the body, or header-only with the body already through: as it is.
             if vm.config.read_body || self.body_ended {
                 self.release_dispatch(vm);

@@ -13,9 +13,19 @@
 //!   dispatch batches complete in order (one in flight at a time), so "delivered
 //!   through N" is one watermark. Reports keep their order: one waiting for its
 //!   dispatch holds those behind it, until the next dispatch batch is answered.
+//! - One request, one predictor replica: with several replicas, a report that
+//!   reaches one that never saw the dispatch teaches nothing, and the one that
+//!   did keeps the request in its books until it expires. A dispatch goes to the
+//!   replica current when its request was placed (its home), while that replica is
+//!   up; its first token and observation go where the dispatch was delivered,
+//!   while that replica is up. Else the current replica takes them (a failover).
+//!   A batch is a run of items from the queue's front bound for one replica.
 //! - After the call: delivered (2xx) is done; refused (4xx) can never succeed and
 //!   would block the queue behind it, so it is dropped and counted; failed (no
 //!   answer, timeout, 5xx) goes back to the front for a later tick.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use headroom_protocol::{codec, Abandoned, Dispatch, DispatchBatch, FirstToken, Format, Observation, ReportBatch};
 use serde::Serialize;
@@ -24,6 +34,9 @@ use crate::queue::BoundedQueue;
 
 /// Bytes allowed for a batch's framing beyond the sum of its items.
 const FRAMING_BYTES: usize = 64;
+
+/// Delivered dispatches remembered per queued item allowed, for their reports' way.
+const DELIVERED_PER_QUEUED: usize = 4;
 
 /// How a batch call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,19 +71,38 @@ pub enum Report {
     Observation(Box<Observation>),
 }
 
-/// A batch on its way, kept to requeue if its call fails.
+/// A queued item: the sequence number of its request's dispatch (0: none) and the
+/// replica it belongs to when that is not its dispatch's (`None`: the current one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Queued<T> {
+    pub seq: u64,
+    pub home: Option<Rc<str>>,
+    pub item: T,
+}
+
+/// Where items go: the replica `home` names while it is up, else the current one.
+pub type Route<'a> = &'a dyn Fn(Option<&str>) -> String;
+
+/// A batch on its way to replica `to`, kept to requeue if its call fails.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Batch {
-    Dispatches(Vec<(u64, Dispatch)>),
-    Observations(Vec<(u64, Report)>),
+    Dispatches { to: String, items: Vec<Queued<Dispatch>> },
+    Observations { to: String, items: Vec<Queued<Report>> },
 }
 
 impl Batch {
     /// The highest dispatch sequence number in it (0: none).
     pub fn last_seq(&self) -> u64 {
         match self {
-            Batch::Dispatches(items) => last_seq(items),
-            Batch::Observations(_) => 0,
+            Batch::Dispatches { items, .. } => last_seq(items),
+            Batch::Observations { .. } => 0,
+        }
+    }
+
+    /// The replica it goes to.
+    pub fn to(&self) -> &str {
+        match self {
+            Batch::Dispatches { to, .. } | Batch::Observations { to, .. } => to,
         }
     }
 }
@@ -93,11 +125,15 @@ pub struct Counts {
 /// The dispatch and report queues of one VM.
 #[derive(Debug)]
 pub struct Outbox {
-    dispatches: BoundedQueue<(u64, Dispatch)>,
-    observations: BoundedQueue<(u64, Report)>,
+    dispatches: BoundedQueue<Queued<Dispatch>>,
+    observations: BoundedQueue<Queued<Report>>,
     next_seq: u64,
     /// Every dispatch with a sequence number up to this one is delivered or given up.
     done_through: u64,
+    /// The replica each delivered dispatch went to, until its observation is delivered;
+    /// bounded (the oldest forgotten: its reports then go to the current replica).
+    delivered: BTreeMap<u64, Rc<str>>,
+    max_delivered: usize,
     max_batch: usize,
     max_batch_bytes: usize,
     counts: Counts,
@@ -110,6 +146,8 @@ impl Outbox {
             observations: BoundedQueue::new(max_queued),
             next_seq: 0,
             done_through: 0,
+            delivered: BTreeMap::new(),
+            max_delivered: max_queued.max(1).saturating_mul(DELIVERED_PER_QUEUED),
             max_batch: max_batch.max(1),
             max_batch_bytes,
             counts: Counts::default(),
@@ -122,96 +160,143 @@ impl Outbox {
         self.max_batch_bytes = max_batch_bytes;
     }
 
-    /// Queues a dispatch; returns its sequence number, to pass with the request's report.
-    pub fn dispatch(&mut self, d: Dispatch) -> u64 {
+    /// Queues a dispatch placed while replica `home` was current; returns its sequence
+    /// number, to pass with the request's reports.
+    pub fn dispatch(&mut self, d: Dispatch, home: &str) -> u64 {
         self.next_seq += 1;
-        self.dispatches.push((self.next_seq, d));
+        self.dispatches.push(Queued { seq: self.next_seq, home: Some(home.into()), item: d });
         self.next_seq
     }
 
     /// Queues an observation; `dispatch_seq` is what [`Outbox::dispatch`] returned (0: none).
     pub fn report(&mut self, dispatch_seq: u64, o: Observation) {
-        self.observations.push((dispatch_seq, Report::Observation(Box::new(o))));
+        self.observations.push(Queued { seq: dispatch_seq, home: None, item: Report::Observation(Box::new(o)) });
     }
 
     /// Queues a first-token event of the request dispatched as `dispatch_seq`.
     pub fn first_token(&mut self, dispatch_seq: u64, f: FirstToken) {
-        self.observations.push((dispatch_seq, Report::FirstToken(f)));
+        self.observations.push(Queued { seq: dispatch_seq, home: None, item: Report::FirstToken(f) });
     }
 
-    /// Queues word of a request that left while the predictor held it (no dispatch: sent
-    /// with the next report batch).
-    pub fn abandoned(&mut self, a: Abandoned) {
-        self.observations.push((0, Report::Abandoned(a)));
+    /// Queues word of a request that left while replica `holder` held it in its queue
+    /// (no dispatch: sent with the next report batch to that replica).
+    pub fn abandoned(&mut self, a: Abandoned, holder: &str) {
+        self.observations.push(Queued { seq: 0, home: Some(holder.into()), item: Report::Abandoned(a) });
     }
 
     /// The next dispatch batch and its encoded body, if any is queued.
-    pub fn next_dispatches(&mut self) -> Option<(Batch, Vec<u8>)> {
-        let (batch, body) = self.take_dispatches(self.max_batch_bytes)?;
+    pub fn next_dispatches(&mut self, route: Route) -> Option<(Batch, Vec<u8>)> {
+        let (batch, body) = self.take_dispatches(self.max_batch_bytes, route, None)?;
         encoded(&body).map(|bytes| (batch, bytes))
     }
 
     /// The next report batch: only observations whose dispatch was delivered (or that had none).
-    pub fn next_reports(&mut self) -> Option<(Batch, Vec<u8>)> {
-        let (batch, body) = self.take_reports(self.max_batch_bytes, 0)?;
+    pub fn next_reports(&mut self, route: Route) -> Option<(Batch, Vec<u8>)> {
+        let (batch, body) = self.take_reports(self.max_batch_bytes, 0, route, None)?;
         encoded(&body).map(|bytes| (batch, bytes))
     }
 
-    /// The next dispatch batch within `max_bytes` encoded, as the message it goes in.
-    pub fn take_dispatches(&mut self, max_bytes: usize) -> Option<(Batch, DispatchBatch)> {
-        let (items, oversized) = take_fitting(&mut self.dispatches, self.max_batch, max_bytes, |_| true);
+    /// The next dispatch batch within `max_bytes` encoded, as the message it goes in;
+    /// `only`: when its replica is this one (a call there it can ride on).
+    pub fn take_dispatches(
+        &mut self,
+        max_bytes: usize,
+        route: Route,
+        only: Option<&str>,
+    ) -> Option<(Batch, DispatchBatch)> {
+        let to = |q: &Queued<Dispatch>| route(q.home.as_deref());
+        let (to, items, oversized) =
+            take_fitting(&mut self.dispatches, (self.max_batch, max_bytes), |_| true, to, only);
         self.counts.oversized += oversized;
         if items.is_empty() {
             return None;
         }
-        let body = DispatchBatch { dispatches: items.iter().map(|(_, d)| d.clone()).collect() };
-        Some((Batch::Dispatches(items), body))
+        let body = DispatchBatch { dispatches: items.iter().map(|q| q.item.clone()).collect() };
+        Some((Batch::Dispatches { to, items }, body))
     }
 
     /// The next report batch within `max_bytes`: reports whose dispatch was delivered, or
     /// goes ahead of them in the same call (sequence numbers through `riding`, 0: none).
-    pub fn take_reports(&mut self, max_bytes: usize, riding: u64) -> Option<(Batch, ReportBatch)> {
+    /// `only`: when its replica is this one.
+    pub fn take_reports(
+        &mut self,
+        max_bytes: usize,
+        riding: u64,
+        route: Route,
+        only: Option<&str>,
+    ) -> Option<(Batch, ReportBatch)> {
         let done = self.done_through.max(riding);
-        let (items, oversized) = take_fitting(&mut self.observations, self.max_batch, max_bytes, |seq| seq <= done);
+        let delivered = &self.delivered;
+        // Where its dispatch was delivered; else (no dispatch, or one riding in this same
+        // call to the current replica) its own home, or the current replica.
+        let to = |q: &Queued<Report>| match delivered.get(&q.seq) {
+            Some(at) => route(Some(at)),
+            None => route(q.home.as_deref()),
+        };
+        let limits = (self.max_batch, max_bytes);
+        let (to, items, oversized) = take_fitting(&mut self.observations, limits, |seq| seq <= done, to, only);
         self.counts.oversized += oversized;
         if items.is_empty() {
             return None;
         }
         let mut body = ReportBatch::default();
-        for (_, item) in &items {
-            match item {
+        for q in &items {
+            match &q.item {
                 Report::FirstToken(f) => body.first_tokens.push(f.clone()),
                 Report::Abandoned(a) => body.abandoned.push(a.clone()),
                 Report::Observation(o) => body.observations.push((**o).clone()),
             }
         }
-        Some((Batch::Observations(items), body))
+        Some((Batch::Observations { to, items }, body))
     }
 
     /// Applies how a batch's call ended.
     pub fn sent(&mut self, batch: Batch, outcome: Outcome) {
         match (outcome, batch) {
-            (Outcome::Delivered, Batch::Dispatches(items)) => self.dispatched_through(&items),
-            (Outcome::Delivered, Batch::Observations(items)) => {
-                self.counts.reported += items.iter().filter(|(_, r)| matches!(r, Report::Observation(_))).count() as u64
+            (Outcome::Delivered, Batch::Dispatches { to, items }) => {
+                let to: Rc<str> = to.into();
+                for q in &items {
+                    self.delivered.insert(q.seq, to.clone());
+                }
+                while self.delivered.len() > self.max_delivered {
+                    self.delivered.pop_first();
+                }
+                self.dispatched_through(&items);
             }
-            (Outcome::Refused, Batch::Dispatches(items)) => {
+            (Outcome::Delivered, Batch::Observations { items, .. }) => {
+                self.counts.reported += self.ended(&items);
+            }
+            (Outcome::Refused, Batch::Dispatches { items, .. }) => {
                 self.counts.refused += items.len() as u64;
                 self.dispatched_through(&items);
             }
-            (Outcome::Refused, Batch::Observations(items)) => self.counts.refused += items.len() as u64,
-            (Outcome::Failed, Batch::Dispatches(items)) => {
+            (Outcome::Refused, Batch::Observations { items, .. }) => {
+                self.ended(&items);
+                self.counts.refused += items.len() as u64;
+            }
+            (Outcome::Failed, Batch::Dispatches { items, .. }) => {
                 self.counts.failed += 1;
                 self.dispatches.requeue(items);
             }
-            (Outcome::Failed, Batch::Observations(items)) => {
+            (Outcome::Failed, Batch::Observations { items, .. }) => {
                 self.counts.failed += 1;
                 self.observations.requeue(items);
             }
         }
     }
 
-    fn dispatched_through(&mut self, items: &[(u64, Dispatch)]) {
+    /// The observations among `items` are done with: their dispatches' replicas are
+    /// forgotten. Returns how many there were.
+    fn ended(&mut self, items: &[Queued<Report>]) -> u64 {
+        let mut n = 0;
+        for q in items.iter().filter(|q| matches!(q.item, Report::Observation(_))) {
+            self.delivered.remove(&q.seq);
+            n += 1;
+        }
+        n
+    }
+
+    fn dispatched_through(&mut self, items: &[Queued<Dispatch>]) {
         self.done_through = self.done_through.max(last_seq(items));
     }
 
@@ -224,31 +309,38 @@ impl Outbox {
 }
 
 /// The highest sequence number among `items` (0: none).
-fn last_seq<T>(items: &[(u64, T)]) -> u64 {
-    items.iter().map(|(s, _)| *s).max().unwrap_or(0)
+fn last_seq<T>(items: &[Queued<T>]) -> u64 {
+    items.iter().map(|q| q.seq).max().unwrap_or(0)
 }
 
 fn encoded<T: Serialize>(body: &T) -> Option<Vec<u8>> {
     codec::encode(Format::MsgPack, body).ok()
 }
 
-/// Takes items from the front of `queue` while they are `eligible` (by sequence
-/// number), up to `max` items and `max_bytes` encoded. An item that alone does not
-/// fit (or cannot be encoded) is dropped; returns the batch and how many were dropped.
+/// Takes items from the front of `queue` while they are `eligible` (by sequence number)
+/// and go to the replica the first one goes to (`to`; when `only` is given, that one
+/// alone), up to `max` items and `max_bytes` encoded. An item that alone does not fit (or
+/// cannot be encoded) is dropped. Returns the replica, the batch and how many were dropped.
 fn take_fitting<T: Serialize>(
-    queue: &mut BoundedQueue<(u64, T)>,
-    max: usize,
-    max_bytes: usize,
+    queue: &mut BoundedQueue<Queued<T>>,
+    (max, max_bytes): (usize, usize),
     eligible: impl Fn(u64) -> bool,
-) -> (Vec<(u64, T)>, u64) {
+    to: impl Fn(&Queued<T>) -> String,
+    only: Option<&str>,
+) -> (String, Vec<Queued<T>>, u64) {
     let budget = max_bytes.saturating_sub(FRAMING_BYTES);
     let (mut batch, mut used, mut oversized) = (Vec::new(), 0usize, 0u64);
+    let mut destination: Option<String> = None;
     while batch.len() < max {
-        let Some((seq, item)) = queue.front() else { break };
-        if !eligible(*seq) {
+        let Some(front) = queue.front() else { break };
+        if !eligible(front.seq) {
             break;
         }
-        let size = codec::encode(Format::MsgPack, item).map(|b| b.len()).unwrap_or(usize::MAX);
+        let goes_to = to(front);
+        if only.is_some_and(|c| c != goes_to) || destination.as_ref().is_some_and(|d| *d != goes_to) {
+            break;
+        }
+        let size = codec::encode(Format::MsgPack, &front.item).map(|b| b.len()).unwrap_or(usize::MAX);
         if size > budget {
             queue.take(1);
             oversized += 1;
@@ -258,9 +350,10 @@ fn take_fitting<T: Serialize>(
             break;
         }
         used += size;
+        destination = Some(goes_to);
         batch.extend(queue.take(1));
     }
-    (batch, oversized)
+    (destination.unwrap_or_default(), batch, oversized)
 }
 
 #[cfg(test)]
@@ -301,12 +394,17 @@ mod tests {
         }
     }
 
+    /// Every replica up: an item goes to its home, or to the current one, `p0`.
+    fn up(home: Option<&str>) -> String {
+        home.unwrap_or("p0").to_string()
+    }
+
     fn ids(batch: &Batch) -> Vec<String> {
         match batch {
-            Batch::Dispatches(items) => items.iter().map(|(_, d)| d.request_id.clone()).collect(),
-            Batch::Observations(items) => items
+            Batch::Dispatches { items, .. } => items.iter().map(|q| q.item.request_id.clone()).collect(),
+            Batch::Observations { items, .. } => items
                 .iter()
-                .map(|(_, r)| match r {
+                .map(|q| match &q.item {
                     Report::FirstToken(f) => format!("first:{}", f.request_id),
                     Report::Observation(o) => o.request_id.clone(),
                     Report::Abandoned(a) => format!("abandoned:{}", a.request_id),
@@ -318,14 +416,14 @@ mod tests {
     #[test]
     fn a_first_token_goes_with_the_reports_after_its_dispatch_and_before_its_observation() {
         let mut out = Outbox::new(100, 10, 1 << 20);
-        let seq = out.dispatch(dispatch("a", 0));
+        let seq = out.dispatch(dispatch("a", 0), "p0");
         let first = FirstToken { pool: "p".into(), request_id: "a".into(), endpoint: "e:1".into(), ttft_ms: 12.0 };
         out.first_token(seq, first.clone());
         out.report(seq, observation("a"));
-        assert!(out.next_reports().is_none(), "the dispatch is not delivered yet");
-        let (batch, _) = out.next_dispatches().unwrap();
+        assert!(out.next_reports(&up).is_none(), "the dispatch is not delivered yet");
+        let (batch, _) = out.next_dispatches(&up).unwrap();
         out.sent(batch, Outcome::Delivered);
-        let (batch, body) = out.next_reports().unwrap();
+        let (batch, body) = out.next_reports(&up).unwrap();
         assert_eq!(ids(&batch), ["first:a", "a"]);
         let sent: ReportBatch = codec::decode(Format::MsgPack, &body).unwrap();
         assert_eq!((sent.first_tokens, sent.observations.len()), (vec![first], 1));
@@ -336,18 +434,18 @@ mod tests {
     #[test]
     fn a_report_waits_for_its_dispatch_to_be_delivered() {
         let mut out = Outbox::new(100, 10, 1 << 20);
-        let seq = out.dispatch(dispatch("a", 0));
+        let seq = out.dispatch(dispatch("a", 0), "p0");
         out.report(0, observation("envoy-routed")); // no dispatch: free to go
         out.report(seq, observation("a"));
-        let (dispatches, _) = out.next_dispatches().unwrap();
+        let (dispatches, _) = out.next_dispatches(&up).unwrap();
         // The dispatch is on its way but not delivered: the report must not overtake it
         // (reports keep their order, so what queued behind it waits too, for a tick at most).
-        let (reports, _) = out.next_reports().unwrap();
+        let (reports, _) = out.next_reports(&up).unwrap();
         assert_eq!(ids(&reports), ["envoy-routed"]);
         out.sent(reports, Outcome::Delivered);
-        assert!(out.next_reports().is_none());
+        assert!(out.next_reports(&up).is_none());
         out.sent(dispatches, Outcome::Delivered);
-        let (reports, body) = out.next_reports().unwrap();
+        let (reports, body) = out.next_reports(&up).unwrap();
         assert_eq!(ids(&reports), ["a"]);
         let decoded: ReportBatch = codec::decode(Format::MsgPack, &body).unwrap();
         assert_eq!(decoded.observations[0].request_id, "a");
@@ -356,18 +454,18 @@ mod tests {
     #[test]
     fn failed_batches_requeue_and_refused_ones_are_dropped_and_counted() {
         let mut out = Outbox::new(100, 10, 1 << 20);
-        let seq = out.dispatch(dispatch("a", 0));
-        let (batch, _) = out.next_dispatches().unwrap();
+        let seq = out.dispatch(dispatch("a", 0), "p0");
+        let (batch, _) = out.next_dispatches(&up).unwrap();
         out.sent(batch, Outcome::Failed);
         out.report(seq, observation("a"));
-        assert!(out.next_reports().is_none(), "still not delivered");
-        let (batch, _) = out.next_dispatches().unwrap();
+        assert!(out.next_reports(&up).is_none(), "still not delivered");
+        let (batch, _) = out.next_dispatches(&up).unwrap();
         assert_eq!(ids(&batch), ["a"], "requeued at the front");
         out.sent(batch, Outcome::Refused);
-        assert!(out.next_dispatches().is_none(), "the refused batch is not queued again");
-        let (reports, _) = out.next_reports().unwrap();
+        assert!(out.next_dispatches(&up).is_none(), "the refused batch is not queued again");
+        let (reports, _) = out.next_reports(&up).unwrap();
         out.sent(reports, Outcome::Failed);
-        let (reports, _) = out.next_reports().unwrap();
+        let (reports, _) = out.next_reports(&up).unwrap();
         out.sent(reports, Outcome::Delivered);
         let c = out.take_counts();
         assert_eq!((c.refused, c.failed, c.reported), (1, 2, 1));
@@ -381,12 +479,12 @@ mod tests {
         let limit = 4096;
         let mut out = Outbox::new(1000, 500, limit);
         for i in 0..40 {
-            out.dispatch(dispatch(&format!("r{i}"), 20)); // about 230 bytes each
+            out.dispatch(dispatch(&format!("r{i}"), 20), "p0"); // about 230 bytes each
         }
-        out.dispatch(dispatch("huge", 1000)); // about 9 KB: can never fit
-        out.dispatch(dispatch("after", 0));
+        out.dispatch(dispatch("huge", 1000), "p0"); // about 9 KB: can never fit
+        out.dispatch(dispatch("after", 0), "p0");
         let mut seen = Vec::new();
-        while let Some((batch, body)) = out.next_dispatches() {
+        while let Some((batch, body)) = out.next_dispatches(&up) {
             assert!(body.len() <= limit, "{} bytes", body.len());
             seen.extend(ids(&batch));
             out.sent(batch, Outcome::Delivered);
@@ -394,5 +492,81 @@ mod tests {
         assert_eq!(seen.len(), 41, "every other item sent");
         assert!(!seen.contains(&"huge".to_string()) && seen.contains(&"after".to_string()));
         assert_eq!(out.take_counts().oversized, 1);
+    }
+
+    #[test]
+    fn a_report_goes_to_the_replica_its_dispatch_was_delivered_to() {
+        let mut out = Outbox::new(100, 10, 1 << 20);
+        let a = out.dispatch(dispatch("a", 0), "p0");
+        let b = out.dispatch(dispatch("b", 0), "p1");
+        // One batch per replica, in queue order.
+        let (batch, _) = out.next_dispatches(&up).unwrap();
+        assert_eq!((batch.to(), ids(&batch)), ("p0", vec!["a".to_string()]));
+        out.sent(batch, Outcome::Delivered);
+        let (batch, _) = out.next_dispatches(&up).unwrap();
+        assert_eq!((batch.to(), ids(&batch)), ("p1", vec!["b".to_string()]));
+        out.sent(batch, Outcome::Delivered);
+        out.report(b, observation("b"));
+        out.report(a, observation("a"));
+        let (batch, _) = out.next_reports(&up).unwrap();
+        assert_eq!((batch.to(), ids(&batch)), ("p1", vec!["b".to_string()]));
+        out.sent(batch, Outcome::Delivered);
+        let (batch, _) = out.next_reports(&up).unwrap();
+        assert_eq!((batch.to(), ids(&batch)), ("p0", vec!["a".to_string()]));
+        out.sent(batch, Outcome::Delivered);
+        assert!(out.delivered.is_empty(), "forgotten once the observation is delivered");
+    }
+
+    /// Failover and failback: placed on p0 while it was down, a request's dispatch went to
+    /// p1; p0 is back by the time it ends, and its report still goes to p1, which holds it
+    /// in its books. Word of a request that left p0's queue goes to p0.
+    #[test]
+    fn after_a_failback_reports_follow_their_dispatch_not_the_current_replica() {
+        let mut out = Outbox::new(100, 10, 1 << 20);
+        let p0_down = |home: Option<&str>| {
+            if home == Some("p0") || home.is_none() { "p1" } else { home.unwrap_or("p1") }.to_string()
+        };
+        let seq = out.dispatch(dispatch("a", 0), "p0");
+        let (batch, _) = out.next_dispatches(&p0_down).unwrap();
+        assert_eq!(batch.to(), "p1", "its home is down: the current replica takes it");
+        out.sent(batch, Outcome::Delivered);
+        let first = FirstToken { pool: "p".into(), request_id: "a".into(), endpoint: "e:1".into(), ttft_ms: 1.0 };
+        out.first_token(seq, first);
+        out.report(seq, observation("a"));
+        out.abandoned(Abandoned { pool: "p".into(), request_id: "left".into() }, "p0");
+        let (batch, _) = out.next_reports(&up).unwrap();
+        assert_eq!((batch.to(), ids(&batch)), ("p1", vec!["first:a".to_string(), "a".to_string()]));
+        out.sent(batch, Outcome::Delivered);
+        let (batch, _) = out.next_reports(&up).unwrap();
+        assert_eq!((batch.to(), ids(&batch)), ("p0", vec!["abandoned:left".to_string()]));
+        // Were p1 to fail in turn, its reports would go to the current replica, not wait.
+        let seq = out.dispatch(dispatch("b", 0), "p1");
+        let (batch, _) = out.next_dispatches(&up).unwrap();
+        out.sent(batch, Outcome::Delivered);
+        out.report(seq, observation("b"));
+        let p1_down = |home: Option<&str>| if home == Some("p1") { "p0" } else { home.unwrap_or("p0") }.to_string();
+        let (batch, _) = out.next_reports(&p1_down).unwrap();
+        assert_eq!((batch.to(), ids(&batch)), ("p0", vec!["b".to_string()]));
+    }
+
+    #[test]
+    fn only_what_goes_to_the_replica_called_rides_on_its_call() {
+        let mut out = Outbox::new(100, 10, 1 << 20);
+        out.dispatch(dispatch("a", 0), "p1");
+        assert!(out.take_dispatches(1 << 20, &up, Some("p0")).is_none(), "bound for p1");
+        let (batch, _) = out.take_dispatches(1 << 20, &up, Some("p1")).unwrap();
+        assert_eq!(ids(&batch), ["a"]);
+    }
+
+    #[test]
+    fn the_replicas_of_delivered_dispatches_are_bounded() {
+        let mut out = Outbox::new(2, 10, 1 << 20);
+        for i in 0..20 {
+            out.dispatch(dispatch(&format!("r{i}"), 0), "p0");
+            let (batch, _) = out.next_dispatches(&up).unwrap();
+            out.sent(batch, Outcome::Delivered);
+        }
+        assert_eq!(out.delivered.len(), 2 * DELIVERED_PER_QUEUED);
+        assert_eq!(out.delivered.keys().next(), Some(&13), "the oldest forgotten");
     }
 }

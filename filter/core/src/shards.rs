@@ -58,6 +58,16 @@ impl Shards {
         self.clusters.get(i).map_or("", String::as_str)
     }
 
+    /// Where an item belonging to replica `home` goes now: there while it is one of these
+    /// replicas and not skipped, else the current replica (`None`: the current one).
+    pub fn route<'a>(&'a self, home: Option<&'a str>, now_ms: u64) -> &'a str {
+        let up = |h: &&str| self.clusters.iter().position(|c| c == h).is_some_and(|i| self.down_until_ms[i] <= now_ms);
+        match home.filter(up) {
+            Some(h) => h,
+            None => self.current(now_ms),
+        }
+    }
+
     /// Records the outcome of a call to `cluster`. Returns true when this call made
     /// the replica skipped.
     pub fn record(&mut self, cluster: &str, ok: bool, now_ms: u64) -> bool {
@@ -72,7 +82,7 @@ impl Shards {
             return false;
         }
         self.failures[i] = 0;
-        self.down_until_ms[i] = now_ms + EJECT_MS;
+        self.down_until_ms[i] = now_ms.saturating_add(EJECT_MS);
         true
     }
 }

@@ -528,6 +528,36 @@ fn a_replica_failing_three_times_is_skipped_for_the_next() {
     }
 }
 
+/// Failover, then failback: a request placed while the owner was skipped has its dispatch
+/// on the other replica; the owner is back by the time the request ends, and its first
+/// token and report go to the other replica all the same, which holds it in its books.
+#[test]
+fn a_report_follows_its_dispatch_across_a_failback() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"predictor_shards":["p0","p1"]}"#);
+    let owner = vm.predictor_cluster(host.now_ms());
+    for _ in 0..3 {
+        routed(&mut Flow::new(), &mut host, &mut vm, 503, b"");
+    }
+    let other = vm.predictor_cluster(host.now_ms());
+    assert_ne!(owner, other, "the owner is skipped");
+    let mut flow = Flow::new();
+    let answer = predictions(&[("10.0.0.1:8000", Some(200.0))]);
+    assert_eq!(routed(&mut flow, &mut host, &mut vm, 200, &answer), Step::Resume);
+    deliver_all(&mut host, &mut vm, 200);
+    host.now_ns += (crate::shards::EJECT_MS + 1) * MS;
+    assert_eq!(vm.predictor_cluster(host.now_ms()), owner, "the owner is back");
+    host.upstream = Some("10.0.0.1:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 50);
+    deliver_all(&mut host, &mut vm, 200);
+    let to = |path: &str| -> Vec<String> {
+        host.calls.iter().filter(|c| c.header(":path") == Some(path)).map(|c| c.cluster.clone()).collect()
+    };
+    assert_eq!(to(paths::DISPATCH), std::slice::from_ref(&other));
+    assert!(!to(paths::REPORT).is_empty());
+    assert!(to(paths::REPORT).iter().all(|c| *c == other), "{:?}", to(paths::REPORT));
+}
+
 #[test]
 fn a_sheddable_request_no_endpoint_can_serve_gets_429() {
     let mut host = FakeHost::new();

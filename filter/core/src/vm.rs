@@ -144,15 +144,18 @@ impl Vm {
     /// under way at a time (dispatch batches must complete in order, `outbox` module).
     pub fn flush(&mut self, host: &mut dyn Host) {
         let (sending_dispatches, sending_reports) = self.under_way();
-        let cluster = self.predictor_cluster(host.now_ms());
+        let now = host.now_ms();
+        let shards = &self.shards;
+        let route = |home: Option<&str>| shards.route(home, now).to_string();
         let mut ready = Vec::new();
         if !sending_dispatches {
-            ready.extend(self.outbox.next_dispatches().map(|b| (paths::DISPATCH, b)));
+            ready.extend(self.outbox.next_dispatches(&route).map(|b| (paths::DISPATCH, b)));
         }
         if !sending_reports {
-            ready.extend(self.outbox.next_reports().map(|b| (paths::REPORT, b)));
+            ready.extend(self.outbox.next_reports(&route).map(|b| (paths::REPORT, b)));
         }
         for (path, (batch, body)) in ready {
+            let cluster = batch.to().to_string();
             match host.http_call(&cluster, &self.call_headers(path), &body, FLUSH_TIMEOUT) {
                 Ok(token) => {
                     self.sending.insert(token, (cluster.clone(), batch));
@@ -265,23 +268,34 @@ impl Vm {
     fn under_way(&self) -> (bool, bool) {
         let batches = self.sending.values().map(|(_, b)| b).chain(self.riding.values().flatten());
         batches.fold((false, false), |(d, r), b| match b {
-            Batch::Dispatches(_) => (true, r),
-            Batch::Observations(_) => (d, true),
+            Batch::Dispatches { .. } => (true, r),
+            Batch::Observations { .. } => (d, true),
         })
     }
 
     /// Sends the coalesced predict calls waiting, if none is out; what could not be sent
-    /// comes back as failed. The outbox's dispatches and reports ride along (a quarter of
-    /// `max_batch_bytes` each), unless a batch of their kind is already under way.
+    /// comes back as failed. The outbox's dispatches and reports bound for the replica
+    /// called ride along (a quarter of `max_batch_bytes` each), unless a batch of their kind
+    /// is already under way.
     pub fn send_predictions(&mut self, host: &mut dyn Host) -> Vec<Delivery> {
         if !self.predictions.ready() {
             return Vec::new();
         }
         let (dispatching, reporting) = self.under_way();
         let budget = self.config.max_batch_bytes / 4;
-        let dispatches = if dispatching { None } else { self.outbox.take_dispatches(budget) };
+        let now = host.now_ms();
+        let cluster = self.predictor_cluster(now);
+        // Riders go only where the call surely goes: a stream still open to another
+        // replica (it is switched on the next tick) carries none.
+        let open = self.stream.open().map(|(token, to)| (token, to.to_string()));
+        let rides = open.as_ref().is_none_or(|(_, to)| *to == cluster);
+        let (dispatching, reporting) = (dispatching || !rides, reporting || !rides);
+        let shards = &self.shards;
+        let route = |home: Option<&str>| shards.route(home, now).to_string();
+        let only = Some(cluster.as_str());
+        let dispatches = if dispatching { None } else { self.outbox.take_dispatches(budget, &route, only) };
         let riding_through = dispatches.as_ref().map_or(0, |(b, _)| b.last_seq());
-        let reports = if reporting { None } else { self.outbox.take_reports(budget, riding_through) };
+        let reports = if reporting { None } else { self.outbox.take_reports(budget, riding_through, &route, only) };
         let (mut riders, mut ride) = (Vec::new(), Ride::default());
         if let Some((batch, message)) = dispatches {
             riders.push(batch);
@@ -291,12 +305,10 @@ impl Vm {
             riders.push(batch);
             ride.reports = Some(message);
         }
-        let cluster = self.predictor_cluster(host.now_ms());
         let headers = call_headers(&self.config, self.authorization.as_deref(), paths::PREDICT_BATCH);
         let timeout = Duration::from_millis(self.config.predictor_timeout_ms);
         // On the stream while it is open; as an HTTP call otherwise, or when the stream
         // would not take the message (it is then reset, and reopened on a later tick).
-        let open = self.stream.open().map(|(token, to)| (token, to.to_string()));
         let mut stream_failed = false;
         let mut transport = |host: &mut dyn Host, body: &[u8]| {
             if let (Some((token, to)), false) = (&open, stream_failed) {
@@ -344,7 +356,7 @@ impl Vm {
         let Some((cluster, batch)) = self.sending.remove(&token) else { return };
         let status = callout_status(host);
         let outcome = Outcome::of(status);
-        let delivered_dispatches = outcome != Outcome::Failed && matches!(batch, Batch::Dispatches(_));
+        let delivered_dispatches = outcome != Outcome::Failed && matches!(batch, Batch::Dispatches { .. });
         self.record_call(host, &cluster, status);
         self.outbox.sent(batch, outcome);
         // Reports waiting for these dispatches may go now rather than on the next tick.
