@@ -19,6 +19,7 @@ use headroom_protocol::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+use crate::heartbeat::LIVENESS_FACTOR;
 use crate::state::AppState;
 use crate::{flow, service};
 
@@ -38,7 +39,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/pools", get(pools))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(state.clone());
     guard(routes, state)
@@ -334,10 +335,27 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
+/// Ready once every endpoint was scraped, while every background task goes round.
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let silent = state.heartbeats.silent(&state.config, std::time::Instant::now(), 1);
+    if !silent.is_empty() {
+        let text = format!("background task(s) silent: {}", silent.join(", "));
+        return (StatusCode::SERVICE_UNAVAILABLE, text).into_response();
+    }
     if state.scraped_once.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first scrape").into_response()
+    }
+}
+
+/// Alive unless a background task has been silent for [`LIVENESS_FACTOR`] times its bound:
+/// wedged, it will not come back by itself, and a restart is what mends it.
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    let silent = state.heartbeats.silent(&state.config, std::time::Instant::now(), LIVENESS_FACTOR);
+    if silent.is_empty() {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("background task(s) wedged: {}", silent.join(", "))).into_response()
     }
 }

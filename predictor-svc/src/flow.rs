@@ -37,6 +37,7 @@ use headroom_protocol::{
 use tokio::sync::{oneshot, Notify};
 
 use crate::config::FlowConfig;
+use crate::heartbeat::Task;
 use crate::service;
 use crate::state::AppState;
 
@@ -607,6 +608,7 @@ pub async fn run(state: Arc<AppState>) {
             _ = state.flows.wake.notified() => {}
             _ = tokio::time::sleep(recheck) => {}
         }
+        state.heartbeats.beat(Task::Flow);
         for pool in state.flows.busy_pools() {
             serve_pool(&state, &pool, Instant::now());
         }

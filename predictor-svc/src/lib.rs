@@ -7,7 +7,8 @@
 //! analytic prior, training, ONNX export and inference, the model store);
 //! `service` (what each route does), `flow` (the flow-control queue), `auth` (the token guarding what teaches the
 //! model), `api` (HTTP: decode, call `service`, encode), `stream` (the predict stream, gRPC over HTTP/2), `metrics` (Prometheus),
-//! `state` (what handlers share).
+//! `state` (what handlers share), `heartbeat` (whether each background task goes round),
+//! `tasks` (the background tasks, restarted after a panic).
 
 pub mod api;
 pub mod auth;
@@ -15,6 +16,7 @@ pub mod auth;
 pub use headroom_predictor_config as config;
 pub mod discovery;
 pub mod flow;
+pub mod heartbeat;
 pub mod metrics;
 pub mod model;
 pub mod pool;
@@ -22,8 +24,11 @@ pub mod scrape;
 pub mod service;
 pub mod state;
 pub mod stream;
+pub mod tasks;
 
 use std::sync::Arc;
+
+use heartbeat::Task;
 
 /// Serves the API on `listener` and scrapes in the background until `shutdown` resolves.
 pub async fn serve(
@@ -33,14 +38,23 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let state = Arc::new(state::AppState::new(config)?);
     let watches = discovery::start(state.clone()).await?;
-    let scraper = tokio::spawn(scrape::run(state.clone()));
-    let expiry = tokio::spawn(scrape::expire(state.clone()));
-    let trainer = tokio::spawn(train_loop(state.clone()));
-    let flows = tokio::spawn(flow::run(state.clone()));
+    let background = [
+        tasks::supervise(state.clone(), Task::Scraper, scrape::run),
+        tasks::supervise(state.clone(), Task::Expiry, scrape::expire),
+        tasks::supervise(state.clone(), Task::Trainer, train_loop),
+        tasks::supervise(state.clone(), Task::Flow, flow::run),
+    ];
     let closing = state.clone();
     let shutdown = async move {
         shutdown.await;
         closing.closing.send_replace(true);
+        // The samples go to disk now, not after the drain: requests waiting in the flow
+        // queue can hold the drain longer than the pod's grace period, and whatever is
+        // killed then must not take the samples since the last training round with it.
+        let models = closing.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || models.models.persist_samples()).await {
+            tracing::error!(error = %e, "persisting samples at shutdown failed");
+        }
     };
     // Small answers, each written at once: Nagle's algorithm would hold a stream's answer
     // back until the previous one is acknowledged.
@@ -50,11 +64,9 @@ pub async fn serve(
         }
     });
     let result = axum::serve(listener, api::router(state.clone())).with_graceful_shutdown(shutdown).await;
-    scraper.abort();
-    expiry.abort();
-    trainer.abort();
-    flows.abort();
+    background.iter().for_each(|t| t.abort());
     watches.iter().for_each(|w| w.abort());
+    // Again: what the reports during the drain taught.
     state.models.persist_samples();
     result.map_err(Into::into)
 }
@@ -68,6 +80,7 @@ async fn train_loop(state: Arc<state::AppState>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        state.heartbeats.beat(Task::Trainer);
         let s = state.clone();
         match tokio::task::spawn_blocking(move || s.models.train_if_due()).await {
             Ok(outcome) => state.metrics.trained(&outcome),

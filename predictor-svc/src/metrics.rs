@@ -112,6 +112,7 @@ pub struct Metrics {
     decisions: Mutex<Decisions>,
     pub in_flight: Family<EndpointLabel, Gauge>,
     in_flight_expired: Counter,
+    task_restarts: Family<TaskLabel, Counter>,
     unauthorized: Counter,
     panics: Counter,
     invalid: Family<RouteLabel, Counter>,
@@ -141,6 +142,11 @@ pub struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabel {
+    pub task: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabel {
     pub route: String,
 }
@@ -155,6 +161,7 @@ impl Metrics {
         let m = Metrics {
             predictions: Counter::default(),
             in_flight_expired: Counter::default(),
+            task_restarts: Family::default(),
             predict_duration: duration(),
             dispatches: Family::default(),
             reports: Family::default(),
@@ -238,6 +245,11 @@ impl Metrics {
             m.tier_recall.clone(),
         );
         r.register("headroom_in_flight_requests", "Requests dispatched and not yet reported", m.in_flight.clone());
+        r.register(
+            "headroom_task_restarts",
+            "Background tasks (scraper, expiry, trainer, flow) restarted after a panic, by task",
+            m.task_restarts.clone(),
+        );
         r.register(
             "headroom_in_flight_expired",
             "Requests dispatched and not reported within their expiry (in_flight_expiry_multiple times the predicted end-to-end time, within in_flight_min_s..=in_flight_ttl_s), forgotten",
@@ -345,6 +357,10 @@ impl Metrics {
     /// `n` requests in flight were never reported and are no longer tracked.
     pub fn expired(&self, n: u64) {
         self.in_flight_expired.inc_by(n);
+    }
+
+    pub fn task_restarted(&self, task: &str) {
+        self.task_restarts.get_or_create(&TaskLabel { task: task.to_string() }).inc();
     }
 
     pub fn unauthorized(&self) {

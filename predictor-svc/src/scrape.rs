@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
+use crate::heartbeat::Task;
 use crate::pool::{DecodeCounter, EngineMetrics};
 use crate::state::AppState;
 
@@ -80,6 +81,7 @@ pub async fn run(state: Arc<AppState>) {
     loop {
         tokio::select! {
             _ = ticker.tick() => {
+                state.heartbeats.beat(Task::Scraper);
                 let mut started = 0;
                 for pool in state.pools.names() {
                     let addresses = state.pools.with(&pool, |p| {
@@ -184,6 +186,7 @@ pub async fn expire(state: Arc<AppState>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        state.heartbeats.beat(Task::Expiry);
         let now = Instant::now();
         for pool in state.pools.names() {
             let expired = state.pools.with(&pool, |p| p.expire(now)).unwrap_or(0);

@@ -8,6 +8,7 @@ use headroom_protocol::Observation;
 
 use crate::config::Config;
 use crate::flow::Flows;
+use crate::heartbeat::Heartbeats;
 use crate::metrics::Metrics;
 use crate::model::prior::AnalyticPrior;
 use crate::model::store::ModelStore;
@@ -28,6 +29,8 @@ pub struct AppState {
     /// Set when the service begins to shut down: open predict streams end then (`crate::stream`),
     /// since a graceful shutdown waits for every stream and the gateway never ends its own.
     pub closing: tokio::sync::watch::Sender<bool>,
+    /// When each background task last went round (`crate::tasks`): readiness reads them.
+    pub heartbeats: Heartbeats,
 }
 
 impl AppState {
@@ -51,6 +54,7 @@ impl AppState {
             flows: Flows::new(config.flow.clone()),
             token: config.auth_token()?,
             closing: tokio::sync::watch::Sender::new(false),
+            heartbeats: Heartbeats::default(),
             config,
         })
     }

@@ -109,3 +109,64 @@ async fn a_long_prompt_on_an_idle_server_goes_at_once() {
     let _ = stop.send(());
     let _ = service.await;
 }
+
+/// A graceful shutdown waits for the requests queued in flow control, which can outlast the
+/// pod's grace period: the samples go to disk when the shutdown begins, not after the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_are_on_disk_as_the_shutdown_begins_while_the_queue_still_drains() {
+    let server = server(SWAMPED).await;
+    let dir = std::env::temp_dir().join(format!("headroom-flow-shutdown-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = Config::parse(&format!(
+        "scrape_interval_ms = 50\n[model]\ndata_dir = \"{}\"\n[flow]\nmax_wait_ms = 60000\n\
+         [[pool]]\nname = \"default\"\nendpoints = [\"{server}\"]\n",
+        dir.display()
+    ))
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let predictor = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(headroom_predictor::serve(config, listener, async move { stopped.await.unwrap_or(()) }));
+    until("scraped", async || {
+        reqwest::get(format!("http://{predictor}/readyz")).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+
+    // One request dispatched and reported: a sample.
+    let http = reqwest::Client::new();
+    let request = serde_json::json!({"model": "m", "input_tokens": 100, "streaming": true});
+    let dispatch = serde_json::json!({"dispatches": [{"pool": "default", "request_id": "done",
+        "endpoint": server.to_string(), "request": request}]});
+    let report = serde_json::json!({"observations": [{"pool": "default", "request_id": "done",
+        "endpoint": server.to_string(), "request": request,
+        "state_at_dispatch": {"running": 3, "waiting": 0, "kv_usage": 0.1, "prefix_match": 0.0, "in_flight": 1,
+            "uncached_tokens_in_flight": 0, "tokens_in_flight": 100},
+        "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0, "e2e_ms": 900.0, "output_tokens": 100,
+        "status": 200}]});
+    for (path, body) in [("dispatch", dispatch), ("report", report)] {
+        let r = http.post(format!("http://{predictor}/v1/{path}")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}: {}", r.text().await.unwrap_or_default());
+    }
+    assert!(value(&metrics(predictor).await, "headroom_reports_total{result=\"sampled\"}") >= 1.0);
+
+    // One request waiting for headroom that will not come, for up to a minute.
+    let waiting = http
+        .post(format!("http://{predictor}/v1/predict"))
+        .json(&serde_json::json!({"pool": "default", "request_id": "waits",
+            "request": {"model": "m", "input_tokens": 100, "streaming": true, "slo": {"ttft_ms": 60000.0}, "priority": 0},
+            "flow": {"max_wait_ms": 60000, "tpot_buffer": 1.0, "dispatch_horizon_ms": 150, "fairness_id": "a"}}))
+        .send();
+    let waiting = tokio::spawn(waiting);
+    until("queued", async || value(&metrics(predictor).await, "headroom_flow_queued_requests{") == 1.0).await;
+
+    let _ = stop.send(());
+    let file = dir.join("samples.msgpack");
+    until("samples on disk while the queue drains", async || file.exists()).await;
+    let bytes = std::fs::read(&file).unwrap();
+    let samples: headroom_predictor::model::sampler::Samples = rmp_serde::from_slice(&bytes).unwrap();
+    assert_eq!(samples.train.len() + samples.holdout.len(), 1);
+    assert!(!service.is_finished(), "the drain still waits for the queued request");
+    service.abort();
+    waiting.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
