@@ -3,15 +3,22 @@
 //! Prediction latency of the trained ONNX model for 8 / 64 / 256 candidates
 //! (one batched `Session::run`, one intra-op thread), predictions per second,
 //! and training time for 5k / 20k / 50k samples. The analytic prior runs in the
-//! same invocation as a baseline. Prints markdown tables.
+//! same invocation as a baseline. Then the service's own predict path
+//! (`ModelStore::predict`, 64 candidates) on one thread, idle and while another
+//! thread runs training rounds back to back (fit, score the holdout, swap), the
+//! idle figures the baseline. Prints markdown tables.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use headroom_predictor::model::features::{self, Row};
 use headroom_predictor::model::gbdt::{fit, Objective, Params};
 use headroom_predictor::model::onnx::export;
 use headroom_predictor::model::prior::AnalyticPrior;
 use headroom_predictor::model::runtime::{init, OnnxModel};
+use headroom_predictor::model::store::{ModelStore, TrainOutcome};
+use headroom_protocol::Observation;
 
 fn rows(n: usize, seed: u64) -> Vec<Row> {
     let mut s = seed;
@@ -50,6 +57,10 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     init(None)?;
+    // BENCH_SECTION=training runs the last section alone (unpinned: it wants two cores).
+    if std::env::var("BENCH_SECTION").is_ok_and(|s| s == "training") {
+        return during_training();
+    }
     // BENCH_TREES=N measures a smaller or larger ensemble than the default.
     let trees = std::env::var("BENCH_TREES").ok().and_then(|v| v.parse().ok()).unwrap_or(Params::default().trees);
     let params = Params { trees, ..Params::default() };
@@ -115,5 +126,92 @@ fn main() -> anyhow::Result<()> {
             per_second
         );
     }
+    during_training()
+}
+
+/// A report the store learns from: latency follows the queue and the prompt.
+fn observation(i: u64) -> Observation {
+    let (running, waiting, input) = (i % 31, i % 7, 50 + (i * 37) % 3000);
+    let ttft = 20.0 + 0.05 * input as f64 + 15.0 * waiting as f64 + 0.5 * running as f64;
+    let tpot = 7.0 + 0.3 * running as f64;
+    let value = serde_json::json!({"pool": "p", "request_id": format!("r{i}"), "endpoint": "e:1",
+        "request": {"model": "m", "input_tokens": input, "streaming": true, "max_tokens": 100},
+        "state_at_dispatch": {"running": running, "waiting": waiting, "kv_usage": (i % 10) as f64 / 10.0,
+            "prefix_match": 0.0, "in_flight": running + waiting, "uncached_tokens_in_flight": input,
+            "tokens_in_flight": input * (running + 1)},
+        "source": "predicted_positive", "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": ttft + 100.0 * tpot,
+        "output_tokens": 100, "status": 200});
+    serde_json::from_value(value).unwrap_or_else(|e| panic!("bench observation: {e}"))
+}
+
+/// `ModelStore::predict` of 64 candidates for `for_how_long`, timed each (us); with `only_while`,
+/// only the calls made while it is set count.
+fn predict_latencies(store: &ModelStore, for_how_long: Duration, only_while: Option<&AtomicBool>) -> Vec<f64> {
+    let x = rows(64, 7);
+    let mut us = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < for_how_long {
+        let counts = only_while.is_none_or(|f| f.load(Ordering::Relaxed));
+        let t = Instant::now();
+        std::hint::black_box(store.predict(std::hint::black_box(&x)));
+        let took = t.elapsed().as_secs_f64() * 1e6;
+        if counts && only_while.is_none_or(|f| f.load(Ordering::Relaxed)) {
+            us.push(took);
+        }
+    }
+    us
+}
+
+/// The service's predict path, idle and while training rounds run on another thread.
+fn during_training() -> anyhow::Result<()> {
+    let config = headroom_predictor::config::ModelConfig { min_new_samples: 20, ..Default::default() };
+    let store = Arc::new(ModelStore::open(config)?);
+    for i in 0..20_000 {
+        store.observe(&observation(i));
+    }
+    let first = store.train_if_due();
+    anyhow::ensure!(matches!(first, TrainOutcome::Activated(_)), "the bench store trained no model: {first:?}");
+    let counts = store.sample_counts();
+    println!(
+        "\n## Predict latency (`ModelStore::predict`, 64 candidates) while training rounds run\n\n\
+         {} training and {} held-out samples; one thread predicts while another trains back to back.\n",
+        counts.train, counts.holdout
+    );
+    println!("| phase | calls | p50 | p99 | max |");
+    println!("| --- | --- | --- | --- | --- |");
+    let row = |phase: &str, mut us: Vec<f64>| {
+        let n = us.len();
+        let max = us.iter().copied().fold(0.0, f64::max);
+        println!(
+            "| {phase} | {n} | {:.0} us | {:.0} us | {max:.0} us |",
+            percentile(&mut us, 0.5),
+            percentile(&mut us, 0.99)
+        );
+    };
+    row("idle", predict_latencies(&store, Duration::from_secs(3), None));
+    let training = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let trainer = {
+        let (store, training, stop) = (store.clone(), training.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            let mut next = 20_000;
+            while !stop.load(Ordering::Relaxed) {
+                for i in next..next + 50 {
+                    store.observe(&observation(i));
+                }
+                next += 50;
+                training.store(true, Ordering::Relaxed);
+                store.train_if_due();
+                training.store(false, Ordering::Relaxed);
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let during = predict_latencies(&store, Duration::from_secs(10), Some(&training));
+    stop.store(true, Ordering::Relaxed);
+    let rounds = trainer.join().map_err(|_| anyhow::anyhow!("the training thread panicked"))?;
+    row(&format!("during {rounds} training rounds"), during);
     Ok(())
 }

@@ -47,6 +47,10 @@ pub use super::training::TrainOutcome;
 /// Newest held-out rows on which a new model's level is compared with the old one's.
 const NEWEST_FOR_LEVEL: usize = 200;
 
+/// Rows a training round runs at once through the serving session, when it has no session
+/// of its own (`ModelStore::active_raw_for_round`).
+const SCORE_CHUNK: usize = 256;
+
 /// Observations the drift check looks at.
 pub const DRIFT_WINDOW: usize = 100;
 /// Observations of a target needed before it can be judged drifting.
@@ -316,6 +320,38 @@ impl ModelStore {
         self.duel.lock().unwrap_or_else(|p| p.into_inner()).prior_serves_targets(class, at)
     }
 
+    /// A session of the active model's own for a training round, loaded from its bytes:
+    /// the serving session is one lock, and a round's thousands of rows on it held every
+    /// predict call behind them (7-10 ms each round, `predictor-bench`). `None` when no
+    /// trained model serves (or its bytes are not kept).
+    fn scoring_session(&self) -> Option<OnnxModel> {
+        let active = self.registry.active();
+        let info = &active.as_ref().as_ref()?.info;
+        OnnxModel::load(&self.registry.onnx_bytes(&info.name())?).ok()
+    }
+
+    /// What the active model predicts for a training round's rows (its holdout, its newest
+    /// rows), as it would serve them: on `scorer` when there is one (each value out of range
+    /// the prior's, uncounted: nothing was served); else on the serving session,
+    /// [`SCORE_CHUNK`] rows a run.
+    fn active_raw_for_round(&self, scorer: Option<&OnnxModel>, rows: &[Row]) -> Vec<(f64, f64)> {
+        let own = scorer.and_then(|m| m.predict(rows).ok()).filter(|out| out.len() == rows.len());
+        match own {
+            Some(out) => out.into_iter().zip(rows).map(|(value, row)| self.in_range_or_prior(value, row).0).collect(),
+            None => rows.chunks(SCORE_CHUNK).flat_map(|chunk| self.predict_raw(chunk).0).collect(),
+        }
+    }
+
+    /// `value` with each of its two out of range replaced by the prior's for `row`, and which were.
+    fn in_range_or_prior(&self, value: (f64, f64), row: &Row) -> ((f64, f64), [bool; 2]) {
+        let bad = [!limits::is_ms(value.0), !limits::is_ms(value.1)];
+        if !bad[0] && !bad[1] {
+            return (value, bad);
+        }
+        let prior = self.prior.predict(row);
+        ((if bad[0] { prior.0 } else { value.0 }, if bad[1] { prior.1 } else { value.1 }), bad)
+    }
+
     /// The model's own predictions (the prior's when no model serves or it fails, and for
     /// each value out of range).
     fn predict_raw(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
@@ -335,12 +371,8 @@ impl ModelStore {
                     let mut substituted = none();
                     let mut count = 0;
                     for ((value, row), bad) in out.iter_mut().zip(rows).zip(&mut substituted) {
-                        *bad = [!limits::is_ms(value.0), !limits::is_ms(value.1)];
-                        if bad[0] || bad[1] {
-                            let prior = self.prior.predict(row);
-                            *value = (if bad[0] { prior.0 } else { value.0 }, if bad[1] { prior.1 } else { value.1 });
-                            count += u64::from(bad[0]) + u64::from(bad[1]);
-                        }
+                        (*value, *bad) = self.in_range_or_prior(*value, row);
+                        count += u64::from(bad[0]) + u64::from(bad[1]);
                     }
                     if count > 0 {
                         self.substituted.inc_by(count);
@@ -484,7 +516,8 @@ impl ModelStore {
 
         let objective = self.config.objective();
         let candidate = training::score(&judge, objective, |r| fitted.predict(r));
-        let current = self.score_active(&judge, objective);
+        let scorer = self.scoring_session();
+        let current = self.score_active(scorer.as_ref(), &judge, objective);
         if training::worse(&candidate, &current, judge.len(), self.config.keep_margin) {
             tracing::info!(
                 candidate = candidate.error,
@@ -511,7 +544,7 @@ impl ModelStore {
                 let level = (!drifting && !replaces_prior).then(|| {
                     let new: Vec<_> = newest.iter().map(|r| fitted.predict(r)).collect();
                     let classes: Vec<f32> = newest.iter().map(|r| r[features::HARDWARE_CLASS]).collect();
-                    calibration::log_ratios(&classes, &new, &self.predict_raw(&newest).0)
+                    calibration::log_ratios(&classes, &new, &self.active_raw_for_round(scorer.as_ref(), &newest))
                 });
                 self.registry.install(model, info.clone(), bytes);
                 self.active_from.store(filed, Ordering::SeqCst);
@@ -578,9 +611,9 @@ impl ModelStore {
     }
 
     /// The serving model's own scores on `holdout` (the prior's when no model is active).
-    fn score_active(&self, holdout: &[Sample], objective: Objective) -> Scores {
+    fn score_active(&self, scorer: Option<&OnnxModel>, holdout: &[Sample], objective: Objective) -> Scores {
         let rows: Vec<Row> = holdout.iter().map(|s| s.row).collect();
-        let mut predicted = self.predict_raw(&rows).0.into_iter();
+        let mut predicted = self.active_raw_for_round(scorer, &rows).into_iter();
         training::score(holdout, objective, |_| predicted.next().unwrap_or((f64::NAN, f64::NAN)))
     }
 
