@@ -55,6 +55,9 @@ fn streaming_and_non_streaming_are_routed_measured_and_reported() {
     assert_eq!(stream_obs["output_tokens"], 9);
     assert!(stream_obs["tpot_ms"].as_f64().unwrap_or(0.0) > 0.0, "{stream_obs}");
     assert!(stream_obs["ttft_ms"].as_f64() < stream_obs["e2e_ms"].as_f64());
+    // Measured on Envoy's monotonic clock (WASI clock_time_get), which a wall clock set back
+    // does not move: every VM (one per worker, and the main thread's) counts itself on it.
+    assert!(h.envoy_stat("headroom_monotonic_clock_vms") >= 2.0, "the filter's VMs read the wall clock");
 
     for reply in [&plain, &streamed] {
         let endpoint = reply.served_by.clone().unwrap_or_default();

@@ -161,9 +161,38 @@ pub fn predictor_answer<T: DeserializeOwned>(
     }
 }
 
+/// Makes a clock that may step back (a wall clock set by NTP or an operator) safe for
+/// durations: a reading behind the last one continues from the last, so every later
+/// reading moves on from there instead of standing still, or running a timer back, until
+/// the clock has caught up. The filter's host adapter reads Envoy's monotonic clock and
+/// needs none of this; a host with only a wall clock gets it through this.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SteadyClock {
+    last: u64,
+    offset: u64,
+}
+
+impl SteadyClock {
+    pub const fn new() -> Self {
+        SteadyClock { last: 0, offset: 0 }
+    }
+
+    /// The steady reading for the host clock's `raw` one.
+    pub fn read(&mut self, raw: u64) -> u64 {
+        let now = raw.saturating_add(self.offset);
+        if now < self.last {
+            self.offset = self.offset.saturating_add(self.last - now);
+            return self.last;
+        }
+        self.last = now;
+        now
+    }
+}
+
 /// The host calls the filter makes.
 pub trait Host {
-    /// Wall-clock time in nanoseconds since the Unix epoch (0 if unavailable).
+    /// Monotonic time in nanoseconds from an arbitrary origin (the filter measures
+    /// durations and sets deadlines with it, nothing else).
     fn now_ns(&self) -> u64;
 
     fn now_ms(&self) -> u64 {
@@ -233,4 +262,27 @@ pub trait Host {
 
     /// Counts an event in the host's stats.
     fn record(&mut self, event: Event);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_clock_set_back_neither_runs_time_back_nor_stops_it() {
+        let mut clock = SteadyClock::default();
+        assert_eq!(clock.read(1_000), 1_000);
+        assert_eq!(clock.read(1_500), 1_500);
+        // Set back an hour: time goes on from where it was, at the clock's pace.
+        assert_eq!(clock.read(500), 1_500);
+        assert_eq!(clock.read(700), 1_700);
+        assert_eq!(clock.read(900), 1_900);
+        // Set back again, and forward: forward steps cannot be told from a long wait.
+        assert_eq!(clock.read(100), 1_900);
+        assert_eq!(clock.read(10_100), 11_900);
+        assert_eq!(SteadyClock::default().read(u64::MAX), u64::MAX);
+    }
 }

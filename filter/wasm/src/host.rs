@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use headroom_filter_core::header_map::{self, HeaderMap};
-use headroom_filter_core::host::{HostError, Level};
+use headroom_filter_core::host::{HostError, Level, SteadyClock};
 use proxy_wasm::types::{BufferType, MapType};
 
 pub type HostResult<T> = Result<T, HostError>;
@@ -106,15 +106,61 @@ pub fn log(level: Level, message: &str) {
     }
 }
 
-/// Host wall-clock time in nanoseconds since the Unix epoch (0 if unavailable).
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    fn clock_time_get(clock_id: u32, precision: u64, time: *mut u64) -> u16;
+}
+
+/// WASI's monotonic clock id.
+const CLOCK_MONOTONIC: u32 = 1;
+
+thread_local! {
+    /// Whether the host serves WASI's monotonic clock: asked once, so one VM never mixes
+    /// the two clocks' origins.
+    static MONOTONIC: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    /// The wall clock made safe for durations, where it is all the host has.
+    static WALL: std::cell::Cell<SteadyClock> = const { std::cell::Cell::new(SteadyClock::new()) };
+}
+
+/// Whether [`now_ns`] reads the host's monotonic clock (else its wall clock, guarded).
+pub fn monotonic_clock() -> bool {
+    now_ns();
+    MONOTONIC.with(|m| m.get().unwrap_or(false))
+}
+
+/// Host time in nanoseconds from an arbitrary origin, for durations and deadlines: the
+/// monotonic clock, which Envoy serves to WASI's `clock_time_get` from its dispatcher's
+/// time source, so a wall clock set back or forward (NTP, an operator) moves no TTFT, no
+/// wait and no replica's skip. A host without it gets its wall clock; 0 if neither answers.
 pub fn now_ns() -> u64 {
+    let monotonic = || {
+        let mut t = 0u64;
+        // SAFETY: the host writes one u64 through a valid pointer to a local.
+        (unsafe { clock_time_get(CLOCK_MONOTONIC, 1, &mut t) } == 0).then_some(t)
+    };
+    let served = MONOTONIC.with(|m| match m.get() {
+        Some(known) => known,
+        None => {
+            let known = monotonic().is_some();
+            m.set(Some(known));
+            known
+        }
+    });
+    if let Some(t) = monotonic().filter(|_| served) {
+        return t;
+    }
     let mut t = 0u64;
     unsafe {
         if proxy_get_current_time_nanoseconds(&mut t) != OK {
             return 0;
         }
     }
-    t
+    WALL.with(|w| {
+        let mut clock = w.get();
+        let steady = clock.read(t);
+        w.set(clock);
+        steady
+    })
 }
 
 pub fn set_tick_period(period: Duration) -> HostResult<()> {

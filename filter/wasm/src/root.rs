@@ -142,9 +142,19 @@ impl RootContext for Root {
                         None
                     }
                 };
+                let stats = Stats::define();
+                let monotonic = host::monotonic_clock();
+                stats.clock(monotonic);
+                if !monotonic {
+                    host::log(
+                        Level::Warn,
+                        "headroom: the host serves no monotonic clock: durations on its wall clock, guarded against \
+                         steps back",
+                    );
+                }
                 self.shared = Some(Rc::new(Shared {
                     vm: RefCell::new(Vm::new(config, seed)),
-                    stats: Stats::define(),
+                    stats,
                     wake,
                     flows: RefCell::new(HashMap::new()),
                 }));

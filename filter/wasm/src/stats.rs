@@ -40,6 +40,8 @@ pub struct Stats {
     stream_closed: Option<u32>,
     /// Linear memory of all of the plugin's VMs together (each adds its own changes).
     vm_memory: Option<u32>,
+    /// The plugin's VMs that measure durations on the host's monotonic clock (each adds 1).
+    monotonic_clock_vms: Option<u32>,
     /// This VM's share of `vm_memory` so far.
     vm_memory_seen: std::cell::Cell<u64>,
 }
@@ -77,8 +79,14 @@ impl Stats {
             stream_opened: counter("predict_stream.opened"),
             stream_closed: counter("predict_stream.closed"),
             vm_memory: host::define_metric(MetricKind::Gauge, "headroom.vm_memory_bytes"),
+            monotonic_clock_vms: host::define_metric(MetricKind::Gauge, "headroom.monotonic_clock_vms"),
             vm_memory_seen: std::cell::Cell::new(0),
         }
+    }
+
+    /// Counts this VM in `headroom.monotonic_clock_vms` when it reads the monotonic clock.
+    pub fn clock(&self, monotonic: bool) {
+        Self::inc(self.monotonic_clock_vms, u64::from(monotonic));
     }
 
     /// Adds `by` to a stat; no host call for nothing.
