@@ -72,6 +72,8 @@ pub fn init(configured: Option<&Path>) -> anyhow::Result<()> {
 /// A loaded latency model (`features[N,14] -> latency_ms[N,2]`).
 pub struct OnnxModel {
     session: Mutex<Session>,
+    /// `Session::run` calls so far: what shares the session, seen from outside.
+    runs: std::sync::atomic::AtomicU64,
 }
 
 impl OnnxModel {
@@ -86,10 +88,15 @@ impl OnnxModel {
             "the model must take `{INPUT}` float[N,{}] and give `{OUTPUT}` float[N,2]",
             features::COUNT
         );
-        let model = OnnxModel { session: Mutex::new(session) };
+        let model = OnnxModel { session: Mutex::new(session), runs: Default::default() };
         // A model that cannot run one row is refused now, not at the first request.
         model.predict(&[[0.0; features::COUNT]])?;
         Ok(model)
+    }
+
+    /// How many times the session has run.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// (TTFT, TPOT) in ms for every row, in one `Session::run`.
@@ -101,6 +108,7 @@ impl OnnxModel {
         let input = TensorRef::from_array_view(([rows.len(), features::COUNT], &flat[..]))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let outputs = session.run(ort::inputs![INPUT => input]).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (shape, values) = outputs[OUTPUT].try_extract_tensor::<f32>().map_err(|e| anyhow::anyhow!("{e}"))?;
         anyhow::ensure!(

@@ -670,6 +670,39 @@ mod tests {
         ErrorSpread { capped_mape, standard_error }
     }
 
+    fn observation(i: u64) -> Observation {
+        let (running, waiting, input) = (i % 31, i % 7, 50 + (i * 37) % 3000);
+        let ttft = 20.0 + 0.05 * input as f64 + 15.0 * waiting as f64;
+        let value = serde_json::json!({"pool": "p", "request_id": format!("r{i}"), "endpoint": "e:1",
+            "request": {"model": "m", "input_tokens": input, "streaming": true, "max_tokens": 100},
+            "state_at_dispatch": {"running": running, "waiting": waiting, "kv_usage": 0.2, "prefix_match": 0.0,
+                "in_flight": running + waiting, "uncached_tokens_in_flight": input, "tokens_in_flight": input},
+            "source": "predicted_positive", "ttft_ms": ttft, "tpot_ms": 7.0 + 0.3 * running as f64,
+            "e2e_ms": 900.0, "output_tokens": 100, "status": 200});
+        serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The serving session is one lock: a round's scoring on it held the predict calls behind
+    /// it (docs/performance.md). The round scores on a session of its own.
+    #[test]
+    fn a_round_scores_on_a_session_of_its_own_not_the_serving_one() {
+        let config = ModelConfig { min_samples: 40, min_new_samples: 20, trees: 10, ..ModelConfig::default() };
+        let store = ModelStore::open(config).unwrap_or_else(|e| panic!("{e}"));
+        (0..400).for_each(|i| {
+            store.observe(&observation(i));
+        });
+        assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+        (400..450).for_each(|i| {
+            store.observe(&observation(i));
+        });
+        let serving = store.registry.active();
+        let runs = || serving.as_ref().as_ref().map_or(0, |a| a.onnx.runs());
+        let before = runs();
+        let outcome = store.train_if_due();
+        assert!(matches!(outcome, TrainOutcome::Activated(_) | TrainOutcome::KeptActive { .. }), "{outcome:?}");
+        assert_eq!(runs(), before, "the round ran on the serving session");
+    }
+
     #[test]
     fn drift_allows_for_the_chance_in_both_means() {
         // A held-out set of 40 that happened to be easy (15% +- 3%) against a live window at
