@@ -17,7 +17,11 @@ if ! .tools/bin/cargo-fuzz --version >/dev/null 2>&1; then
   cargo install --quiet --locked --root .tools cargo-fuzz
 fi
 export PATH="$PWD/.tools/bin:$PATH"
-# The predictor crate loads ONNX Runtime only at run time; no target here calls it.
+# The targets that build the predictor's whole state load ONNX Runtime: the project's own.
+if [ -z "${ORT_DYLIB_PATH:-}" ]; then
+  ORT_DYLIB_PATH=$(ls "$PWD"/.venv/lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.* 2>/dev/null | head -1)
+  export ORT_DYLIB_PATH
+fi
 targets=${FUZZ_TARGETS:-$(cd fuzz && cargo +nightly fuzz list)}
 mkdir -p fuzz/logs
 (cd fuzz && cargo +nightly fuzz build --release)

@@ -38,5 +38,5 @@ fuzz_target!(|data: &[u8]| {
             let _ = e.check(&format!("endpoints[{i}]"));
         }
     }
-    pool.expire(now + Duration::from_secs(3600), Duration::from_secs(600));
+    pool.expire(now + Duration::from_secs(3600));
 });

@@ -615,8 +615,9 @@ pub async fn run(state: Arc<AppState>) {
     }
 }
 
-/// One round over `pool`'s queue at `now`.
-fn serve_pool(state: &AppState, pool: &str, now: Instant) {
+/// One round over `pool`'s queue at `now` (what [`run`] does for each busy pool; public
+/// for the fuzz target that drives the queue by hand).
+pub fn serve_pool(state: &AppState, pool: &str, now: Instant) {
     for mut w in state.flows.with(pool, |q| q.take_expired(now)) {
         let outcome = FlowOutcome::Expired;
         if let (Some(reply), Some(a)) = (w.reply.take(), answer(state, &w.request, now, outcome, w.arrived)) {

@@ -23,12 +23,17 @@ async fn server(metrics: &'static str) -> std::net::SocketAddr {
     addr
 }
 
+type Running = (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>);
+
 /// A predictor with flow control over one pool of `server`, ready (scraped).
-async fn predictor(
-    server: std::net::SocketAddr,
-) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+async fn predictor(server: std::net::SocketAddr) -> Running {
+    predictor_with(server, "").await
+}
+
+/// [`predictor`] with `sections` (whole TOML sections) in its configuration too.
+async fn predictor_with(server: std::net::SocketAddr, sections: &str) -> Running {
     let config = Config::parse(&format!(
-        "scrape_interval_ms = 50\n[flow]\nmax_wait_ms = 60000\n[[pool]]\nname = \"default\"\nendpoints = [\"{server}\"]\n"
+        "scrape_interval_ms = 50\n{sections}[flow]\nmax_wait_ms = 60000\n[[pool]]\nname = \"default\"\nendpoints = [\"{server}\"]\n"
     ))
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -117,20 +122,8 @@ async fn samples_are_on_disk_as_the_shutdown_begins_while_the_queue_still_drains
     let server = server(SWAMPED).await;
     let dir = std::env::temp_dir().join(format!("headroom-flow-shutdown-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let config = Config::parse(&format!(
-        "scrape_interval_ms = 50\n[model]\ndata_dir = \"{}\"\n[flow]\nmax_wait_ms = 60000\n\
-         [[pool]]\nname = \"default\"\nendpoints = [\"{server}\"]\n",
-        dir.display()
-    ))
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let predictor = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let service = tokio::spawn(headroom_predictor::serve(config, listener, async move { stopped.await.unwrap_or(()) }));
-    until("scraped", async || {
-        reqwest::get(format!("http://{predictor}/readyz")).await.is_ok_and(|r| r.status() == 200)
-    })
-    .await;
+    let (predictor, stop, service) =
+        predictor_with(server, &format!("[model]\ndata_dir = \"{}\"\n", dir.display())).await;
 
     // One request dispatched and reported: a sample.
     let http = reqwest::Client::new();

@@ -130,7 +130,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// A report the store learns from: latency follows the queue and the prompt.
-fn observation(i: u64) -> Observation {
+fn observation(i: u64) -> anyhow::Result<Observation> {
     let (running, waiting, input) = (i % 31, i % 7, 50 + (i * 37) % 3000);
     let ttft = 20.0 + 0.05 * input as f64 + 15.0 * waiting as f64 + 0.5 * running as f64;
     let tpot = 7.0 + 0.3 * running as f64;
@@ -141,7 +141,7 @@ fn observation(i: u64) -> Observation {
             "tokens_in_flight": input * (running + 1)},
         "source": "predicted_positive", "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": ttft + 100.0 * tpot,
         "output_tokens": 100, "status": 200});
-    serde_json::from_value(value).unwrap_or_else(|e| panic!("bench observation: {e}"))
+    Ok(serde_json::from_value(value)?)
 }
 
 /// `ModelStore::predict` of 64 candidates for `for_how_long`, timed each (us); with `only_while`,
@@ -167,7 +167,7 @@ fn during_training() -> anyhow::Result<()> {
     let config = headroom_predictor::config::ModelConfig { min_new_samples: 20, ..Default::default() };
     let store = Arc::new(ModelStore::open(config)?);
     for i in 0..20_000 {
-        store.observe(&observation(i));
+        store.observe(&observation(i)?);
     }
     let first = store.train_if_due();
     anyhow::ensure!(matches!(first, TrainOutcome::Activated(_)), "the bench store trained no model: {first:?}");
@@ -197,8 +197,8 @@ fn during_training() -> anyhow::Result<()> {
             let mut rounds = 0;
             let mut next = 20_000;
             while !stop.load(Ordering::Relaxed) {
-                for i in next..next + 50 {
-                    store.observe(&observation(i));
+                for o in (next..next + 50).filter_map(|i| observation(i).ok()) {
+                    store.observe(&o);
                 }
                 next += 50;
                 training.store(true, Ordering::Relaxed);
