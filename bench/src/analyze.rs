@@ -95,7 +95,7 @@ fn median_ms(values: Vec<f64>) -> String {
 /// A table's two header lines: `columns` as (name, `---` or `---:`), after a run column when
 /// the measurements come from more than one run.
 fn header(measured: &[Measured], columns: &[(&str, &str)]) -> String {
-    let run = measured.iter().any(|x| x.run != measured[0].run);
+    let run = several_runs(measured);
     let names: Vec<&str> = run.then_some("run").into_iter().chain(columns.iter().map(|c| c.0)).collect();
     let rules: Vec<&str> = run.then_some("---").into_iter().chain(columns.iter().map(|c| c.1)).collect();
     format!("| {} |\n| {} |\n", names.join(" | "), rules.join(" | "))
@@ -110,13 +110,32 @@ fn group_by<'a>(outcomes: &'a [Outcome], key: impl Fn(&'a Outcome) -> &'a str) -
     groups
 }
 
+/// Whether the measurements come from more than one run (the tables then lead with it).
+fn several_runs(measured: &[Measured]) -> bool {
+    measured.iter().any(|x| x.run != measured[0].run)
+}
+
 /// The run column's text: only when the measurements come from more than one run.
 fn run_cell(measured: &[Measured], m: &Measured) -> String {
-    if measured.iter().any(|x| x.run != measured[0].run) {
+    if several_runs(measured) {
         format!("{} | ", m.run)
     } else {
         String::new()
     }
+}
+
+/// The columns that name one measurement, leading the per-seed tables.
+const MEASUREMENT_COLUMNS: [(&str, &str); 4] =
+    [("workload", "---"), ("router", "---"), ("rate", "---:"), ("seed", "---:")];
+
+/// `m`'s cells under [`MEASUREMENT_COLUMNS`] (after the run's, when there is one).
+fn measurement_cells(measured: &[Measured], m: &Measured) -> String {
+    format!("{}{} | {} | {} | {}", run_cell(measured, m), m.workload, m.router, m.rate, m.seed)
+}
+
+/// The share of `outcomes` that met their SLOs.
+fn met_share(outcomes: &[&Outcome]) -> f64 {
+    outcomes.iter().filter(|o| o.met_slo()).count() as f64 / outcomes.len() as f64
 }
 
 fn classes(measured: &[Measured]) -> String {
@@ -175,22 +194,16 @@ fn server_of(o: &Outcome) -> Option<&str> {
 
 fn servers(measured: &[Measured]) -> String {
     let (l, r) = ("---", "---:");
-    let mut s = header(
-        measured,
-        &[
-            ("workload", l),
-            ("router", l),
-            ("rate", r),
-            ("seed", r),
-            ("server", l),
-            ("requests", r),
-            ("by class", l),
-            ("prompt tokens (k)", r),
-            ("TTFT p50", r),
-            ("TPOT p50", r),
-            ("met", r),
-        ],
-    );
+    let columns = [
+        ("server", l),
+        ("requests", r),
+        ("by class", l),
+        ("prompt tokens (k)", r),
+        ("TTFT p50", r),
+        ("TPOT p50", r),
+        ("met", r),
+    ];
+    let mut s = header(measured, &[&MEASUREMENT_COLUMNS[..], &columns].concat());
     for m in measured {
         let by_server = group_by(&m.outcomes, |o| server_of(o).unwrap_or("unknown"));
         let mut rows: Vec<_> = by_server.into_iter().collect();
@@ -203,21 +216,16 @@ fn servers(measured: &[Measured]) -> String {
             let by_class: Vec<String> = classes.iter().map(|(c, n)| format!("{c} {n}")).collect();
             let tokens: u64 = os.iter().map(|o| u64::from(o.prompt_tokens)).sum();
             let ok = || os.iter().filter(|o| o.status == 200);
-            let met = os.iter().filter(|o| o.met_slo()).count() as f64 / os.len() as f64;
             let _ = writeln!(
                 s,
-                "| {}{} | {} | {} | {} | {server} | {} | {} | {:.1} | {} | {} | {} |",
-                run_cell(measured, m),
-                m.workload,
-                m.router,
-                m.rate,
-                m.seed,
+                "| {} | {server} | {} | {} | {:.1} | {} | {} | {} |",
+                measurement_cells(measured, m),
                 os.len(),
                 by_class.join(", "),
                 tokens as f64 / 1000.0,
                 median_ms(ok().filter_map(|o| o.ttft_ms).collect()),
                 median_ms(ok().filter_map(|o| o.tpot_ms).collect()),
-                pct(met)
+                pct(met_share(&os))
             );
         }
     }
@@ -226,21 +234,15 @@ fn servers(measured: &[Measured]) -> String {
 
 fn flows(measured: &[Measured]) -> String {
     let (l, r) = ("---", "---:");
-    let mut s = header(
-        measured,
-        &[
-            ("workload", l),
-            ("router", l),
-            ("rate", r),
-            ("seed", r),
-            ("class", l),
-            ("requests", r),
-            ("met", r),
-            ("by flow outcome: n (met)", l),
-            ("misses by cause", l),
-            ("released: waited, mean", r),
-        ],
-    );
+    let columns = [
+        ("class", l),
+        ("requests", r),
+        ("met", r),
+        ("by flow outcome: n (met)", l),
+        ("misses by cause", l),
+        ("released: waited, mean", r),
+    ];
+    let mut s = header(measured, &[&MEASUREMENT_COLUMNS[..], &columns].concat());
     for m in measured {
         for (class, os) in group_by(&m.outcomes, |o| o.class.as_str()) {
             let mut by_flow: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
@@ -266,17 +268,12 @@ fn flows(measured: &[Measured]) -> String {
             } else {
                 format!("{:.0} ms", waits.iter().sum::<f64>() / waits.len() as f64)
             };
-            let met = os.iter().filter(|o| o.met_slo()).count() as f64 / os.len() as f64;
             let _ = writeln!(
                 s,
-                "| {}{} | {} | {} | {} | {class} | {} | {} | {} | {} | {waited} |",
-                run_cell(measured, m),
-                m.workload,
-                m.router,
-                m.rate,
-                m.seed,
+                "| {} | {class} | {} | {} | {} | {} | {waited} |",
+                measurement_cells(measured, m),
                 os.len(),
-                pct(met),
+                pct(met_share(&os)),
                 flows.join(", "),
                 if causes.is_empty() { "-".to_string() } else { causes.join(", ") }
             );

@@ -624,7 +624,6 @@ impl Pool {
         (self.in_flight.values().filter(|f| !f.reserved).count(), self.finished.len())
     }
 
-    /// Requests dispatched to the endpoint at `address` and in flight (reservations aside).
     /// Requests in flight per endpoint, in endpoint order, in one pass over the requests
     /// (reservations not counted): what `/metrics` and `/v1/pools` show.
     pub fn in_flight_by_endpoint(&self) -> Vec<usize> {
@@ -637,6 +636,7 @@ impl Pool {
         counts
     }
 
+    /// Requests dispatched to the endpoint at `address` and in flight (reservations aside).
     pub fn in_flight_on(&self, address: &str) -> usize {
         let Some(i) = self.index_of(address) else { return 0 };
         self.in_flight.values().filter(|f| f.endpoint == i && !f.reserved).count()

@@ -399,6 +399,12 @@ mod tests {
         home.unwrap_or("p0").to_string()
     }
 
+    /// Replica `down` skipped, `current` the current one: items go to their home unless it
+    /// is `down` (or they have none), as `Shards::route` sends them.
+    fn failed_over(down: &'static str, current: &'static str) -> impl Fn(Option<&str>) -> String {
+        move |home| home.filter(|h| *h != down).unwrap_or(current).to_string()
+    }
+
     fn ids(batch: &Batch) -> Vec<String> {
         match batch {
             Batch::Dispatches { items, .. } => items.iter().map(|q| q.item.request_id.clone()).collect(),
@@ -523,9 +529,7 @@ mod tests {
     #[test]
     fn after_a_failback_reports_follow_their_dispatch_not_the_current_replica() {
         let mut out = Outbox::new(100, 10, 1 << 20);
-        let p0_down = |home: Option<&str>| {
-            if home == Some("p0") || home.is_none() { "p1" } else { home.unwrap_or("p1") }.to_string()
-        };
+        let p0_down = failed_over("p0", "p1");
         let seq = out.dispatch(dispatch("a", 0), "p0");
         let (batch, _) = out.next_dispatches(&p0_down).unwrap();
         assert_eq!(batch.to(), "p1", "its home is down: the current replica takes it");
@@ -544,7 +548,7 @@ mod tests {
         let (batch, _) = out.next_dispatches(&up).unwrap();
         out.sent(batch, Outcome::Delivered);
         out.report(seq, observation("b"));
-        let p1_down = |home: Option<&str>| if home == Some("p1") { "p0" } else { home.unwrap_or("p0") }.to_string();
+        let p1_down = failed_over("p1", "p0");
         let (batch, _) = out.next_reports(&p1_down).unwrap();
         assert_eq!((batch.to(), ids(&batch)), ("p0", vec!["b".to_string()]));
     }
