@@ -66,6 +66,34 @@ impl Stats {
     }
 }
 
+/// How far identical requests on the idle engine spread: the mean relative error of each
+/// profiled point's p50 as the prediction of each of its own samples (`|sample - p50| /
+/// sample`, the MAPE the accuracy run reports), over every sample of `points`. No predictor
+/// reading only the request and the engine's state does better on those requests, so it is
+/// the floor a live error is read against (a loaded engine spreads more). `None` when no
+/// point kept its samples (Llumnix's files may not).
+pub fn spread<'a>(points: impl IntoIterator<Item = &'a Stats>) -> Option<f64> {
+    let errors: Vec<f64> = points
+        .into_iter()
+        .flat_map(|s| s.raw_data.iter().filter(|x| **x > 0.0).map(move |x| (x - s.p50).abs() / x))
+        .collect();
+    (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64)
+}
+
+impl TtftFile {
+    /// [`spread`] over every prompt length.
+    pub fn spread(&self) -> Option<f64> {
+        spread(self.results.iter().map(|r| &r.stats))
+    }
+}
+
+impl TpotFile {
+    /// [`spread`] over every batch and context.
+    pub fn spread(&self) -> Option<f64> {
+        spread(self.results.iter().map(|r| &r.stats))
+    }
+}
+
 /// What was profiled, where and when.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Metadata {
@@ -315,5 +343,15 @@ mod tests {
         assert_eq!((s.p50, s.min, s.max, s.mean), (2.0, Some(1.0), Some(3.0), 2.0));
         assert_eq!(Stats::of(&[]), None);
         assert_eq!(Stats::of(&[1.0, f64::NAN]), None);
+    }
+
+    #[test]
+    fn the_spread_is_the_error_of_each_points_p50_on_its_own_samples() {
+        let point = |samples: &[f64]| Stats::of(samples).unwrap();
+        // p50 10 over 8, 10, 12.5: errors 0.25, 0, 0.2; p50 100 over 100: 0.
+        let (a, b) = (point(&[8.0, 10.0, 12.5]), point(&[100.0]));
+        assert!((spread([&a, &b]).unwrap() - 0.45 / 4.0).abs() < 1e-12);
+        let without = Stats { raw_data: Vec::new(), ..a };
+        assert_eq!(spread([&without]), None, "no samples kept: no floor");
     }
 }

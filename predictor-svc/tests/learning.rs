@@ -178,11 +178,21 @@ fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
         2.0 * if (h >> 20).is_multiple_of(40) { 0.14 } else { 0.65 + 0.7 * u }
     };
     let store = ModelStore::open(config(true, 1.5)).unwrap();
-    // 600 requests: a held-out set of about 60, as a busy reservoir holds. (The fleet is
-    // twice the prior's latency, so that the first model beats the prior on any held-out
-    // set: which requests are held out varies from run to run.)
+    // 600 requests: a held-out set of about 60, as a busy reservoir holds. The fleet is
+    // twice the prior's latency, so the first model beats the prior on most held-out sets;
+    // which requests are held out varies from run to run, and one with four or more of the
+    // 7x-fast requests in 60 scores the model's MAPE over the prior's (a 6x error for the
+    // model, 2.6x for the prior). A first model has to beat the prior to serve, so such a
+    // round keeps the prior, and the next, on a larger holdout, judges again.
     feed_with(&store, 0, 600, slowdown, (50, 3000), 2);
-    let first = store.train_if_due();
+    let mut first = store.train_if_due();
+    for round in 0..4 {
+        if matches!(first, TrainOutcome::Activated(_)) {
+            break;
+        }
+        feed_with(&store, 1_000_000 + 400 * round, 400, slowdown, (50, 3000), 2);
+        first = store.train_if_due();
+    }
     assert!(matches!(first, TrainOutcome::Activated(_)), "{first:?}");
     let mut alarms = 0;
     for k in 0..300 {
@@ -298,6 +308,28 @@ fn the_first_model_starts_without_the_correction_learnt_on_the_prior() {
     assert!(moved(&store.calibration()), "the prior's bias was corrected: {:?}", store.calibration());
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     assert!(!moved(&store.calibration()), "the prior's correction is not the model's: {:?}", store.calibration());
+}
+
+#[test]
+fn a_first_model_replaces_the_prior_only_when_it_beats_it_on_the_holdout() {
+    // The prior is the median truth, each request off it by up to 1.5x either way: the
+    // trees can only fit the noise, and on a holdout of about a dozen (too few for
+    // `worse` to tell) they do not beat the prior, which stays.
+    let noise = |i: u64| (((i * 2_654_435_761) % 1000) as f64 / 1000.0 - 0.5) * 0.8;
+    let config = || ModelConfig { min_new_samples: 100, ..config(true, 0.0) };
+    let store = ModelStore::open(config()).unwrap();
+    feed_with(&store, 0, 130, |i| noise(i).exp(), (50, 3000), 2);
+    let outcome = store.train_if_due();
+    assert!(
+        matches!(outcome, TrainOutcome::KeptActive { candidate_error, active_error } if candidate_error >= active_error),
+        "{outcome:?}"
+    );
+    assert_eq!(store.active_name(), "analytic-prior");
+    // A fleet twice as slow as the prior says: the first model that sees it serves.
+    let store = ModelStore::open(config()).unwrap();
+    feed_with(&store, 0, 130, |i| 2.0 * noise(i).exp(), (50, 3000), 2);
+    assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
+    assert!(store.active_name().starts_with('v'));
 }
 
 #[test]

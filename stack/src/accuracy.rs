@@ -121,6 +121,9 @@ pub struct AccuracyFigures {
     /// from the start of traffic: `[TTFT, TPOT]` MAPE. The first is the prior's (or the
     /// profile's) alone; the fourth ends at 120 s.
     pub window_mape: Vec<[Option<f64>; 2]>,
+    /// `[TTFT, TPOT]` of [`hindsight_mape`] over the mixed phase: the reference the windows
+    /// are read against.
+    pub hindsight_mape: [Option<f64>; 2],
     /// The host's CPU busy share over the mixed phase (%).
     pub host_busy_percent: Option<f64>,
 }
@@ -148,10 +151,42 @@ pub fn window_mape(outcomes: &[runner::Outcome]) -> Vec<[Option<f64>; 2]> {
     errors.iter().map(|[t, d]| [mean(t), mean(d)]).collect()
 }
 
+/// Prompt tokens per bucket of [`hindsight_mape`].
+pub const HINDSIGHT_BUCKET_TOKENS: u32 = 256;
+
+/// `[TTFT, TPOT]` MAPE of a predictor that knew the answer for each prompt length in
+/// hindsight: the median measured latency of the scored requests (as [`window_mape`]
+/// scores them) in each [`HINDSIGHT_BUCKET_TOKENS`] bucket of prompt length, as the
+/// prediction of each of them. It reads no engine state, so a predictor that does can go
+/// under it; it is the reference a live error is read against where no replayed floor
+/// exists (real engines: the simulator's floor replays each request's futures, `--floor`).
+/// On a host busy enough that identical requests spread widely, no dispatch-time
+/// predictor goes far under it.
+pub fn hindsight_mape(outcomes: &[runner::Outcome]) -> [Option<f64>; 2] {
+    let scored = || outcomes.iter().filter(|o| o.status == 200 && o.stream);
+    [0, 1].map(|k| {
+        let mut buckets: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
+        for o in scored() {
+            if let Some(m) = [o.ttft_ms, o.tpot_ms][k].filter(|m| *m > 0.0 && m.is_finite()) {
+                buckets.entry(o.prompt_tokens / HINDSIGHT_BUCKET_TOKENS).or_default().push(m);
+            }
+        }
+        let errors: Vec<f64> = buckets
+            .values()
+            .flat_map(|v| {
+                let median = headroom_protocol::stats::quantile(v, 0.5).unwrap_or(f64::NAN);
+                v.iter().map(move |m| (median - m).abs() / m)
+            })
+            .collect();
+        (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64)
+    })
+}
+
 /// What one pass measured.
 #[derive(Debug, Clone, Default)]
 struct Pass {
     window_mape: Vec<[Option<f64>; 2]>,
+    hindsight_mape: [Option<f64>; 2],
     host_busy_percent: Option<f64>,
     holdout_mape: [Option<f64>; 2],
     live_mape: [Option<f64>; 2],
@@ -171,6 +206,7 @@ pub fn run(opts: &AccuracyOptions) -> anyhow::Result<AccuracyFigures> {
         shift_recovery_s: first.shift_recovery_s,
         tier_precision: first.tier_precision,
         window_mape: first.window_mape.clone(),
+        hindsight_mape: first.hindsight_mape,
         host_busy_percent: first.host_busy_percent,
         ..AccuracyFigures::default()
     };
@@ -209,6 +245,9 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
     };
     let prior = if opts.profile { "profiled prior" } else { "analytic prior" };
     println!("\nstack up: {fleet}, {prior}, objective {objective}, {} req/s\n", opts.rate);
+    if opts.profile {
+        print_idle_spread(&opts.run_dir.join("profiles"));
+    }
     println!(
         "| time | phase | model | serving TTFT / TPOT | train samples | live MAPE TTFT | live MAPE TPOT | coverage TTFT | coverage TPOT | recent MAPE TTFT | recent MAPE TPOT | tier precision |"
     );
@@ -247,7 +286,8 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
         if phase == "mixed" {
             result.host_busy_percent = Some(busy.percent()).filter(|b| b.is_finite());
             result.window_mape = window_mape(&outcomes);
-            print_windows(&result.window_mape, result.host_busy_percent);
+            result.hindsight_mape = hindsight_mape(&outcomes);
+            print_windows(&result.window_mape, result.hindsight_mape, result.host_busy_percent);
             let sample = probe.sample();
             result.holdout_mape = sample.holdout_mape;
             result.live_mape = sample.live_mape;
@@ -264,8 +304,31 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
     Ok(result)
 }
 
+/// Prints, per profiled class in `dir`, how far identical requests spread on its idle
+/// server (`profile::spread`): the floor the windows' errors are read against.
+fn print_idle_spread(dir: &std::path::Path) {
+    use headroom_predictor_config::profile::{TpotFile, TtftFile};
+    let read = |path: PathBuf| std::fs::read(path).ok();
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut names: Vec<String> =
+        entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix("-ttft.json").map(String::from)).collect();
+    names.sort();
+    let pct = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}%", s * 100.0));
+    for name in names {
+        let ttft =
+            read(dir.join(format!("{name}-ttft.json"))).and_then(|b| serde_json::from_slice::<TtftFile>(&b).ok());
+        let tpot =
+            read(dir.join(format!("{name}-tpot.json"))).and_then(|b| serde_json::from_slice::<TpotFile>(&b).ok());
+        println!(
+            "profile {name}: identical requests on the idle server spread {} (TTFT), {} (TPOT) around each point's p50\n",
+            pct(ttft.and_then(|f| f.spread())),
+            pct(tpot.and_then(|f| f.spread()))
+        );
+    }
+}
+
 /// Prints the mixed phase's per-window error of the predictions requests were placed by.
-fn print_windows(windows: &[[Option<f64>; 2]], busy: Option<f64>) {
+fn print_windows(windows: &[[Option<f64>; 2]], hindsight: [Option<f64>; 2], busy: Option<f64>) {
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
     println!("\n| seconds | TTFT MAPE at placement | TPOT MAPE at placement |");
     println!("| --- | ---: | ---: |");
@@ -273,6 +336,11 @@ fn print_windows(windows: &[[Option<f64>; 2]], busy: Option<f64>) {
         let from = i as f64 * WINDOW_S;
         println!("| {from:.0}-{:.0} | {} | {} |", from + WINDOW_S, pct(*ttft), pct(*tpot));
     }
+    println!(
+        "| hindsight median per {HINDSIGHT_BUCKET_TOKENS}-token prompt bucket | {} | {} |",
+        pct(hindsight[0]),
+        pct(hindsight[1])
+    );
     println!("host CPU busy over the phase: {}\n", busy.map_or("-".to_string(), |b| format!("{b:.0}%")));
 }
 
@@ -562,6 +630,23 @@ mod tests {
         assert!(m.ttft.future_and_step > 0.03 && m.ttft.future_and_step < 0.2, "{m:?}");
         let lagged = m.records.iter().filter(|r| r.lagged.in_flight < r.fresh.in_flight).count();
         assert!(lagged > 0 && lagged < m.records.len() / 2, "a 20 ms tick hides a few dispatches: {lagged}");
+    }
+
+    #[test]
+    fn the_hindsight_reference_is_each_prompt_buckets_median_as_the_prediction() {
+        let o = |prompt_tokens: u32, ttft: f64, stream: bool| runner::Outcome {
+            prompt_tokens,
+            stream,
+            status: 200,
+            ttft_ms: Some(ttft),
+            ..Default::default()
+        };
+        // Bucket 0: 8, 10, 12.5 around their median 10 (0.25, 0, 0.2); bucket 1: 100 alone (0);
+        // a request that did not stream is not scored.
+        let outcomes = [o(10, 8.0, true), o(20, 10.0, true), o(30, 12.5, true), o(300, 100.0, true), o(40, 1e6, false)];
+        let [ttft, tpot] = hindsight_mape(&outcomes);
+        assert!((ttft.unwrap() - 0.45 / 4.0).abs() < 1e-12, "{ttft:?}");
+        assert_eq!(tpot, None, "nothing measured");
     }
 
     #[test]

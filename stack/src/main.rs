@@ -83,8 +83,8 @@ enum Cmd {
         /// Seconds of prefill-heavy traffic after the shift.
         #[arg(long, default_value_t = 90.0)]
         shift: f64,
-        /// Mean requests per second of the mixed phase (default: 15 on the simulator, 1.5 on
-        /// vLLM, which keeps this 2-core host under ~80% busy).
+        /// Mean requests per second of the mixed phase (default: 15 on the simulator, 1.2 on
+        /// vLLM, which keeps this 2-core host about 70% busy).
         #[arg(long)]
         rate: Option<f64>,
         /// Training objective: mean or p90.
@@ -224,7 +224,7 @@ fn main() -> anyhow::Result<()> {
                 warmup_s: warmup,
                 rate: rate.unwrap_or(match engine {
                     Engine::Simulator => 15.0,
-                    Engine::Vllm => 1.5,
+                    Engine::Vllm => 1.2,
                 }),
                 shift_s: shift,
                 objective,

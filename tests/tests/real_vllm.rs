@@ -4,8 +4,8 @@
 //! One stack, one test, because a vLLM server takes a minute to start: the profile the
 //! stack measured is the prior (a prediction before any traffic matches it, not the
 //! analytic formula), requests are routed where the filter chose, vLLM's own metrics are
-//! scraped, the filter learns the model's token count from the answers, and the reports
-//! train a model.
+//! scraped, the filter learns the model's token count from the answers, and a training
+//! round runs on the reports.
 
 use std::time::Duration;
 
@@ -94,11 +94,12 @@ fn routes_real_vllm_from_its_measured_profile_and_learns_its_tokens() {
     assert!(first < model_count * 0.7, "the approximation first: {first} against the model's {model_count}");
     assert!((last / model_count - 1.0).abs() < 0.1, "learnt: {last} against the model's {model_count}");
 
-    // The reports trained a model.
-    let models = |h: &Harness| h.get(&format!("{}/v1/models", h.predictor())).map(|r| r.json()).unwrap_or_default();
-    assert!(
-        wait_until(Duration::from_secs(60), || models(&h)["active"].as_str().is_some_and(|a| a.starts_with('v'))),
-        "no model was trained from the reports: {}",
-        models(&h)
-    );
+    // The reports were trained on: a round fitted a model to them and judged it against
+    // the profiled prior on the held-out reports (it serves only if it beat the prior;
+    // on a few dozen reports of this engine it may not).
+    let rounds = |h: &Harness| {
+        let text = h.get(&format!("{}/metrics", h.predictor())).map(|r| r.body).unwrap_or_default();
+        headroom_stack::http::metric_sum(&text, "headroom_model_trainings_total")
+    };
+    assert!(wait_until(Duration::from_secs(60), || rounds(&h) >= 1.0), "no training round ran on the reports");
 }

@@ -517,12 +517,20 @@ impl ModelStore {
         let objective = self.config.objective();
         let candidate = training::score(&judge, objective, |r| fitted.predict(r));
         let scorer = self.scoring_session();
-        let current = self.score_active(scorer.as_ref(), &judge, objective);
-        if training::worse(&candidate, &current, judge.len(), self.config.keep_margin) {
+        let replaces_prior = self.registry.active().is_none();
+        let (current, kept) = if replaces_prior {
+            let prior = self.score_prior_as_served(&judge, objective);
+            (prior, !training::replaces_prior(&candidate, &prior))
+        } else {
+            let active = self.score_active(scorer.as_ref(), &judge, objective);
+            (active, training::worse(&candidate, &active, judge.len(), self.config.keep_margin))
+        };
+        if kept {
             tracing::info!(
                 candidate = candidate.error,
                 active = current.error,
-                "new model worse on the holdout; kept the active one"
+                judged_on = judge.len(),
+                "new model not better on the holdout; kept the active one"
             );
             self.persist_samples();
             return TrainOutcome::KeptActive { candidate_error: candidate.error, active_error: current.error };
@@ -538,7 +546,6 @@ impl ModelStore {
                 if let Some(data) = &self.data {
                     data.write_model(&info, &bytes);
                 }
-                let replaces_prior = self.registry.active().is_none();
                 // How the new model's level differs from the one it replaces, on today's
                 // traffic: what the live correction must allow for (`calibration`).
                 let level = (!drifting && !replaces_prior).then(|| {
@@ -611,6 +618,13 @@ impl ModelStore {
     }
 
     /// The serving model's own scores on `holdout` (the prior's when no model is active).
+    /// The prior's scores on a training round's held-out samples as it serves them now, with
+    /// the live correction: what a first model must beat to replace it.
+    fn score_prior_as_served(&self, holdout: &[Sample], objective: Objective) -> Scores {
+        let calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        training::score(holdout, objective, |r| calibration.apply(r[features::HARDWARE_CLASS], self.prior.predict(r)))
+    }
+
     fn score_active(&self, scorer: Option<&OnnxModel>, holdout: &[Sample], objective: Objective) -> Scores {
         let rows: Vec<Row> = holdout.iter().map(|s| s.row).collect();
         let mut predicted = self.active_raw_for_round(scorer, &rows).into_iter();
