@@ -11,8 +11,6 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
 use headroom_protocol::{
     codec, limits, paths, CodecError, DispatchBatch, ErrorBody, Format, Invalid, PredictBatch, PredictBatchResponse,
     PredictRequest, ReportBatch,
@@ -22,42 +20,6 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::heartbeat::LIVENESS_FACTOR;
 use crate::state::AppState;
 use crate::{flow, service};
-
-pub fn router(state: Arc<AppState>) -> Router {
-    // Guarded: what teaches the model, reveals traffic or hands out models (`crate::auth`).
-    let guarded = Router::new()
-        .route(paths::PREDICT, post(predict))
-        .route(paths::PREDICT_BATCH, post(predict_batch))
-        .route(headroom_protocol::stream::PATH, post(crate::stream::predict_stream))
-        .route(paths::DISPATCH, post(dispatch))
-        .route(paths::REPORT, post(report))
-        .route("/v1/observations", get(observations))
-        .route("/v1/models/{file}", get(model_file))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::auth::require_token));
-    let routes = Router::new()
-        .merge(guarded)
-        .route("/v1/pools", get(pools))
-        .route("/v1/models", get(models))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(state.clone());
-    guard(routes, state)
-}
-
-/// What every route gets: the body limit, and the last resort against a bug: a panic
-/// in a handler is a `500` and a count in `headroom_handler_panics`, never a dropped
-/// connection (which the filter would take for a transient failure and retry).
-pub fn guard(routes: Router, state: Arc<AppState>) -> Router {
-    let on_panic = move |_: Box<dyn std::any::Any + Send>| -> Response {
-        state.metrics.panicked();
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, body: ErrorBody::message("internal error") }
-            .into_response()
-    };
-    routes
-        .layer(axum::extract::DefaultBodyLimit::max(limits::MAX_BODY_BYTES))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(on_panic))
-}
 
 /// An API error: status plus the JSON body naming the field at fault.
 #[derive(Debug)]
@@ -118,7 +80,11 @@ fn unknown_pool(pool: &str) -> ApiError {
     ApiError::field(StatusCode::NOT_FOUND, "pool", format!("no pool named {pool:?}"))
 }
 
-async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn predict(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let started = Instant::now();
     let (req, format): (PredictRequest, Format) = decode_body(&headers, &body)?;
     req.check().map_err(|e| invalid(&state, paths::PREDICT, e))?;
@@ -142,7 +108,7 @@ async fn predict(State(state): State<Arc<AppState>>, headers: HeaderMap, body: B
 
 /// Several requests' predictions in one call, answered at once (a gateway worker's
 /// requests that arrived while its previous call was out; none may wait in the flow queue).
-async fn predict_batch(
+pub(crate) async fn predict_batch(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
@@ -180,14 +146,22 @@ pub fn answer_batch(
 /// "expired" itself: the background task normally answers at the deadline.
 const FLOW_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
-async fn dispatch(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn dispatch(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
     // Validate the whole batch before applying any of it: a 400 leaves no half-applied batch.
     batch.check().map_err(|e| invalid(&state, paths::DISPATCH, e))?;
     Ok(reply(&headers, format, &service::dispatch(&state, &batch, Instant::now())))
 }
 
-async fn report(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn report(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let (batch, format): (ReportBatch, Format) = decode_body(&headers, &body)?;
     batch.check().map_err(|e| invalid(&state, paths::REPORT, e))?;
     Ok(reply(&headers, format, &service::report(&state, batch, Instant::now())))
@@ -211,7 +185,7 @@ struct PoolView {
 }
 
 /// `GET /v1/pools`: every pool's endpoints with scraped metrics and in-flight counts (JSON).
-async fn pools(State(state): State<Arc<AppState>>) -> Response {
+pub(crate) async fn pools(State(state): State<Arc<AppState>>) -> Response {
     let now = Instant::now();
     let views: Vec<PoolView> = state
         .pools
@@ -241,7 +215,7 @@ async fn pools(State(state): State<Arc<AppState>>) -> Response {
 }
 
 #[derive(Deserialize)]
-struct ObservationQuery {
+pub(crate) struct ObservationQuery {
     limit: Option<usize>,
     after: Option<u64>,
 }
@@ -249,7 +223,7 @@ struct ObservationQuery {
 /// `GET /v1/observations?limit=N[&after=S]`: the newest `limit` observations, or with `after`
 /// the first `limit` after the `S`-th (observations are numbered from 1 as they arrive; the
 /// answer's `first` is its first one's number), oldest first (JSON).
-async fn observations(
+pub(crate) async fn observations(
     State(state): State<Arc<AppState>>,
     query: Result<Query<ObservationQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -267,7 +241,7 @@ async fn observations(
 }
 
 /// `GET /v1/models`: the active model and every kept version with its held-out error (JSON).
-async fn models(State(state): State<Arc<AppState>>) -> Response {
+pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Response {
     let (versions, active) = state.models.versions();
     let body = serde_json::json!({
         "active": active,
@@ -283,7 +257,7 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /v1/models/v<N>.onnx`: a kept model as a standard ONNX file.
-async fn model_file(
+pub(crate) async fn model_file(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(file): axum::extract::Path<String>,
 ) -> Response {
@@ -296,7 +270,7 @@ async fn model_file(
     }
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     // A snapshot first, each pool's lock held for one pass over its requests; then the
     // gauges are refilled and rendered as one step, so concurrent scrapes never see each
     // other's half-cleared families.
@@ -336,7 +310,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// Ready once every endpoint was scraped, while every background task goes round.
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let silent = state.heartbeats.silent(&state.config, std::time::Instant::now(), 1);
     if !silent.is_empty() {
         let text = format!("background task(s) silent: {}", silent.join(", "));
@@ -351,7 +325,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 /// Alive unless a background task has been silent for [`LIVENESS_FACTOR`] times its bound:
 /// wedged, it will not come back by itself, and a restart is what mends it.
-async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+pub(crate) async fn healthz(State(state): State<Arc<AppState>>) -> Response {
     let silent = state.heartbeats.silent(&state.config, std::time::Instant::now(), LIVENESS_FACTOR);
     if silent.is_empty() {
         (StatusCode::OK, "ok").into_response()

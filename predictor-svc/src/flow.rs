@@ -30,7 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use headroom_protocol::headroom::{headroom, least_harm_with_own_room};
+use headroom_protocol::headroom::{headroom, least_harm_with_own_room, SloBuffers};
 use headroom_protocol::{
     EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, FlowTerms, PredictRequest, PredictResponse,
 };
@@ -373,7 +373,7 @@ fn fits(req: &PredictRequest, terms: &FlowTerms, endpoints: &[EndpointPrediction
     let features = remaining(req, waited_ms);
     let mut best: Option<(usize, f64)> = None;
     for (i, e) in endpoints.iter().enumerate() {
-        let Some(h) = headroom(&features, e, terms.buffers()).filter(|h| h.is_positive()) else { continue };
+        let Some(h) = headroom(&features, e, SloBuffers::of(terms)).filter(|h| h.is_positive()) else { continue };
         let slack = h.ttft.unwrap_or(0.0) + h.tpot.unwrap_or(0.0);
         if best.is_none_or(|(_, b)| slack > b) {
             best = Some((i, slack));
@@ -394,7 +394,7 @@ fn own_room(
     endpoints: &[EndpointPrediction],
     waited_ms: f64,
 ) -> Option<usize> {
-    least_harm_with_own_room(&remaining(req, waited_ms), endpoints, terms.buffers(), waited_ms)
+    least_harm_with_own_room(&remaining(req, waited_ms), endpoints, SloBuffers::of(terms), waited_ms)
 }
 
 /// Whether `req`, which has headroom at `best`, should go there now: the wait ahead of it

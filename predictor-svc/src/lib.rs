@@ -20,6 +20,7 @@ pub mod heartbeat;
 pub mod metrics;
 pub mod model;
 pub mod pool;
+pub mod routes;
 pub mod scrape;
 pub mod service;
 pub mod state;
@@ -63,7 +64,7 @@ pub async fn serve(
             tracing::debug!("TCP_NODELAY not set: {e}");
         }
     });
-    let result = axum::serve(listener, api::router(state.clone())).with_graceful_shutdown(shutdown).await;
+    let result = axum::serve(listener, routes::router(state.clone())).with_graceful_shutdown(shutdown).await;
     background.iter().for_each(|t| t.abort());
     watches.iter().for_each(|w| w.abort());
     // Again: what the reports during the drain taught.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use headroom_predictor::pool::EngineMetrics;
-use headroom_predictor::{api, config::Config, state::AppState};
+use headroom_predictor::{config::Config, routes, state::AppState};
 use headroom_protocol::{codec, Format, PredictBatchResponse, PredictResponse};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -32,7 +32,7 @@ async fn call(
         .header(header::ACCEPT, accept)
         .body(Body::from(body))
         .unwrap();
-    let res = api::router(state.clone()).oneshot(req).await.unwrap();
+    let res = routes::router(state.clone()).oneshot(req).await.unwrap();
     let status = res.status();
     let ct = res.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
     (status, ct, res.into_body().collect().await.unwrap().to_bytes().to_vec())

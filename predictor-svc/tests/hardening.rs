@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use headroom_predictor::config::ModelConfig;
 use headroom_predictor::model::store::{ModelStore, TrainOutcome};
-use headroom_predictor::{api, config::Config, state::AppState};
+use headroom_predictor::{config::Config, routes, state::AppState};
 use headroom_protocol::codec;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -36,7 +36,7 @@ async fn send(
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
     let body = if method == "GET" { Body::empty() } else { Body::from(body.to_string()) };
-    let res = api::router(state.clone()).oneshot(req.body(body).unwrap()).await.unwrap();
+    let res = routes::router(state.clone()).oneshot(req.body(body).unwrap()).await.unwrap();
     let status = res.status();
     let bytes = res.into_body().collect().await.unwrap().to_bytes();
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
@@ -140,7 +140,7 @@ async fn guarded_routes_need_the_token_and_open_ones_do_not() {
     }
     let (_, metrics) = {
         let req = Request::get("/metrics").body(Body::empty()).unwrap();
-        let res = api::router(s.clone()).oneshot(req).await.unwrap();
+        let res = routes::router(s.clone()).oneshot(req).await.unwrap();
         (res.status(), String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap())
     };
     assert!(metrics.contains(&format!("headroom_unauthorized_requests_total {wrong_calls}")), "{metrics}");
@@ -290,7 +290,7 @@ async fn a_panicking_handler_is_a_counted_500_not_a_dropped_connection() {
             v[3].to_string() // a bug stands in for any panic
         }),
     );
-    let app = api::guard(boom, s.clone());
+    let app = routes::guard(boom, s.clone());
     let res = app.oneshot(Request::get("/boom").body(Body::empty()).unwrap()).await.unwrap();
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let body: Value = serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
@@ -480,7 +480,7 @@ async fn concurrent_scrapes_each_see_every_series() {
                 let mut missing = 0;
                 for _ in 0..300 {
                     let req = Request::builder().uri("/metrics").body(Body::empty()).unwrap();
-                    let res = api::router(s.clone()).oneshot(req).await.unwrap();
+                    let res = routes::router(s.clone()).oneshot(req).await.unwrap();
                     let text = String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
                     let series = text.lines().filter(|l| l.starts_with("headroom_in_flight_requests{")).count();
                     missing += usize::from(series != 2);

@@ -11,7 +11,7 @@
 //! under a goal to count as meeting it (Llumnix suggests 0.85), a margin for a
 //! predictor known to err; above 1, a goal missed by a little still counts as met.
 
-use crate::messages::{EndpointPrediction, RequestFeatures};
+use crate::messages::{EndpointPrediction, FlowTerms, RequestFeatures};
 
 /// The factors on a request's SLOs that headroom is judged against (1: the SLOs as stated).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,6 +23,13 @@ pub struct SloBuffers {
 impl Default for SloBuffers {
     fn default() -> Self {
         SloBuffers { ttft: 1.0, tpot: 1.0 }
+    }
+}
+
+impl SloBuffers {
+    /// The buffers a flow-controlled request is judged with: those its gateway sent.
+    pub fn of(terms: &FlowTerms) -> SloBuffers {
+        SloBuffers { ttft: terms.ttft_buffer, tpot: terms.tpot_buffer }
     }
 }
 

@@ -97,13 +97,6 @@ fn one() -> f64 {
     1.0
 }
 
-impl FlowTerms {
-    /// The SLO buffers headroom is judged with.
-    pub fn buffers(&self) -> crate::headroom::SloBuffers {
-        crate::headroom::SloBuffers { ttft: self.ttft_buffer, tpot: self.tpot_buffer }
-    }
-}
-
 /// What flow control did with a request that offered to wait ([`FlowTerms`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::gbdt::Objective;
 use super::runtime::OnnxModel;
-use super::training::ErrorSpread;
+use super::spread::ErrorSpread;
 
 /// What is known about one model version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,8 +28,8 @@ pub struct ModelInfo {
     /// Share of held-out samples at or under the prediction.
     pub holdout_coverage_ttft: Option<f64>,
     pub holdout_coverage_tpot: Option<f64>,
-    /// The held-out errors as drift judges them (TTFT, TPOT; `training::ErrorSpread`).
-    /// Absent when judged on too few to tell (`training::MIN_HOLDOUT_TO_COMPARE`), as a
+    /// The held-out errors as drift judges them (TTFT, TPOT; `spread::ErrorSpread`).
+    /// Absent when judged on too few to tell (`spread::MIN_HOLDOUT_TO_COMPARE`), as a
     /// drift round's model may be, and in models saved before 2026-11-26: drift does not
     /// judge those; the next round's model, judged on the refilled reservoir, restores it.
     #[serde(default)]
