@@ -304,6 +304,11 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
     Ok(result)
 }
 
+/// A share as a table cell: `12.3%`, or `-` when there is none.
+fn pct(share: Option<f64>) -> String {
+    share.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x))
+}
+
 /// Prints, per profiled class in `dir`, how far identical requests spread on its idle
 /// server (`profile::spread`): the floor the windows' errors are read against.
 fn print_idle_spread(dir: &std::path::Path) {
@@ -313,7 +318,6 @@ fn print_idle_spread(dir: &std::path::Path) {
     let mut names: Vec<String> =
         entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix("-ttft.json").map(String::from)).collect();
     names.sort();
-    let pct = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}%", s * 100.0));
     for name in names {
         let ttft =
             read(dir.join(format!("{name}-ttft.json"))).and_then(|b| serde_json::from_slice::<TtftFile>(&b).ok());
@@ -329,7 +333,6 @@ fn print_idle_spread(dir: &std::path::Path) {
 
 /// Prints the mixed phase's per-window error of the predictions requests were placed by.
 fn print_windows(windows: &[[Option<f64>; 2]], hindsight: [Option<f64>; 2], busy: Option<f64>) {
-    let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
     println!("\n| seconds | TTFT MAPE at placement | TPOT MAPE at placement |");
     println!("| --- | ---: | ---: |");
     for (i, [ttft, tpot]) in windows.iter().enumerate() {
@@ -469,7 +472,6 @@ struct Sample {
 
 impl Sample {
     fn row(&self, started: Instant, phase: &str) -> String {
-        let pct = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
         format!(
             "| {:>4.0} s | {phase} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             started.elapsed().as_secs_f64(),
@@ -584,7 +586,7 @@ fn print_versions(models: &Value) {
     println!("\nmodel versions (held-out error at training time):\n");
     println!("| version | train samples TTFT/TPOT | holdout | holdout MAPE TTFT | holdout MAPE TPOT | coverage TTFT | coverage TPOT | train ms |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let pct = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
+    let cell = |v: &Value| pct(v.as_f64());
     for v in models["versions"].as_array().cloned().unwrap_or_default() {
         println!(
             "| v{} | {}/{} | {} | {} | {} | {} | {} | {} |",
@@ -592,10 +594,10 @@ fn print_versions(models: &Value) {
             v["train_samples_ttft"],
             v["train_samples_tpot"],
             v["holdout_samples"],
-            pct(&v["holdout_mape_ttft"]),
-            pct(&v["holdout_mape_tpot"]),
-            pct(&v["holdout_coverage_ttft"]),
-            pct(&v["holdout_coverage_tpot"]),
+            cell(&v["holdout_mape_ttft"]),
+            cell(&v["holdout_mape_tpot"]),
+            cell(&v["holdout_coverage_ttft"]),
+            cell(&v["holdout_coverage_tpot"]),
             v["train_ms"]
         );
     }
