@@ -73,11 +73,7 @@ impl Stats {
 /// the floor a live error is read against (a loaded engine spreads more). `None` when no
 /// point kept its samples (Llumnix's files may not).
 pub fn spread<'a>(points: impl IntoIterator<Item = &'a Stats>) -> Option<f64> {
-    let errors: Vec<f64> = points
-        .into_iter()
-        .flat_map(|s| s.raw_data.iter().filter(|x| **x > 0.0).map(move |x| (x - s.p50).abs() / x))
-        .collect();
-    (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64)
+    headroom_protocol::stats::spread_around(points.into_iter().map(|s| (s.p50, &s.raw_data[..])))
 }
 
 impl TtftFile {

@@ -15,6 +15,21 @@ pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     (!values.is_empty()).then(|| quantile_in_place(&mut values.to_vec(), q))
 }
 
+/// How far samples spread around a center of their own: over every positive sample of
+/// every `(center, samples)` group, the mean of `|sample - center| / sample`, the error a
+/// predictor that said the center for each of them would score (`None`: no sample). The
+/// reference figures of a profile's idle points and of a run's prompt-length buckets.
+pub fn spread_around<'a>(groups: impl IntoIterator<Item = (f64, &'a [f64])>) -> Option<f64> {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for (center, samples) in groups {
+        for x in samples.iter().filter(|x| **x > 0.0) {
+            sum += (x - center).abs() / x;
+            n += 1;
+        }
+    }
+    (n > 0).then(|| sum / n as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use headroom_loadgen::runner;
 use headroom_loadgen::workload::{self, RequestSpec};
+use headroom_protocol::stats;
 use headroom_sim::floor::{self, Arrival, Floor, FloorOptions};
 use headroom_sim::profile::Profile;
 use headroom_sim::virtual_time::Shape;
@@ -171,14 +172,8 @@ pub fn hindsight_mape(outcomes: &[runner::Outcome]) -> [Option<f64>; 2] {
                 buckets.entry(o.prompt_tokens / HINDSIGHT_BUCKET_TOKENS).or_default().push(m);
             }
         }
-        let errors: Vec<f64> = buckets
-            .values()
-            .flat_map(|v| {
-                let median = headroom_protocol::stats::quantile(v, 0.5).unwrap_or(f64::NAN);
-                v.iter().map(move |m| (median - m).abs() / m)
-            })
-            .collect();
-        (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64)
+        let medians = buckets.values().map(|v| (stats::quantile(v, 0.5).unwrap_or(f64::NAN), &v[..]));
+        stats::spread_around(medians)
     })
 }
 
