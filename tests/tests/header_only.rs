@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
-use headroom_e2e::{wait_until, Harness, SLO};
+use headroom_e2e::{patient, wait_until, Harness, SLO};
 use serde_json::json;
 
 #[test]
 fn routes_on_headers_without_holding_the_body() {
-    let h = Harness::start(json!({"read_body": false})).unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
+    let h =
+        Harness::start(patient(json!({"read_body": false}))).unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
     let envoy_yaml = std::fs::read_to_string(h.stack.run_dir.join("envoy.yaml")).unwrap();
     assert!(envoy_yaml.contains("allow_on_headers_stop_iteration: false"), "the stack did not drop the flag");
 
@@ -36,7 +37,8 @@ fn routes_on_headers_without_holding_the_body() {
 #[test]
 fn a_claimed_body_that_never_comes_books_nothing() {
     use std::io::Write;
-    let h = Harness::start(json!({"read_body": false})).unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
+    let h =
+        Harness::start(patient(json!({"read_body": false}))).unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
     let mut liars = Vec::new();
     for _ in 0..9 {
         let mut s = std::net::TcpStream::connect(h.stack.state.gateway).unwrap();

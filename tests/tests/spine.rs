@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use headroom_e2e::{wait_until, Harness, SLO};
+use headroom_e2e::{patient, wait_until, Harness, SLO};
 use serde_json::{json, Value};
 
 fn harness() -> Harness {
@@ -17,18 +17,32 @@ fn observation_with_max_tokens(h: &Harness, max_tokens: u64) -> Option<Value> {
     h.observations().into_iter().find(|o| o["request"]["max_tokens"].as_u64() == Some(max_tokens))
 }
 
+/// Why the filter fell back so far, by cause (all zero when every call was answered).
+fn fallbacks(h: &Harness) -> String {
+    let causes = ["call_failed", "timeout", "unavailable", "bad_answer", "no_predictions"];
+    causes.map(|c| format!("{c}={}", h.envoy_stat(&format!("headroom_fallback_{c}")))).join(" ")
+}
+
 #[test]
 fn streaming_and_non_streaming_are_routed_measured_and_reported() {
-    let h = harness();
+    let h = match Harness::start(patient(json!({}))) {
+        Ok(h) => h,
+        Err(e) => panic!("stack did not start: {e:#}"),
+    };
     let plain = h.completion(7, false, &SLO).unwrap();
     assert_eq!(plain.status, 200, "{}", plain.body);
     assert!(plain.served_by.is_some());
-    assert_eq!(plain.served_by, plain.chosen, "the server that answered is the one the filter chose");
+    assert_eq!(
+        plain.served_by,
+        plain.chosen,
+        "the server that answered is the one the filter chose (fallbacks: {})",
+        fallbacks(&h)
+    );
     assert_eq!(plain.json()["usage"]["completion_tokens"], 7);
 
     let streamed = h.completion(9, true, &SLO).unwrap();
     assert_eq!(streamed.status, 200, "{}", streamed.body);
-    assert_eq!(streamed.served_by, streamed.chosen);
+    assert_eq!(streamed.served_by, streamed.chosen, "fallbacks: {}", fallbacks(&h));
     assert!(streamed.content_type.as_deref().unwrap_or("").starts_with("text/event-stream"));
     assert!(streamed.body.contains("\"completion_tokens\":9"), "{}", streamed.body);
 
