@@ -401,14 +401,12 @@ impl Metrics {
         if o.status != 200 || !o.request.streaming {
             return;
         }
-        let pairs = [
-            (o.ttft_ms, o.predicted_ttft_ms, o.request.slo.ttft_ms),
-            (o.tpot_ms, o.predicted_tpot_ms, o.request.slo.tpot_ms),
-        ];
+        let met = o.request.slo.met(o.ttft_ms, o.tpot_ms);
+        let pairs = [(o.ttft_ms, o.predicted_ttft_ms, met[0]), (o.tpot_ms, o.predicted_tpot_ms, met[1])];
         let names = ["ttft", "tpot"];
         self.judge_tier(o);
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        for (k, (actual, predicted, slo)) in pairs.into_iter().enumerate() {
+        for (k, (actual, predicted, met)) in pairs.into_iter().enumerate() {
             let Some(actual) = actual.filter(|a| a.is_finite() && *a > 0.0) else { continue };
             let (observed_h, predicted_h) =
                 if k == 0 { (&self.ttft, &self.predicted_ttft) } else { (&self.tpot, &self.predicted_tpot) };
@@ -420,7 +418,7 @@ impl Metrics {
                 self.live_mape.get_or_create(&label).set(mape);
                 self.live_coverage.get_or_create(&label).set(coverage);
             }
-            if slo.is_some_and(|s| actual > s) {
+            if met == Some(false) {
                 self.slo_violations.get_or_create(&TypeLabel { r#type: names[k].to_string() }).inc();
             }
         }
@@ -434,10 +432,7 @@ impl Metrics {
             RouteSource::PredictedNegative => false,
             _ => return,
         };
-        let judged: Vec<bool> = [(o.request.slo.ttft_ms, o.ttft_ms), (o.request.slo.tpot_ms, o.tpot_ms)]
-            .into_iter()
-            .filter_map(|(slo, actual)| Some(actual? <= slo?))
-            .collect();
+        let judged: Vec<bool> = o.request.slo.met(o.ttft_ms, o.tpot_ms).into_iter().flatten().collect();
         if judged.is_empty() {
             return;
         }

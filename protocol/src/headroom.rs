@@ -47,6 +47,22 @@ impl Headroom {
     }
 }
 
+/// The least TTFT SLO a request is judged against after waiting in the flow queue: one
+/// that waited past its SLO is judged as "as soon as possible", never as negative.
+pub const MIN_REMAINING_TTFT_MS: f64 = 1.0;
+
+/// `request` as it is judged after `waited_ms` in the flow queue: the client's clock ran
+/// while it waited, so that much of its TTFT SLO is gone (never below
+/// [`MIN_REMAINING_TTFT_MS`]). The predictor's flow control judges a waiting request with
+/// it and the filter's policy a released one: one definition, or a request the queue let
+/// go would be judged by other numbers at the gateway.
+pub fn after_waiting(request: &RequestFeatures, waited_ms: f64) -> RequestFeatures {
+    let mut left = request.clone();
+    let waited = if waited_ms.is_finite() { waited_ms.max(0.0) } else { 0.0 };
+    left.slo.ttft_ms = left.slo.ttft_ms.map(|slo| (slo - waited).max(MIN_REMAINING_TTFT_MS));
+    left
+}
+
 /// Headroom of `request` on one endpoint; `None` when a judged SLO has no prediction.
 pub fn headroom(request: &RequestFeatures, endpoint: &EndpointPrediction, buffers: SloBuffers) -> Option<Headroom> {
     judge(request, endpoint, buffers, endpoint.state.tightest_tpot_slo_ms)
@@ -218,5 +234,18 @@ mod tests {
         in_time.tpot_ms = Some(35.0);
         assert_eq!(least_harm_with_own_room(&interactive, &[fast_late.clone(), in_time], B, 1000.0), Some(1));
         assert_eq!(least_harm_with_own_room(&interactive, &[fast_late], B, 1000.0), None);
+    }
+
+    #[test]
+    fn waiting_takes_from_the_ttft_slo_down_to_a_floor() {
+        let mut r = RequestFeatures::default();
+        r.slo.ttft_ms = Some(1000.0);
+        r.slo.tpot_ms = Some(50.0);
+        assert_eq!(after_waiting(&r, 300.0).slo.ttft_ms, Some(700.0));
+        assert_eq!(after_waiting(&r, 300.0).slo.tpot_ms, Some(50.0), "TPOT is per token: untouched");
+        assert_eq!(after_waiting(&r, 5000.0).slo.ttft_ms, Some(MIN_REMAINING_TTFT_MS));
+        assert_eq!(after_waiting(&r, f64::NAN).slo.ttft_ms, Some(1000.0), "a wait that is no number takes nothing");
+        r.slo.ttft_ms = None;
+        assert_eq!(after_waiting(&r, 300.0).slo.ttft_ms, None);
     }
 }

@@ -18,6 +18,16 @@ impl Slo {
     pub fn is_set(&self) -> bool {
         self.ttft_ms.is_some() || self.tpot_ms.is_some()
     }
+
+    /// Whether a request measured at `ttft_ms` and `tpot_ms` met each goal, `[ttft, tpot]`:
+    /// `None` where the goal was not stated or the latency not measured (a TPOT needs two
+    /// tokens), so it is not judged. The one definition of an SLO violation: the filter's
+    /// `slo_violation` stats, the predictor's `inference_objective_request_slo_violation`
+    /// and its tier precision all read it.
+    pub fn met(&self, ttft_ms: Option<f64>, tpot_ms: Option<f64>) -> [Option<bool>; 2] {
+        let judge = |goal: Option<f64>, seen: Option<f64>| Some(seen.filter(|v| v.is_finite())? <= goal?);
+        [judge(self.ttft_ms, ttft_ms), judge(self.tpot_ms, tpot_ms)]
+    }
 }
 
 /// What the filter knows about a request before routing it.

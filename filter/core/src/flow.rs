@@ -17,6 +17,7 @@ use std::time::Duration;
 use headroom_protocol::headers::{
     DEBUG_ENDPOINT, DEBUG_FLOW, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_QUEUED, DEBUG_TIER,
 };
+use headroom_protocol::headroom::after_waiting;
 use headroom_protocol::meter::{Measurement, ResponseMeter};
 use headroom_protocol::{
     codec, limits, openai, paths, tokens, Abandoned, Dispatch, EndpointState, FirstToken, FlowAnswer, FlowOutcome,
@@ -29,10 +30,6 @@ use crate::host::{callout_status, predictor_answer, Buffer, Event, FallbackCause
 use crate::token_count::TokenCounts;
 use crate::vm::Vm;
 use crate::{error_json, fallback, headers as hints, policy};
-
-/// The least TTFT SLO a request is judged against after waiting in the flow queue:
-/// one that waited past its SLO is judged as "as soon as possible", never as negative.
-const MIN_REMAINING_TTFT_MS: f64 = 1.0;
 
 /// How far a learned token estimate may be over the model's own count before the gateway
 /// refuses a request for its context: a prompt near a server's limit goes to the server,
@@ -290,9 +287,6 @@ impl Flow {
             );
             return self.reject(host, 400, field, &message);
         }
-        // Judged against what is left of the TTFT SLO after waiting in the flow queue:
-        // the client's clock ran while it waited.
-        let mut judged = self.features.clone();
         let flow = answer.flow.filter(|f| f.waited_ms.is_finite() && f.waited_ms >= 0.0);
         if let Some(flow) = flow {
             host.record(Event::Flow { outcome: flow.outcome, waited_ms: flow.waited_ms as u64 });
@@ -302,9 +296,10 @@ impl Flow {
                 let why = "sheddable request: the fleet has no room for it within its SLO";
                 return self.shed(host, &config, Some(flow), why);
             }
-            judged.slo.ttft_ms = judged.slo.ttft_ms.map(|slo| (slo - flow.waited_ms).max(MIN_REMAINING_TTFT_MS));
         }
+        // Judged against what is left of the TTFT SLO after waiting in the flow queue.
         let waited_ms = flow.map_or(0.0, |f| f.waited_ms);
+        let judged = after_waiting(&self.features, waited_ms);
         match policy::decide(&judged, &answer.endpoints, self.prediction_based, waited_ms, &config, &mut vm.rng) {
             policy::Decision::Route { ranked, source } => {
                 let mut chosen = ranked.iter().filter_map(|&i| answer.endpoints.get(i));
@@ -456,9 +451,7 @@ impl Flow {
         let mut request = std::mem::take(&mut self.features);
         request.prefix_hashes = Vec::new();
         if self.status == 200 && request.streaming {
-            let missed = |slo: Option<f64>, seen: Option<f64>| matches!((slo, seen), (Some(s), Some(v)) if v > s);
-            let ttft = missed(request.slo.ttft_ms, measured.ttft_ms);
-            let tpot = missed(request.slo.tpot_ms, measured.tpot_ms);
+            let [ttft, tpot] = request.slo.met(measured.ttft_ms, measured.tpot_ms).map(|met| met == Some(false));
             if ttft || tpot {
                 host.record(Event::SloViolation { ttft, tpot });
             }
