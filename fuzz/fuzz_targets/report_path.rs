@@ -1,9 +1,9 @@
 //! The report path through the model store and the flow queues, over one long-lived
 //! service state: a sequence of operations, each a decoded body (MessagePack or JSON) or a
-//! step of time: predict calls that offer to wait (`flow::admit`, queued while the engine
+//! step of time: predict calls that offer to wait (`admission::admit`, queued while the engine
 //! metrics say there is no headroom), dispatch and report batches (`service::dispatch`,
 //! `service::report`: tracking, the flow queue's drain, samples filed in the store),
-//! abandoned callers, fuzzed engine metrics, flow rounds (`flow::serve_pool`) and expiry.
+//! abandoned callers, fuzzed engine metrics, flow rounds (`admission::serve_pool`) and expiry.
 //! Never a panic; tracking and queues stay within their caps.
 #![no_main]
 
@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use headroom_predictor::config::Config;
-use headroom_predictor::flow::{self, Admission};
+use headroom_predictor::flow::admission::{self, Admission};
 use headroom_predictor::scrape::parse_engine_metrics;
 use headroom_predictor::{service, state::AppState};
 use headroom_protocol::{codec, DispatchBatch, Format, PredictRequest, ReportBatch};
@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
                     continue;
                 }
                 let Some(answer) = service::predict(state, req.clone(), now) else { continue };
-                if let Admission::Wait(reply, ticket) = flow::admit(state, req, answer, now) {
+                if let Admission::Wait(reply, ticket) = admission::admit(state, req, answer, now) {
                     waiting.push((reply, ticket));
                 }
             }
@@ -79,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
                     });
                 }
             }
-            4 => flow::serve_pool(state, "p", now),
+            4 => admission::serve_pool(state, "p", now),
             5 => {
                 if !waiting.is_empty() {
                     waiting.remove(usize::from(*len) % waiting.len());
@@ -98,5 +98,5 @@ fuzz_target!(|data: &[u8]| {
     assert!(queued <= MAX_QUEUED, "the queue past its cap: {queued}");
     // The callers of this run leave; the next run starts with an empty queue.
     drop(waiting);
-    flow::serve_pool(state, "p", now);
+    admission::serve_pool(state, "p", now);
 });

@@ -17,9 +17,10 @@ use headroom_protocol::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+use crate::flow::admission::{self, Admission};
 use crate::heartbeat::LIVENESS_FACTOR;
+use crate::service;
 use crate::state::AppState;
-use crate::{flow, service};
 
 /// An API error: status plus the JSON body naming the field at fault.
 #[derive(Debug)]
@@ -86,20 +87,21 @@ pub(crate) async fn predict(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let now = state.clock.now();
     let (req, format): (PredictRequest, Format) = decode_body(&headers, &body)?;
     req.check().map_err(|e| invalid(&state, paths::PREDICT, e))?;
     let pool = req.pool.clone();
-    let answer = service::predict(&state, req.clone(), started).ok_or_else(|| unknown_pool(&pool))?;
+    let answer = service::predict(&state, req.clone(), now).ok_or_else(|| unknown_pool(&pool))?;
     state.metrics.predicted(started.elapsed().as_secs_f64());
-    let answer = match flow::admit(&state, req.clone(), answer, started) {
-        flow::Admission::Now(answer) => answer,
-        // Held until released or expired (`flow::run`); if the caller leaves, the ticket
+    let answer = match admission::admit(&state, req.clone(), answer, now) {
+        Admission::Now(answer) => answer,
+        // Held until released or expired (`admission::run`); if the caller leaves, the ticket
         // drops with this future and takes the request out of the queue.
-        flow::Admission::Wait(rx, ticket) => {
+        Admission::Wait(rx, ticket) => {
             let longest = Duration::from_millis(state.config.flow.max_wait_ms) + FLOW_ANSWER_GRACE;
             match tokio::time::timeout(longest, rx).await {
                 Ok(Ok(answer)) => answer,
-                _ => ticket.expired(req, started).ok_or_else(|| unknown_pool(&pool))?,
+                _ => ticket.expired(req, now, state.clock.now()).ok_or_else(|| unknown_pool(&pool))?,
             }
         }
     };
@@ -129,20 +131,21 @@ pub fn answer_batch(
     started: Instant,
 ) -> Result<PredictBatchResponse, ApiError> {
     batch.check().map_err(|e| invalid(state, route, e))?;
+    let now = state.clock.now();
     if !batch.dispatches.is_empty() {
-        service::dispatch(state, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, started);
+        service::dispatch(state, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, now);
     }
     if let Some(reports) = batch.reports.take() {
-        service::report(state, reports, started);
+        service::report(state, reports, now);
     }
-    let answers = service::predict_batch(state, batch.requests, started).map_err(|(i, pool)| {
+    let answers = service::predict_batch(state, batch.requests, now).map_err(|(i, pool)| {
         ApiError::field(StatusCode::NOT_FOUND, &format!("requests[{i}].pool"), format!("no pool named {pool:?}"))
     })?;
     state.metrics.predicted(started.elapsed().as_secs_f64());
     Ok(PredictBatchResponse { answers })
 }
 
-/// How long past the longest wait a queued call waits for `flow::run` before answering
+/// How long past the longest wait a queued call waits for `admission::run` before answering
 /// "expired" itself: the background task normally answers at the deadline.
 const FLOW_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
@@ -154,7 +157,7 @@ pub(crate) async fn dispatch(
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
     // Validate the whole batch before applying any of it: a 400 leaves no half-applied batch.
     batch.check().map_err(|e| invalid(&state, paths::DISPATCH, e))?;
-    Ok(reply(&headers, format, &service::dispatch(&state, &batch, Instant::now())))
+    Ok(reply(&headers, format, &service::dispatch(&state, &batch, state.clock.now())))
 }
 
 pub(crate) async fn report(
@@ -164,7 +167,7 @@ pub(crate) async fn report(
 ) -> Result<Response, ApiError> {
     let (batch, format): (ReportBatch, Format) = decode_body(&headers, &body)?;
     batch.check().map_err(|e| invalid(&state, paths::REPORT, e))?;
-    Ok(reply(&headers, format, &service::report(&state, batch, Instant::now())))
+    Ok(reply(&headers, format, &service::report(&state, batch, state.clock.now())))
 }
 
 #[derive(Serialize)]
@@ -186,7 +189,7 @@ struct PoolView {
 
 /// `GET /v1/pools`: every pool's endpoints with scraped metrics and in-flight counts (JSON).
 pub(crate) async fn pools(State(state): State<Arc<AppState>>) -> Response {
-    let now = Instant::now();
+    let now = state.clock.now();
     let views: Vec<PoolView> = state
         .pools
         .names()
@@ -284,7 +287,7 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             })
         })
         .collect();
-    let flows = state.flows.snapshot(Instant::now());
+    let flows = state.flows.snapshot(state.clock.now());
     let text = state.metrics.render_refreshed(|m| {
         // Series of endpoints that left the pool go with them: per-endpoint series stay bounded.
         m.in_flight.clear();

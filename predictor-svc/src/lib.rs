@@ -5,13 +5,14 @@
 //! crate) at the bottom; `pool` (endpoint state and in-flight tracking),
 //! `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, the
 //! analytic prior, training, ONNX export and inference, the model store);
-//! `service` (what each route does), `flow` (the flow-control queue), `auth` (the token guarding what teaches the
+//! `service` (what each route does), `flow` (the flow-control queue, its decisions and admission), `auth` (the token guarding what teaches the
 //! model), `api` (HTTP: decode, call `service`, encode), `stream` (the predict stream, gRPC over HTTP/2), `metrics` (Prometheus),
-//! `state` (what handlers share), `heartbeat` (whether each background task goes round),
+//! `clock` (the time every decision reads), `state` (what handlers share), `heartbeat` (whether each background task goes round),
 //! `tasks` (the background tasks, restarted after a panic).
 
 pub mod api;
 pub mod auth;
+pub mod clock;
 /// The configuration file, parsed in its own crate (`predictor-config/`).
 pub use headroom_predictor_config as config;
 pub mod discovery;
@@ -43,7 +44,7 @@ pub async fn serve(
         tasks::supervise(state.clone(), Task::Scraper, scrape::run),
         tasks::supervise(state.clone(), Task::Expiry, scrape::expire),
         tasks::supervise(state.clone(), Task::Trainer, train_loop),
-        tasks::supervise(state.clone(), Task::Flow, flow::run),
+        tasks::supervise(state.clone(), Task::Flow, flow::admission::run),
     ];
     let closing = state.clone();
     let shutdown = async move {

@@ -112,7 +112,7 @@ pub async fn run(state: Arc<AppState>) {
             }
             Some((pool, address, result, context)) = running.next(), if !running.is_empty() => {
                 busy.remove(&(pool.clone(), address.clone()));
-                apply(&state, &pool, &address, &result, Instant::now());
+                apply(&state, &pool, &address, &result, state.clock.now());
                 if let Some(tokens) = context {
                     state.pools.with(&pool, |p| {
                         if let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) {
@@ -187,7 +187,7 @@ pub async fn expire(state: Arc<AppState>) {
     loop {
         ticker.tick().await;
         state.heartbeats.beat(Task::Expiry);
-        let now = Instant::now();
+        let now = state.clock.now();
         for pool in state.pools.names() {
             let expired = state.pools.with(&pool, |p| p.expire(now)).unwrap_or(0);
             if expired > 0 {

@@ -2,12 +2,13 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use headroom_protocol::Observation;
 
+use crate::clock::{Clock, WallClock};
 use crate::config::Config;
-use crate::flow::Flows;
+use crate::flow::queue::Flows;
 use crate::heartbeat::Heartbeats;
 use crate::metrics::Metrics;
 use crate::model::prior::AnalyticPrior;
@@ -31,11 +32,19 @@ pub struct AppState {
     pub closing: tokio::sync::watch::Sender<bool>,
     /// When each background task last went round (`crate::tasks`): readiness reads them.
     pub heartbeats: Heartbeats,
+    /// The time every decision reads (`crate::clock`).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl AppState {
-    /// Builds the state; fails when ONNX Runtime, a configured model or the token cannot be loaded.
+    /// Builds the state on the wall clock; fails when ONNX Runtime, a configured model or
+    /// the token cannot be loaded.
     pub fn new(config: Config) -> anyhow::Result<AppState> {
+        AppState::with_clock(config, Arc::new(WallClock))
+    }
+
+    /// [`AppState::new`] with its decisions on `clock`.
+    pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<AppState> {
         let prior = AnalyticPrior {
             hardware_scale: config.prior_hardware_scale(),
             profiles: config.prior_profiles()?,
@@ -44,7 +53,7 @@ impl AppState {
         // The pools drain their prefill backlogs at the cost the prior charges per token.
         let classes = prior.hardware_scale.len().max(1) as u32;
         let prefill_cost: Vec<f64> = (0..classes).map(|c| prior.prefill_ms_per_token(c)).collect();
-        let models = ModelStore::open(config.model.clone())?.with_prior(prior);
+        let models = ModelStore::open_with_clock(config.model.clone(), clock.clone())?.with_prior(prior);
         Ok(AppState {
             pools: Pools::from_config(&config, &prefill_cost),
             metrics: Metrics::new(models.persist_failures.clone(), models.substituted.clone()),
@@ -55,6 +64,7 @@ impl AppState {
             token: config.auth_token()?,
             closing: tokio::sync::watch::Sender::new(false),
             heartbeats: Heartbeats::default(),
+            clock,
             config,
         })
     }

@@ -38,6 +38,7 @@ use super::registry::{ActiveModel, Registry};
 use super::runtime::OnnxModel;
 use super::sampler::{self, Sample, Samples};
 use super::training::{self, ErrorSpread, Scores};
+use crate::clock::{Clock, WallClock};
 use crate::config::ModelConfig;
 
 pub use super::prior::ANALYTIC_PRIOR as PRIOR;
@@ -169,13 +170,20 @@ pub struct ModelStore {
     /// (`headroom_model_values_substituted`).
     pub substituted: Counter,
     /// When the serving model's last failure was logged: at most once a minute, however many
-    /// calls fail (each predict call would log otherwise).
+    /// calls fail (each predict call would log otherwise). On the wall clock: it paces logs.
     warned: LogLimit,
+    /// The time the live correction and the contest read (`crate::clock`).
+    clock: Arc<dyn Clock>,
 }
 
 impl ModelStore {
-    /// Loads ONNX Runtime, then the user model or the persisted state.
+    /// Loads ONNX Runtime, then the user model or the persisted state (on the wall clock).
     pub fn open(config: ModelConfig) -> anyhow::Result<ModelStore> {
+        ModelStore::open_with_clock(config, Arc::new(WallClock))
+    }
+
+    /// [`ModelStore::open`] with the live correction and the contest on `clock`.
+    pub fn open_with_clock(config: ModelConfig, clock: Arc<dyn Clock>) -> anyhow::Result<ModelStore> {
         super::runtime::init(config.onnxruntime_library.as_deref())?;
         let persist_failures = Counter::default();
         let tracked = match config.objective() {
@@ -184,9 +192,9 @@ impl ModelStore {
         };
         let store = ModelStore {
             samples: Mutex::new(Samples::new(config.bucket_cap, config.holdout_percent)),
-            calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, Instant::now())),
-            prior_calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, Instant::now())),
-            duel: Mutex::new(Duel::new(config.objective(), Instant::now())),
+            calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, clock.now())),
+            prior_calibration: Mutex::new(Calibration::new(tracked, config.calibration_rate, clock.now())),
+            duel: Mutex::new(Duel::new(config.objective(), clock.now())),
             live: Mutex::new(LiveErrors::default()),
             active_from: AtomicU64::new(0),
             prior: AnalyticPrior::default(),
@@ -196,6 +204,7 @@ impl ModelStore {
             persist_failures,
             substituted: Counter::default(),
             warned: LogLimit::default(),
+            clock,
             config,
         };
         if let Some(path) = store.config.model_path.clone() {
@@ -268,7 +277,7 @@ impl ModelStore {
     /// class of some of the rows).
     pub fn predict(&self, rows: &[Row]) -> (Vec<(f64, f64)>, String) {
         let (raw, name, substituted) = self.model_raw(rows);
-        let now = Instant::now();
+        let now = self.clock.now();
         // The correction before the contest, the order `train` takes them in; the prior's
         // correction last, and only when a row is handed to the prior (`observe` takes it on
         // every report, and no other lock while it holds it).
@@ -402,7 +411,7 @@ impl ModelStore {
     /// Files a finished request as a training sample when it can teach something:
     /// a 200 whose features came from a predict call, with TTFT from streaming only.
     pub fn observe(&self, o: &Observation) -> bool {
-        self.observe_at(o, Instant::now())
+        self.observe_at(o, self.clock.now())
     }
 
     /// [`Self::observe`] of a report that arrived at `now` (tests replay reports late).
@@ -569,10 +578,10 @@ impl ModelStore {
                 // says nothing of the first model's, nor the old regime's of the new one's.
                 let mut calibration = self.calibration.lock().unwrap_or_else(|p| p.into_inner());
                 match level {
-                    Some(level) => calibration.model_replaced(&level, Instant::now()),
+                    Some(level) => calibration.model_replaced(&level, self.clock.now()),
                     None => {
-                        calibration.reset(Instant::now());
-                        self.duel.lock().unwrap_or_else(|p| p.into_inner()).reset(Instant::now());
+                        calibration.reset(self.clock.now());
+                        self.duel.lock().unwrap_or_else(|p| p.into_inner()).reset(self.clock.now());
                     }
                 }
                 TrainOutcome::Activated(Box::new(info))
@@ -614,7 +623,7 @@ impl ModelStore {
 
     /// What serves each target, and the contest's tally.
     pub fn duel(&self) -> DuelView {
-        self.duel.lock().unwrap_or_else(|p| p.into_inner()).view(Instant::now(), self.registry.active().is_some())
+        self.duel.lock().unwrap_or_else(|p| p.into_inner()).view(self.clock.now(), self.registry.active().is_some())
     }
 
     /// The serving model's own scores on `holdout` (the prior's when no model is active).

@@ -1,0 +1,421 @@
+//! The flow-control queue of one pool, and every pool's queue (the order and the bounds
+//! are the module doc of [`crate::flow`]). Plain data: it decides who is next, never
+//! whether anyone may go ([`super::decide`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use headroom_protocol::{PredictRequest, PredictResponse};
+use tokio::sync::{oneshot, Notify};
+
+use crate::config::FlowConfig;
+
+/// Window over which a pool's finished requests give its drain rate.
+const DRAIN_WINDOW: Duration = Duration::from_secs(5);
+
+/// One request waiting.
+#[derive(Debug)]
+pub struct Waiter {
+    pub id: u64,
+    pub request: PredictRequest,
+    pub band: i32,
+    pub tenant: String,
+    pub arrived: Instant,
+    pub deadline: Instant,
+    pub reply: Option<oneshot::Sender<PredictResponse>>,
+}
+
+/// Why a request could not join the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Full,
+}
+
+/// One pool's waiting requests and what fair queuing remembers of its tenants.
+#[derive(Debug)]
+pub struct Queue {
+    waiters: Vec<Waiter>,
+    /// Releases per (band, tenant): the tenant with the fewest goes next in its band.
+    served: HashMap<(i32, String), u64>,
+    /// When requests of this pool finished recently (reports): the rate the fleet drains at.
+    finished: VecDeque<Instant>,
+    max_queued: usize,
+    max_per_band: usize,
+}
+
+impl Queue {
+    pub fn new(config: &FlowConfig) -> Queue {
+        Queue {
+            waiters: Vec::new(),
+            served: HashMap::new(),
+            finished: VecDeque::new(),
+            max_queued: config.max_queued,
+            max_per_band: config.max_queued_per_band,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiters.is_empty()
+    }
+
+    /// Waiting requests per band, highest band first.
+    pub fn depth_by_band(&self) -> Vec<(i32, usize)> {
+        let mut bands: Vec<(i32, usize)> = Vec::new();
+        for w in &self.waiters {
+            match bands.iter_mut().find(|(b, _)| *b == w.band) {
+                Some((_, n)) => *n += 1,
+                None => bands.push((w.band, 1)),
+            }
+        }
+        bands.sort_by_key(|b| std::cmp::Reverse(b.0));
+        bands
+    }
+
+    /// The waiter `id`, while it waits.
+    pub fn get(&self, id: u64) -> Option<&Waiter> {
+        self.waiters.iter().find(|w| w.id == id)
+    }
+
+    /// Adds a waiter, unless its band or the queue is full.
+    pub fn push(&mut self, waiter: Waiter) -> Result<(), Refused> {
+        let in_band = self.waiters.iter().filter(|w| w.band == waiter.band).count();
+        if self.waiters.len() >= self.max_queued || in_band >= self.max_per_band {
+            return Err(Refused::Full);
+        }
+        // A tenant joining its band starts level with the least served tenant waiting
+        // there: an idle tenant banks no turns, a new one is not behind.
+        let key = (waiter.band, waiter.tenant.clone());
+        let waiting_here = self.waiters.iter().any(|w| w.band == waiter.band && w.tenant == waiter.tenant);
+        if !waiting_here {
+            let floor = self
+                .waiters
+                .iter()
+                .filter(|w| w.band == waiter.band)
+                .map(|w| self.served.get(&(w.band, w.tenant.clone())).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(0);
+            let own = self.served.entry(key).or_insert(0);
+            *own = (*own).max(floor);
+        }
+        self.waiters.push(waiter);
+        Ok(())
+    }
+
+    /// Removes the waiter `id` (released, expired, or its caller gone).
+    pub fn remove(&mut self, id: u64) -> Option<Waiter> {
+        let i = self.waiters.iter().position(|w| w.id == id)?;
+        let w = self.waiters.swap_remove(i);
+        if !self.waiters.iter().any(|o| o.band == w.band && o.tenant == w.tenant) {
+            // Nobody of this tenant waits in the band: its count only matters again when
+            // it rejoins, and then it is levelled. Forgetting it bounds the map.
+            self.served.remove(&(w.band, w.tenant.clone()));
+        }
+        Some(w)
+    }
+
+    /// Removes `id` as released: its tenant's turn is used.
+    pub fn release(&mut self, id: u64) -> Option<Waiter> {
+        let w = self.waiters.iter().find(|w| w.id == id)?;
+        *self.served.entry((w.band, w.tenant.clone())).or_insert(0) += 1;
+        self.remove(id)
+    }
+
+    /// Removes and returns the waiters whose deadline is past.
+    pub fn take_expired(&mut self, now: Instant) -> Vec<Waiter> {
+        let ids: Vec<u64> = self.waiters.iter().filter(|w| w.deadline <= now).map(|w| w.id).collect();
+        ids.into_iter().filter_map(|id| self.remove(id)).collect()
+    }
+
+    /// Waiter ids in the order they are served: bands high to low; within a band,
+    /// tenants by fewest releases (each pick counting as one), ties and each tenant's
+    /// own requests by deadline.
+    pub fn order(&self) -> Vec<u64> {
+        let mut bands: Vec<i32> = self.waiters.iter().map(|w| w.band).collect();
+        bands.sort_unstable_by(|a, b| b.cmp(a));
+        bands.dedup();
+        let mut out = Vec::with_capacity(self.waiters.len());
+        for band in bands {
+            let mut tenants: HashMap<&str, (u64, Vec<&Waiter>)> = HashMap::new();
+            for w in self.waiters.iter().filter(|w| w.band == band) {
+                let served = self.served.get(&(band, w.tenant.clone())).copied().unwrap_or(0);
+                tenants.entry(w.tenant.as_str()).or_insert((served, Vec::new())).1.push(w);
+            }
+            for (_, list) in tenants.values_mut() {
+                // Latest deadline first, so the next one pops off the end.
+                list.sort_by(|a, b| b.deadline.cmp(&a.deadline).then(b.id.cmp(&a.id)));
+            }
+            loop {
+                let next = tenants
+                    .iter()
+                    .filter_map(|(t, (served, list))| list.last().map(|w| (*served, w.deadline, w.id, *t)))
+                    .min();
+                let Some((_, _, id, tenant)) = next else { break };
+                if let Some((served, list)) = tenants.get_mut(tenant) {
+                    *served += 1;
+                    list.pop();
+                }
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// A request of this pool finished: the fleet drained one.
+    pub fn finished(&mut self, now: Instant) {
+        self.finished.push_back(now);
+        self.trim(now);
+    }
+
+    fn trim(&mut self, now: Instant) {
+        while self.finished.front().is_some_and(|t| now.saturating_duration_since(*t) > DRAIN_WINDOW) {
+            self.finished.pop_front();
+        }
+    }
+
+    /// Requests finished per second, over the last [`DRAIN_WINDOW`].
+    pub fn drain_rate(&mut self, now: Instant) -> f64 {
+        self.trim(now);
+        self.finished.len() as f64 / DRAIN_WINDOW.as_secs_f64()
+    }
+
+    /// Seconds until `ahead` waiting requests have drained at the current rate
+    /// (infinite when nothing drains).
+    pub fn predicted_wait_s(&mut self, ahead: usize, now: Instant) -> f64 {
+        if ahead == 0 {
+            return 0.0;
+        }
+        let rate = self.drain_rate(now);
+        if rate > 0.0 {
+            ahead as f64 / rate
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Waiting requests in `band` or above: those served before a new one of `band`.
+    pub fn ahead_of(&self, band: i32) -> usize {
+        self.waiters.iter().filter(|w| w.band >= band).count()
+    }
+
+    /// The queue's saturation: the time to drain everything waiting, over the mean time
+    /// its requests have left before their deadlines. 0 when nothing waits; above 1 the
+    /// queued work cannot all be served within its SLOs at the current drain rate.
+    /// Capped at [`MAX_SATURATION`].
+    pub fn saturation(&mut self, now: Instant) -> f64 {
+        if self.waiters.is_empty() {
+            return 0.0;
+        }
+        let left: f64 = self.waiters.iter().map(|w| w.deadline.saturating_duration_since(now).as_secs_f64()).sum();
+        let mean_left = (left / self.waiters.len() as f64).max(1e-3);
+        (self.predicted_wait_s(self.waiters.len(), now) / mean_left).min(MAX_SATURATION)
+    }
+}
+
+/// Saturation reported when nothing drains at all.
+pub const MAX_SATURATION: f64 = 100.0;
+
+/// One pool's queue as `/metrics` shows it.
+pub struct PoolFlow {
+    pub pool: String,
+    /// (band, requests waiting), highest band first.
+    pub bands: Vec<(i32, usize)>,
+    pub saturation: f64,
+}
+
+/// Every pool's queue, and the signal that capacity may have freed.
+pub struct Flows {
+    queues: Mutex<HashMap<String, Queue>>,
+    wake: Notify,
+    next_id: std::sync::atomic::AtomicU64,
+    config: FlowConfig,
+}
+
+impl Flows {
+    pub fn new(config: FlowConfig) -> Flows {
+        Flows {
+            queues: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+            next_id: std::sync::atomic::AtomicU64::new(1),
+            config,
+        }
+    }
+
+    /// Runs `f` on `pool`'s queue (created on first use).
+    pub fn with<R>(&self, pool: &str, f: impl FnOnce(&mut Queue) -> R) -> R {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = queues.entry(pool.to_string()).or_insert_with(|| Queue::new(&self.config));
+        f(queue)
+    }
+
+    /// Capacity may have freed (a report, a first token, a scrape): judge the waiters now.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Resolves at the next [`Flows::wake`] (or at once, if one came since the last).
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// A new waiter's id (unique in this process).
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A request of `pool` finished: counts towards its drain rate, and wakes the waiters.
+    pub fn finished(&self, pool: &str, now: Instant) {
+        if let Some(q) = self.queues.lock().unwrap_or_else(|p| p.into_inner()).get_mut(pool) {
+            q.finished(now);
+        }
+        self.wake();
+    }
+
+    /// Each pool's waiting requests by band and its saturation, for `/metrics`.
+    pub fn snapshot(&self, now: Instant) -> Vec<PoolFlow> {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues
+            .iter_mut()
+            .map(|(pool, q)| PoolFlow { pool: pool.clone(), bands: q.depth_by_band(), saturation: q.saturation(now) })
+            .collect()
+    }
+
+    /// The gateway says the client of `request_id` left while it waited: out of the queue.
+    /// Returns whether it was still there.
+    pub fn abandon(&self, pool: &str, request_id: &str) -> bool {
+        // Only a queue that exists: word of a request in a pool nobody queued in creates none.
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(q) = queues.get_mut(pool) else { return false };
+        let Some(id) = q.waiters.iter().find(|w| w.request.request_id == request_id).map(|w| w.id) else {
+            return false;
+        };
+        q.remove(id).is_some()
+    }
+
+    /// How many pools have a queue (tests: word of unknown pools creates none).
+    pub fn queue_count(&self) -> usize {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Pools with requests waiting.
+    pub fn busy_pools(&self) -> Vec<String> {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.iter().filter(|(_, q)| !q.is_empty()).map(|(p, _)| p.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_protocol::{RequestFeatures, Slo};
+
+    fn waiter(id: u64, band: i32, tenant: &str, deadline_ms: u64, t0: Instant) -> Waiter {
+        Waiter {
+            id,
+            band,
+            tenant: tenant.into(),
+            arrived: t0,
+            deadline: t0 + Duration::from_millis(deadline_ms),
+            request: PredictRequest {
+                pool: "p".into(),
+                request_id: format!("r{id}"),
+                request: RequestFeatures { slo: Slo { ttft_ms: Some(500.0), tpot_ms: None }, ..Default::default() },
+                flow: None,
+            },
+            reply: None,
+        }
+    }
+
+    fn queue(max: usize, per_band: usize) -> Queue {
+        Queue::new(&FlowConfig { max_queued: max, max_queued_per_band: per_band, ..FlowConfig::default() })
+    }
+
+    #[test]
+    fn bands_go_high_to_low_and_each_band_by_deadline() {
+        let t0 = Instant::now();
+        let mut q = queue(10, 10);
+        for w in
+            [waiter(1, 0, "", 900, t0), waiter(2, 1, "", 950, t0), waiter(3, 0, "", 100, t0), waiter(4, -1, "", 1, t0)]
+        {
+            q.push(w).unwrap();
+        }
+        assert_eq!(q.order(), vec![2, 3, 1, 4]);
+    }
+
+    #[test]
+    fn within_a_band_a_tenants_burst_cannot_starve_another() {
+        let t0 = Instant::now();
+        let mut q = queue(100, 100);
+        // Tenant a bursts 10 requests with early deadlines; b sends 2 with later ones.
+        for i in 0..10 {
+            q.push(waiter(i, 0, "a", 10 + i, t0)).unwrap();
+        }
+        q.push(waiter(100, 0, "b", 500, t0)).unwrap();
+        q.push(waiter(101, 0, "b", 600, t0)).unwrap();
+        let order = q.order();
+        let pos = |id| order.iter().position(|&x| x == id).unwrap();
+        assert!(pos(100) <= 1 && pos(101) <= 3, "b takes turns with a: {order:?}");
+        // Releases are what count: after a is served 3 times, b goes first.
+        for id in [0, 1, 2] {
+            q.release(id);
+        }
+        assert_eq!(q.order()[0], 100);
+    }
+
+    #[test]
+    fn a_tenant_rejoining_banks_no_turns() {
+        let t0 = Instant::now();
+        let mut q = queue(100, 100);
+        q.push(waiter(1, 0, "a", 10, t0)).unwrap();
+        for id in 2..6 {
+            q.push(waiter(id, 0, "b", 20, t0)).unwrap();
+        }
+        for id in 2..5 {
+            q.release(id); // b served 3 times while a waits
+        }
+        q.release(1);
+        // a comes back: levelled with b (3), not at 1, so it does not get three turns in a row.
+        for id in 10..13 {
+            q.push(waiter(id, 0, "a", 1, t0)).unwrap();
+        }
+        let order = q.order();
+        assert_eq!(order.len(), 4);
+        assert!(order.iter().position(|&x| x == 5).unwrap() <= 1, "{order:?}");
+    }
+
+    #[test]
+    fn the_queue_is_bounded_per_band_and_in_total_and_expiry_removes() {
+        let t0 = Instant::now();
+        let mut q = queue(3, 2);
+        q.push(waiter(1, 0, "", 10, t0)).unwrap();
+        q.push(waiter(2, 0, "", 1000, t0)).unwrap();
+        assert_eq!(q.push(waiter(3, 0, "", 10, t0)), Err(Refused::Full), "band full");
+        q.push(waiter(4, 1, "", 10, t0)).unwrap();
+        assert_eq!(q.push(waiter(5, 2, "", 10, t0)), Err(Refused::Full), "queue full");
+        let expired: Vec<u64> = q.take_expired(t0 + Duration::from_millis(50)).iter().map(|w| w.id).collect();
+        assert_eq!(expired.len(), 2);
+        assert!(expired.contains(&1) && expired.contains(&4));
+        assert_eq!(q.depth_by_band(), vec![(0, 1)]);
+    }
+
+    #[test]
+    fn saturation_compares_the_drain_time_with_the_deadlines() {
+        let t0 = Instant::now();
+        let mut q = queue(100, 100);
+        assert_eq!(q.saturation(t0), 0.0);
+        for id in 0..4 {
+            q.push(waiter(id, 0, "", 2000, t0)).unwrap();
+        }
+        assert_eq!(q.saturation(t0), MAX_SATURATION, "nothing drains");
+        // 10 finished in the last 5 s: 2/s; 4 waiting drain in 2 s, with 2 s left: 1.0.
+        for _ in 0..10 {
+            q.finished(t0);
+        }
+        assert!((q.saturation(t0) - 1.0).abs() < 1e-6, "{}", q.saturation(t0));
+        assert!((q.predicted_wait_s(q.ahead_of(-1), t0) - 2.0).abs() < 1e-9);
+    }
+}
