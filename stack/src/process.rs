@@ -67,6 +67,9 @@ fn start(
         }
     }
     let child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {name} ({}): {e}", exe.display()))?;
+    if attached && group {
+        on_signal::guard(child.id());
+    }
     let exe = exe.canonicalize().unwrap_or_else(|_| exe.to_path_buf());
     Ok((Proc { name: name.to_string(), pid: child.id(), exe, log: log.to_path_buf(), group }, child))
 }
@@ -123,12 +126,16 @@ pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
                 unsafe {
                     libc::kill(target, libc::SIGKILL);
                 }
+                on_signal::release(proc.pid);
             }
             return;
         }
         if Instant::now() >= deadline {
             unsafe {
                 libc::kill(target, libc::SIGKILL);
+            }
+            if proc.group {
+                on_signal::release(proc.pid);
             }
             if let Some(c) = child.as_mut() {
                 let _ = c.wait();
@@ -140,6 +147,73 @@ pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The process groups of this process's attached children, killed when it is itself ended
+/// by a signal. An attached child dies with its parent (`PR_SET_PDEATHSIG`), but not what
+/// that child forked: a `headroom-bench` or `headroom-stack demo` stopped by Ctrl-C or
+/// SIGTERM (no destructor runs then) left vLLM's engine cores running, orphaned, each with
+/// its model in memory and a core busy. The handler only reads atomics and calls kill(2)
+/// and raise(3), which are async-signal-safe.
+mod on_signal {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Once;
+
+    /// More groups than any stack starts (two vLLM servers today).
+    const SLOTS: usize = 64;
+    static GROUPS: [AtomicI32; SLOTS] = [const { AtomicI32::new(0) }; SLOTS];
+    static INSTALL: Once = Once::new();
+    /// What ends a process from outside without its destructors: stop, Ctrl-C, hang-up.
+    const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+    /// Kills the group led by `leader` should this process be ended by one of [`SIGNALS`].
+    pub fn guard(leader: u32) {
+        INSTALL.call_once(|| {
+            for sig in SIGNALS {
+                let handler: extern "C" fn(libc::c_int) = on_signal;
+                // SAFETY: installs a handler that only touches atomics and async-signal-safe
+                // calls. A signal ignored before (a hang-up under nohup) stays ignored.
+                unsafe {
+                    if libc::signal(sig, handler as libc::sighandler_t) == libc::SIG_IGN {
+                        libc::signal(sig, libc::SIG_IGN);
+                    }
+                }
+            }
+        });
+        let Ok(pgid) = i32::try_from(leader) else { return };
+        for slot in &GROUPS {
+            if slot.compare_exchange(0, pgid, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// The group led by `leader` was stopped: nothing to kill for it any more (its pid may
+    /// be reused).
+    pub fn release(leader: u32) {
+        let Ok(pgid) = i32::try_from(leader) else { return };
+        for slot in &GROUPS {
+            let _ = slot.compare_exchange(pgid, 0, Ordering::SeqCst, Ordering::SeqCst);
+        }
+    }
+
+    extern "C" fn on_signal(sig: libc::c_int) {
+        for slot in &GROUPS {
+            let pgid = slot.load(Ordering::SeqCst);
+            if pgid > 0 {
+                // SAFETY: kill(2) is async-signal-safe; the group is one our spawn made.
+                unsafe {
+                    libc::kill(-pgid, libc::SIGKILL);
+                }
+            }
+        }
+        // Then end as the signal would have: its default action, raised again.
+        // SAFETY: signal(2) and raise(3) are async-signal-safe.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
     }
 }
 
