@@ -16,9 +16,19 @@ fn predict_model_version(h: &Harness) -> String {
 
 #[test]
 fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
-    // A100 servers: the analytic prior is calibrated for H100, so a model trained on this
-    // traffic must beat it on the holdout to take over (an accurate prior is rightly kept).
-    let opts = StackOptions { profiles: vec!["a100".into(); 3], ..Default::default() };
+    // A100 servers behind a prior left at H100's costs (2.7x fast) and without its live
+    // correction: the prior a model must beat on the holdout to take over (an accurate
+    // prior is rightly kept). The stack's own prior, scaled for A100 and corrected live, is
+    // the simulator's formula: a model beat it on 6 runs of 7, so this test, which is about
+    // the loop (reports, training, takeover, restore), failed on the seventh.
+    let opts = StackOptions {
+        profiles: vec!["a100".into(); 3],
+        predictor_tweak: |c| {
+            c.model.prior_hardware_scale.clear();
+            c.model.calibration_rate = 0.0;
+        },
+        ..Default::default()
+    };
     let mut h = Harness::start_opts(opts).unwrap();
     assert_eq!(predict_model_version(&h), "analytic-prior", "cold start: the prior predicts");
 
