@@ -92,6 +92,16 @@ pub fn is_ours(proc: &Proc) -> bool {
 /// Returns once it is gone.
 /// With its `Child` handle the pid is certainly ours (it cannot be reused before we reap it).
 pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
+    end(proc, child, grace);
+    // However it ended (stopped here, or gone before), its group is no longer the signal
+    // handler's to kill: the pid may be reused.
+    if proc.group {
+        on_signal::release(proc.pid);
+    }
+}
+
+/// [`stop`] without the signal handler's bookkeeping.
+fn end(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
     let pid = proc.pid as libc::pid_t;
     let running = match child {
         Some(ref c) => c.id() == proc.pid,
@@ -126,16 +136,12 @@ pub fn stop(proc: &Proc, child: Option<&mut Child>, grace: Duration) {
                 unsafe {
                     libc::kill(target, libc::SIGKILL);
                 }
-                on_signal::release(proc.pid);
             }
             return;
         }
         if Instant::now() >= deadline {
             unsafe {
                 libc::kill(target, libc::SIGKILL);
-            }
-            if proc.group {
-                on_signal::release(proc.pid);
             }
             if let Some(c) = child.as_mut() {
                 let _ = c.wait();

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use headroom_e2e::{patient, wait_until, Harness, SLO};
+use headroom_filter_core::host::FallbackCause;
 use serde_json::{json, Value};
 
 fn harness() -> Harness {
@@ -19,8 +20,9 @@ fn observation_with_max_tokens(h: &Harness, max_tokens: u64) -> Option<Value> {
 
 /// Why the filter fell back so far, by cause (all zero when every call was answered).
 fn fallbacks(h: &Harness) -> String {
-    let causes = ["call_failed", "timeout", "unavailable", "bad_answer", "no_predictions"];
-    causes.map(|c| format!("{c}={}", h.envoy_stat(&format!("headroom_fallback_{c}")))).join(" ")
+    FallbackCause::ALL
+        .map(|c| format!("{}={}", c.name(), h.envoy_stat(&format!("headroom_fallback_{}", c.name()))))
+        .join(" ")
 }
 
 #[test]
