@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use headroom_predictor::pool::Pool;
+use headroom_predictor_core::pool::Pool;
 use headroom_protocol::{codec, DispatchBatch, Format, PredictRequest, PredictResponse, ReportBatch};
 use libfuzzer_sys::fuzz_target;
 

@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let now = Instant::now();
     // Fresh engine metrics on every endpoint, so each request is predicted for.
     if let Some(m) = parse_engine_metrics(METRICS) {
-        state.pools.with("p", |p| p.endpoints.iter_mut().for_each(|e| e.scraped(m, now)));
+        state.core.pools.with("p", |p| p.endpoints.iter_mut().for_each(|e| e.scraped(m, now)));
     }
     let format = if selector & 1 == 0 { Format::MsgPack } else { Format::Json };
     let Ok(batch) = codec::decode::<PredictBatch>(format, body) else { return };

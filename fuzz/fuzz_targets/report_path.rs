@@ -1,5 +1,5 @@
 //! The report path through the model store and the flow queues, over one long-lived
-//! service state: a sequence of operations, each a decoded body (MessagePack or JSON) or a
+//! predictor state (predictor-core, its models run natively): a sequence of operations, each a decoded body (MessagePack or JSON) or a
 //! step of time: predict calls that offer to wait (`admission::admit`, queued while the engine
 //! metrics say there is no headroom), dispatch and report batches (`service::dispatch`,
 //! `service::report`: tracking, the flow queue's drain, samples filed in the store),
@@ -10,25 +10,41 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use headroom_predictor::config::Config;
-use headroom_predictor::flow::admission::{self, Admission};
 use headroom_predictor::scrape::parse_engine_metrics;
-use headroom_predictor::{service, state::AppState};
-use headroom_protocol::{codec, DispatchBatch, Format, PredictRequest, ReportBatch};
+use headroom_predictor_core::clock::WallClock;
+use headroom_predictor_core::config::Config;
+use headroom_predictor_core::flow::admission::{self, Admission};
+use headroom_predictor_core::flow::queue::Reply;
+use headroom_predictor_core::model::native::Native;
+use headroom_predictor_core::predictor::Predictor;
+use headroom_predictor_core::service;
+use headroom_protocol::{codec, DispatchBatch, Format, PredictRequest, PredictResponse, ReportBatch};
 use libfuzzer_sys::fuzz_target;
 
 const MAX_IN_FLIGHT: usize = 64;
 const MAX_QUEUED: usize = 16;
 
-fn state() -> &'static Arc<AppState> {
-    static STATE: OnceLock<Arc<AppState>> = OnceLock::new();
+/// A caller waiting for its answer; it leaves when its ticket is dropped.
+#[derive(Debug)]
+struct Caller;
+
+impl Reply for Caller {
+    fn send(self: Box<Self>, _answer: PredictResponse) {}
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+fn state() -> &'static Arc<Predictor> {
+    static STATE: OnceLock<Arc<Predictor>> = OnceLock::new();
     STATE.get_or_init(|| {
         let text = format!(
             "max_in_flight = {MAX_IN_FLIGHT}\n[flow]\nmax_queued = {MAX_QUEUED}\nmax_queued_per_band = 8\n\
              [[pool]]\nname = \"p\"\nendpoints = [\"10.0.0.1:8000\", \"10.0.0.2:8000\"]\n"
         );
         let config = Config::parse(&text).unwrap_or_else(|e| panic!("fuzz config: {e}"));
-        Arc::new(AppState::new(config).unwrap_or_else(|e| panic!("fuzz state (is ORT_DYLIB_PATH set?): {e}")))
+        let predictor = Predictor::new(config, Arc::new(Native), Arc::new(WallClock));
+        Arc::new(predictor.unwrap_or_else(|e| panic!("fuzz state: {e}")))
     })
 }
 
@@ -50,8 +66,8 @@ fuzz_target!(|data: &[u8]| {
                     continue;
                 }
                 let Some(answer) = service::predict(state, req.clone(), now) else { continue };
-                if let Admission::Wait(reply, ticket) = admission::admit(state, req, answer, now) {
-                    waiting.push((reply, ticket));
+                if let Admission::Wait(ticket) = admission::admit(state, req, answer, now, Box::new(Caller)) {
+                    waiting.push(ticket);
                 }
             }
             1 => {

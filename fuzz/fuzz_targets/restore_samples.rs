@@ -2,7 +2,7 @@
 //! current caps with every kept sample usable.
 #![no_main]
 
-use headroom_predictor::model::sampler::Samples;
+use headroom_predictor_core::model::sampler::Samples;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -17,10 +17,12 @@ use headroom_protocol::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::flow::admission::{self, Admission};
+use headroom_predictor_core::flow::admission::{self, Admission};
+
+use crate::flow::Answer;
 use crate::heartbeat::LIVENESS_FACTOR;
-use crate::service;
 use crate::state::AppState;
+use headroom_predictor_core::service;
 
 /// An API error: status plus the JSON body naming the field at fault.
 #[derive(Debug)]
@@ -73,7 +75,7 @@ fn reply<T: Serialize>(headers: &HeaderMap, request_format: Format, value: &T) -
 
 /// A body out of the contract's bounds (`headroom_protocol::limits`): `400` naming the field.
 fn invalid(state: &AppState, route: &str, e: Invalid) -> ApiError {
-    state.metrics.invalid(route);
+    state.core.metrics.invalid(route);
     ApiError::field(StatusCode::BAD_REQUEST, &e.field, e.message)
 }
 
@@ -87,21 +89,22 @@ pub(crate) async fn predict(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let now = state.clock.now();
+    let now = state.core.clock.now();
     let (req, format): (PredictRequest, Format) = decode_body(&headers, &body)?;
     req.check().map_err(|e| invalid(&state, paths::PREDICT, e))?;
     let pool = req.pool.clone();
-    let answer = service::predict(&state, req.clone(), now).ok_or_else(|| unknown_pool(&pool))?;
-    state.metrics.predicted(started.elapsed().as_secs_f64());
-    let answer = match admission::admit(&state, req.clone(), answer, now) {
+    let answer = service::predict(&state.core, req.clone(), now).ok_or_else(|| unknown_pool(&pool))?;
+    state.core.metrics.predicted(started.elapsed().as_secs_f64());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let answer = match admission::admit(&state.core, req.clone(), answer, now, Box::new(Answer(tx))) {
         Admission::Now(answer) => answer,
-        // Held until released or expired (`admission::run`); if the caller leaves, the ticket
-        // drops with this future and takes the request out of the queue.
-        Admission::Wait(rx, ticket) => {
-            let longest = Duration::from_millis(state.config.flow.max_wait_ms) + FLOW_ANSWER_GRACE;
+        // Held until released or expired (`crate::flow::run`); if the caller leaves, the
+        // ticket drops with this future and takes the request out of the queue.
+        Admission::Wait(ticket) => {
+            let longest = Duration::from_millis(state.core.config.flow.max_wait_ms) + FLOW_ANSWER_GRACE;
             match tokio::time::timeout(longest, rx).await {
                 Ok(Ok(answer)) => answer,
-                _ => ticket.expired(req, now, state.clock.now()).ok_or_else(|| unknown_pool(&pool))?,
+                _ => ticket.expired(req, now, state.core.clock.now()).ok_or_else(|| unknown_pool(&pool))?,
             }
         }
     };
@@ -131,21 +134,21 @@ pub fn answer_batch(
     started: Instant,
 ) -> Result<PredictBatchResponse, ApiError> {
     batch.check().map_err(|e| invalid(state, route, e))?;
-    let now = state.clock.now();
+    let now = state.core.clock.now();
     if !batch.dispatches.is_empty() {
-        service::dispatch(state, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, now);
+        service::dispatch(&state.core, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, now);
     }
     if let Some(reports) = batch.reports.take() {
-        service::report(state, reports, now);
+        service::report(&state.core, reports, now);
     }
-    let answers = service::predict_batch(state, batch.requests, now).map_err(|(i, pool)| {
+    let answers = service::predict_batch(&state.core, batch.requests, now).map_err(|(i, pool)| {
         ApiError::field(StatusCode::NOT_FOUND, &format!("requests[{i}].pool"), format!("no pool named {pool:?}"))
     })?;
-    state.metrics.predicted(started.elapsed().as_secs_f64());
+    state.core.metrics.predicted(started.elapsed().as_secs_f64());
     Ok(PredictBatchResponse { answers })
 }
 
-/// How long past the longest wait a queued call waits for `admission::run` before answering
+/// How long past the longest wait a queued call waits for the flow task (`crate::flow::run`) before answering
 /// "expired" itself: the background task normally answers at the deadline.
 const FLOW_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
@@ -157,7 +160,7 @@ pub(crate) async fn dispatch(
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
     // Validate the whole batch before applying any of it: a 400 leaves no half-applied batch.
     batch.check().map_err(|e| invalid(&state, paths::DISPATCH, e))?;
-    Ok(reply(&headers, format, &service::dispatch(&state, &batch, state.clock.now())))
+    Ok(reply(&headers, format, &service::dispatch(&state.core, &batch, state.core.clock.now())))
 }
 
 pub(crate) async fn report(
@@ -167,7 +170,7 @@ pub(crate) async fn report(
 ) -> Result<Response, ApiError> {
     let (batch, format): (ReportBatch, Format) = decode_body(&headers, &body)?;
     batch.check().map_err(|e| invalid(&state, paths::REPORT, e))?;
-    Ok(reply(&headers, format, &service::report(&state, batch, state.clock.now())))
+    Ok(reply(&headers, format, &service::report(&state.core, batch, state.core.clock.now())))
 }
 
 #[derive(Serialize)]
@@ -189,13 +192,14 @@ struct PoolView {
 
 /// `GET /v1/pools`: every pool's endpoints with scraped metrics and in-flight counts (JSON).
 pub(crate) async fn pools(State(state): State<Arc<AppState>>) -> Response {
-    let now = state.clock.now();
+    let now = state.core.clock.now();
     let views: Vec<PoolView> = state
+        .core
         .pools
         .names()
         .into_iter()
         .filter_map(|name| {
-            state.pools.with(&name, |p| PoolView {
+            state.core.pools.with(&name, |p| PoolView {
                 name: p.name.clone(),
                 endpoints: p
                     .endpoints
@@ -238,23 +242,23 @@ pub(crate) async fn observations(
         return Err(ApiError::field(StatusCode::BAD_REQUEST, "limit", message));
     }
     // Copied under the lock, serialised after it.
-    let (total, first, page) = state.observations.lock().unwrap_or_else(|p| p.into_inner()).page(q.after, limit);
+    let (total, first, page) = state.core.observations.lock().unwrap_or_else(|p| p.into_inner()).page(q.after, limit);
     let body = serde_json::json!({ "total": total, "first": first, "observations": page });
     Ok(axum::Json(body).into_response())
 }
 
 /// `GET /v1/models`: the active model and every kept version with its held-out error (JSON).
 pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let (versions, active) = state.models.versions();
+    let (versions, active) = state.core.models.versions();
     let body = serde_json::json!({
         "active": active,
-        "training": state.models.trains(),
-        "samples": state.models.sample_counts(),
+        "training": state.core.models.trains(),
+        "samples": state.core.models.sample_counts(),
         "versions": versions,
-        "calibration": state.models.calibration(),
-        "prior_calibration": state.models.prior_calibration(),
-        "serving": state.models.duel(),
-        "drift": state.models.drift(),
+        "calibration": state.core.models.calibration(),
+        "prior_calibration": state.core.models.prior_calibration(),
+        "serving": state.core.models.duel(),
+        "drift": state.core.models.drift(),
     });
     axum::Json(body).into_response()
 }
@@ -267,7 +271,7 @@ pub(crate) async fn model_file(
     let Some(name) = file.strip_suffix(".onnx") else {
         return ApiError::field(StatusCode::NOT_FOUND, "file", "models download as v<N>.onnx").into_response();
     };
-    match state.models.onnx_bytes(name) {
+    match state.core.models.onnx_bytes(name) {
         Some(bytes) => ([(header::CONTENT_TYPE, "application/onnx")], bytes.to_vec()).into_response(),
         None => ApiError::field(StatusCode::NOT_FOUND, "file", format!("no kept model {name:?}")).into_response(),
     }
@@ -277,23 +281,24 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     // A snapshot first, each pool's lock held for one pass over its requests; then the
     // gauges are refilled and rendered as one step, so concurrent scrapes never see each
     // other's half-cleared families.
-    let names = state.pools.names();
+    let names = state.core.pools.names();
     let in_flight: Vec<(String, Vec<(String, usize)>)> = names
         .iter()
         .filter_map(|name| {
-            state.pools.with(name, |p| {
+            state.core.pools.with(name, |p| {
                 let counts = p.in_flight_by_endpoint();
                 (name.clone(), p.endpoints.iter().map(|e| e.address.clone()).zip(counts).collect())
             })
         })
         .collect();
-    let flows = state.flows.snapshot(state.clock.now());
-    let text = state.metrics.render_refreshed(|m| {
+    let flows = state.core.flows.snapshot(state.core.clock.now());
+    let text = state.core.metrics.render_refreshed(|m| {
         // Series of endpoints that left the pool go with them: per-endpoint series stay bounded.
         m.in_flight.clear();
         for (pool, endpoints) in &in_flight {
             for (endpoint, n) in endpoints {
-                let label = crate::metrics::EndpointLabel { pool: pool.clone(), endpoint: endpoint.clone() };
+                let label =
+                    headroom_predictor_core::metrics::EndpointLabel { pool: pool.clone(), endpoint: endpoint.clone() };
                 m.in_flight.get_or_create(&label).set(*n as i64);
             }
         }
@@ -302,11 +307,13 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         for pool in &names {
             let flow = flows.iter().find(|f| f.pool == *pool);
             for &(band, n) in flow.map_or(&[][..], |f| &f.bands) {
-                let label = crate::metrics::BandLabel { pool: pool.clone(), band: band.to_string() };
+                let label = headroom_predictor_core::metrics::BandLabel { pool: pool.clone(), band: band.to_string() };
                 m.flow_queued.get_or_create(&label).set(n as i64);
             }
             let saturation = flow.map_or(0.0, |f| f.saturation);
-            m.saturation.get_or_create(&crate::metrics::PoolLabel { pool: pool.clone() }).set(saturation);
+            m.saturation
+                .get_or_create(&headroom_predictor_core::metrics::PoolLabel { pool: pool.clone() })
+                .set(saturation);
         }
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
@@ -314,7 +321,7 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 /// Ready once every endpoint was scraped, while every background task goes round.
 pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    let silent = state.heartbeats.silent(&state.config, std::time::Instant::now(), 1);
+    let silent = state.heartbeats.silent(&state.core.config, std::time::Instant::now(), 1);
     if !silent.is_empty() {
         let text = format!("background task(s) silent: {}", silent.join(", "));
         return (StatusCode::SERVICE_UNAVAILABLE, text).into_response();
@@ -329,7 +336,7 @@ pub(crate) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 /// Alive unless a background task has been silent for [`LIVENESS_FACTOR`] times its bound:
 /// wedged, it will not come back by itself, and a restart is what mends it.
 pub(crate) async fn healthz(State(state): State<Arc<AppState>>) -> Response {
-    let silent = state.heartbeats.silent(&state.config, std::time::Instant::now(), LIVENESS_FACTOR);
+    let silent = state.heartbeats.silent(&state.core.config, std::time::Instant::now(), LIVENESS_FACTOR);
     if silent.is_empty() {
         (StatusCode::OK, "ok").into_response()
     } else {

@@ -40,7 +40,7 @@ pub async fn require_token(State(state): State<Arc<AppState>>, request: Request,
     if permits(token, presented) {
         return next.run(request).await;
     }
-    state.metrics.unauthorized();
+    state.core.metrics.unauthorized();
     let body = serde_json::to_vec(&ErrorBody::field("authorization", "a valid `Bearer` token is required"))
         .unwrap_or_default();
     (StatusCode::UNAUTHORIZED, [(header::CONTENT_TYPE, codec::JSON), (header::WWW_AUTHENTICATE, "Bearer")], body)

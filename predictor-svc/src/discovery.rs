@@ -14,8 +14,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 
-use crate::config::{Config, KubernetesSource};
 use crate::state::AppState;
+use headroom_predictor_core::config::{Config, KubernetesSource};
 
 /// The serving addresses (`ip:port`, `[ip6]:port`) of one slice for `source`.
 /// Ready means `conditions.ready` is true or unset (the API's meaning of unset).
@@ -62,6 +62,7 @@ pub async fn client(config: &Config) -> anyhow::Result<kube::Client> {
 /// Starts one watch task per source; returns their handles (empty when no pool has sources).
 pub async fn start(state: Arc<AppState>) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let sources: Vec<(String, usize, KubernetesSource)> = state
+        .core
         .config
         .pools
         .iter()
@@ -70,7 +71,7 @@ pub async fn start(state: Arc<AppState>) -> anyhow::Result<Vec<tokio::task::Join
     if sources.is_empty() {
         return Ok(Vec::new());
     }
-    let client = client(&state.config).await?;
+    let client = client(&state.core.config).await?;
     Ok(sources
         .into_iter()
         .map(|(pool, index, source)| tokio::spawn(watch(state.clone(), client.clone(), pool, index, source)))
@@ -80,7 +81,7 @@ pub async fn start(state: Arc<AppState>) -> anyhow::Result<Vec<tokio::task::Join
 /// Follows one source forever (the watcher relists and rewatches with backoff on errors).
 async fn watch(state: Arc<AppState>, client: kube::Client, pool: String, index: usize, source: KubernetesSource) {
     let api: Api<EndpointSlice> = Api::namespaced(client, &source.namespace);
-    let hardware = source.hardware.as_deref().map_or(0, |h| state.config.hardware_class(h));
+    let hardware = source.hardware.as_deref().map_or(0, |h| state.core.config.hardware_class(h));
     let config = watcher::Config::default().labels(&source.selector);
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     let mut slices: HashMap<String, Vec<String>> = HashMap::new();
@@ -113,7 +114,7 @@ async fn watch(state: Arc<AppState>, client: kube::Client, pool: String, index: 
         }
         let endpoints: Vec<(String, u32)> = union(&slices).into_iter().map(|a| (a, hardware)).collect();
         let count = endpoints.len();
-        let change = state.pools.with(&pool, |p| p.set_discovered(index, endpoints));
+        let change = state.core.pools.with(&pool, |p| p.set_discovered(index, endpoints));
         if let Some(c) = change.filter(|c| c.added + c.removed > 0) {
             tracing::info!(pool = %pool, namespace = %source.namespace, selector = %source.selector, endpoints = count,
                 added = c.added, removed = c.removed, dropped_in_flight = c.dropped_in_flight, "pool endpoints changed");

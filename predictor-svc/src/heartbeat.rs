@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::config::Config;
+use headroom_predictor_core::config::Config;
 
 /// How many times a task's bound of silence fails liveness as well as readiness.
 pub const LIVENESS_FACTOR: u32 = 4;

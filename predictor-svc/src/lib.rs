@@ -1,29 +1,26 @@
-//! predictor-svc: knows each pool's endpoints, scrapes their engine metrics,
-//! tracks requests in flight, and predicts TTFT/TPOT for every candidate.
+//! predictor-svc: the predictor as a service. Its decisions (pools and in-flight books,
+//! flow control, features, the prior, the models' serving and training) are
+//! predictor-core's, plain Rust on an injected clock; this crate adds the transport, the
+//! background tasks and the process.
 //!
-//! Modules, one job each, layered one way: `config` (the file format, its own
-//! crate) at the bottom; `pool` (endpoint state and in-flight tracking),
-//! `discovery` (EndpointSlices), `scrape` (vLLM metrics), `model` (features, the
-//! analytic prior, training, ONNX export and inference, the model store);
-//! `service` (what each route does), `flow` (the flow-control queue, its decisions and admission), `auth` (the token guarding what teaches the
-//! model), `api` (HTTP: decode, call `service`, encode), `stream` (the predict stream, gRPC over HTTP/2), `metrics` (Prometheus),
-//! `clock` (the time every decision reads), `state` (what handlers share), `heartbeat` (whether each background task goes round),
-//! `tasks` (the background tasks, restarted after a panic).
+//! Modules, one job each, layered one way on top of predictor-core: `ort` (ONNX Runtime,
+//! the model runtime), `discovery` (EndpointSlices), `scrape` (engine metrics), `auth`
+//! (the token guarding what teaches the model), `state` (what handlers share: the
+//! predictor and the process's own state), `heartbeat` (whether each background task
+//! goes round), `flow` (the flow-control task), `api` (HTTP: decode, call the service,
+//! encode), `stream` (the predict stream, gRPC over HTTP/2), `routes`, and `tasks` (the
+//! background tasks, restarted after a panic).
 
 pub mod api;
 pub mod auth;
-pub mod clock;
 /// The configuration file, parsed in its own crate (`predictor-config/`).
 pub use headroom_predictor_config as config;
 pub mod discovery;
 pub mod flow;
 pub mod heartbeat;
-pub mod metrics;
-pub mod model;
-pub mod pool;
+pub mod ort;
 pub mod routes;
 pub mod scrape;
-pub mod service;
 pub mod state;
 pub mod stream;
 pub mod tasks;
@@ -44,7 +41,7 @@ pub async fn serve(
         tasks::supervise(state.clone(), Task::Scraper, scrape::run),
         tasks::supervise(state.clone(), Task::Expiry, scrape::expire),
         tasks::supervise(state.clone(), Task::Trainer, train_loop),
-        tasks::supervise(state.clone(), Task::Flow, flow::admission::run),
+        tasks::supervise(state.clone(), Task::Flow, flow::run),
     ];
     let closing = state.clone();
     let shutdown = async move {
@@ -54,7 +51,7 @@ pub async fn serve(
         // queue can hold the drain longer than the pod's grace period, and whatever is
         // killed then must not take the samples since the last training round with it.
         let models = closing.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || models.models.persist_samples()).await {
+        if let Err(e) = tokio::task::spawn_blocking(move || models.core.models.persist_samples()).await {
             tracing::error!(error = %e, "persisting samples at shutdown failed");
         }
     };
@@ -69,23 +66,24 @@ pub async fn serve(
     background.iter().for_each(|t| t.abort());
     watches.iter().for_each(|w| w.abort());
     // Again: what the reports during the drain taught.
-    state.models.persist_samples();
+    state.core.models.persist_samples();
     result.map_err(Into::into)
 }
 
 /// Considers retraining every `retrain_interval_ms`, off the request path.
 async fn train_loop(state: Arc<state::AppState>) {
-    if !state.models.trains() {
+    if !state.core.models.trains() {
         return;
     }
-    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(state.config.model.retrain_interval_ms));
+    let mut ticker =
+        tokio::time::interval(std::time::Duration::from_millis(state.core.config.model.retrain_interval_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         state.heartbeats.beat(Task::Trainer);
         let s = state.clone();
-        match tokio::task::spawn_blocking(move || s.models.train_if_due()).await {
-            Ok(outcome) => state.metrics.trained(&outcome),
+        match tokio::task::spawn_blocking(move || s.core.models.train_if_due()).await {
+            Ok(outcome) => state.core.metrics.trained(&outcome),
             Err(e) => tracing::error!(error = %e, "training task failed"),
         }
     }

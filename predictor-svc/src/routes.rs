@@ -42,7 +42,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// connection (which the filter would take for a transient failure and retry).
 pub fn guard(routes: Router, state: Arc<AppState>) -> Router {
     let on_panic = move |_: Box<dyn std::any::Any + Send>| -> Response {
-        state.metrics.panicked();
+        state.core.metrics.panicked();
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, body: ErrorBody::message("internal error") }
             .into_response()
     };

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use crate::heartbeat::Task;
-use crate::pool::{DecodeCounter, EngineMetrics};
 use crate::state::AppState;
+use headroom_predictor_core::pool::{DecodeCounter, EngineMetrics};
 
 /// Reads the engine metrics from Prometheus text. Series of one name are
 /// summed (one per model/engine) except KV usage, of which the highest is kept.
@@ -64,8 +64,8 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
 /// (with one barrier per round, a hung server slowed every endpoint's refresh to the
 /// timeout and stamped their metrics later than they were read).
 pub async fn run(state: Arc<AppState>) {
-    let interval = Duration::from_millis(state.config.scrape_interval_ms);
-    let client = match scrape_client(Duration::from_millis(state.config.scrape_timeout_ms)) {
+    let interval = Duration::from_millis(state.core.config.scrape_interval_ms);
+    let client = match scrape_client(Duration::from_millis(state.core.config.scrape_timeout_ms)) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the scrape client; endpoint metrics stay unknown");
@@ -83,8 +83,8 @@ pub async fn run(state: Arc<AppState>) {
             _ = ticker.tick() => {
                 state.heartbeats.beat(Task::Scraper);
                 let mut started = 0;
-                for pool in state.pools.names() {
-                    let addresses = state.pools.with(&pool, |p| {
+                for pool in state.core.pools.names() {
+                    let addresses = state.core.pools.with(&pool, |p| {
                         p.endpoints.iter().map(|e| (e.address.clone(), e.max_context_tokens.is_some())).collect::<Vec<_>>()
                     });
                     for (address, context_known) in addresses.unwrap_or_default() {
@@ -92,7 +92,7 @@ pub async fn run(state: Arc<AppState>) {
                             continue;
                         }
                         let (client, pool) = (client.clone(), pool.clone());
-                        let max_bytes = state.config.max_scrape_bytes;
+                        let max_bytes = state.core.config.max_scrape_bytes;
                         running.push(async move {
                             let result = scrape_one(&client, &address, max_bytes).await;
                             // Its context length once, when it first answers: a server's
@@ -112,9 +112,9 @@ pub async fn run(state: Arc<AppState>) {
             }
             Some((pool, address, result, context)) = running.next(), if !running.is_empty() => {
                 busy.remove(&(pool.clone(), address.clone()));
-                apply(&state, &pool, &address, &result, state.clock.now());
+                apply(&state, &pool, &address, &result, state.core.clock.now());
                 if let Some(tokens) = context {
-                    state.pools.with(&pool, |p| {
+                    state.core.pools.with(&pool, |p| {
                         if let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) {
                             e.max_context_tokens = Some(tokens);
                         }
@@ -157,7 +157,7 @@ impl std::fmt::Display for ScrapeError {
 /// would look like the idlest server in the pool). A timeout or a garbled body says nothing
 /// about the server's load being different, so those only let the metrics age.
 fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetrics, ScrapeError>, now: Instant) {
-    state.pools.with(pool, |p| {
+    state.core.pools.with(pool, |p| {
         let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) else { return };
         match result {
             Ok(m) => e.scraped(*m, now),
@@ -172,10 +172,10 @@ fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetr
             }
         }
     });
-    state.metrics.scrape(result.is_ok());
+    state.core.metrics.scrape(result.is_ok());
     // Fresh engine state can show room the last one did not: judge queued requests again.
     if result.is_ok() {
-        state.flows.wake();
+        state.core.flows.wake();
     }
 }
 
@@ -187,11 +187,11 @@ pub async fn expire(state: Arc<AppState>) {
     loop {
         ticker.tick().await;
         state.heartbeats.beat(Task::Expiry);
-        let now = state.clock.now();
-        for pool in state.pools.names() {
-            let expired = state.pools.with(&pool, |p| p.expire(now)).unwrap_or(0);
+        let now = state.core.clock.now();
+        for pool in state.core.pools.names() {
+            let expired = state.core.pools.with(&pool, |p| p.expire(now)).unwrap_or(0);
             if expired > 0 {
-                state.metrics.expired(expired as u64);
+                state.core.metrics.expired(expired as u64);
                 tracing::warn!(pool = %pool, expired, "in-flight requests never reported were forgotten");
             }
         }

@@ -1,28 +1,19 @@
-//! The service's shared state: one `Arc<AppState>` handed to every handler.
+//! The service's shared state: one `Arc<AppState>` handed to every handler. The
+//! decisions' state is [`Predictor`] (predictor-core); what is here is the process's.
 
-use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use headroom_protocol::Observation;
+use headroom_predictor_core::clock::{Clock, WallClock};
+use headroom_predictor_core::predictor::Predictor;
 
-use crate::clock::{Clock, WallClock};
-use crate::config::Config;
-use crate::flow::queue::Flows;
 use crate::heartbeat::Heartbeats;
-use crate::metrics::Metrics;
-use crate::model::prior::AnalyticPrior;
-use crate::model::store::ModelStore;
-use crate::pool::Pools;
+use crate::ort::Ort;
+use headroom_predictor_core::config::Config;
 
 pub struct AppState {
-    pub config: Config,
-    pub pools: Pools,
-    pub models: ModelStore,
-    pub observations: Mutex<ObservationLog>,
-    pub metrics: Metrics,
-    /// Requests waiting for headroom (flow control), per pool.
-    pub flows: Flows,
+    /// Pools, models, flow queues, metrics and the clock: what every decision reads.
+    pub core: Arc<Predictor>,
     /// Set after the first scrape round; `/readyz` waits for it.
     pub scraped_once: AtomicBool,
     /// The token guarded routes require (`crate::auth`); `None`: they are open.
@@ -32,8 +23,6 @@ pub struct AppState {
     pub closing: tokio::sync::watch::Sender<bool>,
     /// When each background task last went round (`crate::tasks`): readiness reads them.
     pub heartbeats: Heartbeats,
-    /// The time every decision reads (`crate::clock`).
-    pub clock: Arc<dyn Clock>,
 }
 
 impl AppState {
@@ -45,67 +34,13 @@ impl AppState {
 
     /// [`AppState::new`] with its decisions on `clock`.
     pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<AppState> {
-        let prior = AnalyticPrior {
-            hardware_scale: config.prior_hardware_scale(),
-            profiles: config.prior_profiles()?,
-            ..AnalyticPrior::default()
-        };
-        // The pools drain their prefill backlogs at the cost the prior charges per token.
-        let classes = prior.hardware_scale.len().max(1) as u32;
-        let prefill_cost: Vec<f64> = (0..classes).map(|c| prior.prefill_ms_per_token(c)).collect();
-        let models = ModelStore::open_with_clock(config.model.clone(), clock.clone())?.with_prior(prior);
+        let runtime = Arc::new(Ort::init(config.model.onnxruntime_library.as_deref())?);
         Ok(AppState {
-            pools: Pools::from_config(&config, &prefill_cost),
-            metrics: Metrics::new(models.persist_failures.clone(), models.substituted.clone()),
-            models,
-            observations: Mutex::new(ObservationLog::new(config.observations_kept)),
             scraped_once: AtomicBool::new(false),
-            flows: Flows::new(config.flow.clone()),
             token: config.auth_token()?,
             closing: tokio::sync::watch::Sender::new(false),
             heartbeats: Heartbeats::default(),
-            clock,
-            config,
+            core: Arc::new(Predictor::new(config, runtime, clock)?),
         })
-    }
-}
-
-/// The most recent observations, newest last.
-pub struct ObservationLog {
-    kept: VecDeque<Observation>,
-    capacity: usize,
-    pub total: u64,
-}
-
-impl ObservationLog {
-    pub fn new(capacity: usize) -> Self {
-        ObservationLog { kept: VecDeque::new(), capacity: capacity.max(1), total: 0 }
-    }
-
-    pub fn push(&mut self, o: Observation) {
-        if self.kept.len() == self.capacity {
-            self.kept.pop_front();
-        }
-        self.kept.push_back(o);
-        self.total += 1;
-    }
-
-    /// Up to `limit` of the newest observations, oldest first.
-    pub fn newest(&self, limit: usize) -> Vec<Observation> {
-        let skip = self.kept.len().saturating_sub(limit);
-        self.kept.iter().skip(skip).cloned().collect()
-    }
-
-    /// `(total, first, page)`: up to `limit` observations, oldest first, the newest ones or,
-    /// with `after`, the first ones numbered after it (numbered from 1 as they arrived, the
-    /// oldest kept being `total - kept + 1`); `first` is the page's first one's number.
-    pub fn page(&self, after: Option<u64>, limit: usize) -> (u64, u64, Vec<Observation>) {
-        let dropped = self.total - self.kept.len() as u64;
-        let skip = match after {
-            Some(after) => usize::try_from(after.saturating_sub(dropped)).unwrap_or(usize::MAX).min(self.kept.len()),
-            None => self.kept.len().saturating_sub(limit),
-        };
-        let page = self.kept.iter().skip(skip).take(limit).cloned().collect();
-        (self.total, dropped + skip as u64 + 1, page)
     }
 }

@@ -32,7 +32,7 @@ where
                     return;
                 }
                 Err(e) if e.is_panic() => {
-                    state.metrics.task_restarted(task.name());
+                    state.core.metrics.task_restarted(task.name());
                     tracing::error!(task = task.name(), "background task panicked; restarting it");
                     tokio::time::sleep(RESTART_PAUSE).await;
                 }
@@ -63,7 +63,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
-    use crate::config::Config;
+    use headroom_predictor_core::config::Config;
 
     #[tokio::test]
     async fn a_panicked_task_runs_again_and_one_that_returns_is_retired() {
@@ -82,9 +82,9 @@ mod tests {
             .unwrap_or_else(|_| panic!("the supervisor never ended"))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(runs.load(Ordering::SeqCst), 2);
-        let text = state.metrics.render();
+        let text = state.core.metrics.render();
         assert!(text.contains("headroom_task_restarts_total{task=\"expiry\"} 1"), "{text}");
         let in_an_hour = Instant::now() + Duration::from_secs(3600);
-        assert!(!state.heartbeats.silent(&state.config, in_an_hour, 1).contains(&"expiry"), "retired");
+        assert!(!state.heartbeats.silent(&state.core.config, in_an_hour, 1).contains(&"expiry"), "retired");
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use headroom_predictor::pool::EngineMetrics;
 use headroom_predictor::{config::Config, routes, state::AppState};
+use headroom_predictor_core::pool::EngineMetrics;
 use headroom_protocol::{codec, Format, PredictBatchResponse, PredictResponse};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -106,7 +106,7 @@ async fn errors_are_json_and_name_the_field() {
 async fn a_batch_answers_each_request_as_predict_would() {
     let s = state();
     // Scraped, so both endpoints are predicted; one has a request in flight, so they differ.
-    s.pools.with("default", |p| {
+    s.core.pools.with("default", |p| {
         for e in &mut p.endpoints {
             e.metrics = Some(EngineMetrics { running: 2, waiting: 1, kv_usage: 0.3, decode: None });
             e.scraped_at = Some(std::time::Instant::now());
@@ -166,7 +166,7 @@ async fn what_rides_on_a_batch_is_applied_before_its_predictions() {
     assert_eq!(status, StatusCode::OK);
     // Both dispatched, then a reported in the same call: b is in flight, and the answer sees it.
     assert_eq!(json_of(&body)["answers"][0]["endpoints"][0]["state"]["in_flight"], 1);
-    assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(1));
+    assert_eq!(s.core.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(1));
 
     let bad = json!({"requests": [], "dispatches": [{"pool": "default", "request_id": "", "endpoint": "127.0.0.1:1",
         "request": request}]});
@@ -216,7 +216,7 @@ async fn dispatch_and_report_track_in_flight() {
     let (status, _, body) = call(&s, "/v1/dispatch", codec::JSON, codec::JSON, dispatch.to_string().into_bytes()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json_of(&body), json!({"accepted": 1, "rejected": 2}));
-    assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(1));
+    assert_eq!(s.core.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(1));
 
     let (_, _, body) = call(&s, "/v1/predict", codec::JSON, codec::JSON, predict_body().to_string().into_bytes()).await;
     let answer = json_of(&body);
@@ -229,14 +229,14 @@ async fn dispatch_and_report_track_in_flight() {
     let (status, _, body) = call(&s, "/v1/report", codec::JSON, codec::JSON, report.to_string().into_bytes()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json_of(&body), json!({"accepted": 1, "rejected": 0}));
-    assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
+    assert_eq!(s.core.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
 
     // A dispatch arriving after its report (batches can cross) is not tracked again.
     let late =
         json!({"dispatches": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1", "request": request}]});
     let (_, _, body) = call(&s, "/v1/dispatch", codec::JSON, codec::JSON, late.to_string().into_bytes()).await;
     assert_eq!(json_of(&body)["rejected"], 1);
-    assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
+    assert_eq!(s.core.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
 }
 
 #[tokio::test]
@@ -252,7 +252,7 @@ async fn a_refused_dispatch_batch_applies_nothing() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(json_of(&body)["error"]["field"], "dispatches[1].request.slo.ttft_ms");
     assert_eq!(
-        s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")),
+        s.core.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")),
         Some(0),
         "the valid item was not applied either"
     );
@@ -269,9 +269,9 @@ async fn the_service_prior_uses_the_configured_hardware_scales() {
     let s = AppState::new(config).unwrap();
     let req = RequestFeatures { input_tokens: 1000, ..Default::default() };
     let rows: Vec<_> = [a100, h100]
-        .map(|hardware_class| s.models.row(&req, &EndpointState { hardware_class, ..Default::default() }))
+        .map(|hardware_class| s.core.models.row(&req, &EndpointState { hardware_class, ..Default::default() }))
         .into();
-    let (out, version) = s.models.predict(&rows);
+    let (out, version) = s.core.models.predict(&rows);
     assert_eq!(version, "analytic-prior");
     assert!((out[0].1 / out[1].1 - 2.0).abs() < 1e-9, "a100 TPOT is twice the h100's: {out:?}");
 }

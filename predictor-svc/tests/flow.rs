@@ -156,7 +156,7 @@ async fn samples_are_on_disk_as_the_shutdown_begins_while_the_queue_still_drains
     let file = dir.join("samples.msgpack");
     until("samples on disk while the queue drains", async || file.exists()).await;
     let bytes = std::fs::read(&file).unwrap();
-    let samples: headroom_predictor::model::sampler::Samples = rmp_serde::from_slice(&bytes).unwrap();
+    let samples: headroom_predictor_core::model::sampler::Samples = rmp_serde::from_slice(&bytes).unwrap();
     assert_eq!(samples.train.len() + samples.holdout.len(), 1);
     assert!(!service.is_finished(), "the drain still waits for the queued request");
     service.abort();

@@ -10,12 +10,17 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use headroom_predictor::config::ModelConfig;
-use headroom_predictor::model::store::{ModelStore, TrainOutcome};
 use headroom_predictor::{config::Config, routes, state::AppState};
+use headroom_predictor_core::model::store::{ModelStore, TrainOutcome};
 use headroom_protocol::codec;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
+
+/// The service's model runtime, as the stores it opens run.
+fn ort() -> Arc<dyn headroom_predictor_core::model::runtime::Runtime> {
+    Arc::new(headroom_predictor::ort::Ort::init(None).unwrap())
+}
 
 const POOL: &str = "[[pool]]\nname = \"default\"\nendpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n";
 const TOKEN: &str = "s3cret-token-0123456789";
@@ -72,7 +77,7 @@ async fn a_huge_predicted_ttft_is_a_400_naming_the_field_not_a_dropped_connectio
         assert_eq!(body["error"]["field"], "dispatches[0].predicted_ttft_ms", "{value}");
     }
     // The service is still up and tracks nothing from the refused batches.
-    assert_eq!(s.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
+    assert_eq!(s.core.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
     let (status, _) = send(&s, "POST", "/v1/dispatch", None, dispatch("ok", json!({"predicted_ttft_ms": 120.0}))).await;
     assert_eq!(status, StatusCode::OK);
 }
@@ -162,20 +167,20 @@ async fn reports_for_requests_never_dispatched_teach_nothing() {
     let (status, body) = send(&s, "POST", "/v1/report", None, json!({"observations": forged})).await;
     assert_eq!(status, StatusCode::OK, "still acknowledged (they end nothing in flight)");
     assert_eq!(body["accepted"], 300);
-    let c = s.models.sample_counts();
+    let c = s.core.models.sample_counts();
     assert_eq!((c.train, c.holdout, c.filed), (0, 0, 0), "no sample filed from a forged report");
 
     // The same report after its dispatch is learned from.
     send(&s, "POST", "/v1/dispatch", None, dispatch("real", json!({}))).await;
     send(&s, "POST", "/v1/report", None, json!({"observations": [observation("real", 1)]})).await;
-    let c = s.models.sample_counts();
+    let c = s.core.models.sample_counts();
     assert_eq!((c.train + c.holdout, c.filed), (1, 1));
     // Served by another endpoint than the one dispatched to: not learned either.
     send(&s, "POST", "/v1/dispatch", None, dispatch("moved", json!({}))).await;
     let mut o = observation("moved", 2);
     o["endpoint"] = json!("127.0.0.1:2");
     send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
-    let c = s.models.sample_counts();
+    let c = s.core.models.sample_counts();
     assert_eq!((c.train + c.holdout, c.filed), (1, 1));
 }
 
@@ -208,7 +213,7 @@ fn feed(store: &ModelStore, from: u64, n: u64) {
 #[test]
 fn disk_keeps_only_keep_versions_and_samples_after_every_round() {
     let dir = data_dir("prune");
-    let store = ModelStore::open(store_config(&dir, 2)).unwrap();
+    let store = ModelStore::open(store_config(&dir, 2), ort()).unwrap();
     assert!(dir.is_dir(), "the data dir is created at the start");
     for round in 0..4 {
         feed(&store, round * 100, 100);
@@ -228,7 +233,7 @@ fn disk_keeps_only_keep_versions_and_samples_after_every_round() {
 fn a_model_file_whose_checksum_does_not_match_is_not_loaded() {
     let dir = data_dir("checksum");
     {
-        let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+        let store = ModelStore::open(store_config(&dir, 5), ort()).unwrap();
         for round in 0..2 {
             feed(&store, round * 100, 100);
             assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
@@ -238,7 +243,7 @@ fn a_model_file_whose_checksum_does_not_match_is_not_loaded() {
     let v1 = std::fs::read(dir.join("models/v1.onnx")).unwrap();
     std::fs::write(dir.join("models/v2.onnx"), &v1).unwrap();
     std::fs::write(dir.join("models/.tmp-v9.onnx.1.1"), b"leftover of a crash").unwrap();
-    let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+    let store = ModelStore::open(store_config(&dir, 5), ort()).unwrap();
     assert_eq!(store.active_name(), "v1", "v2 refused by its checksum, the last good one kept");
     assert!(!dir.join("models/.tmp-v9.onnx.1.1").exists(), "crash leftovers removed");
     let _ = std::fs::remove_dir_all(&dir);
@@ -250,7 +255,7 @@ fn an_unwritable_data_dir_is_a_metric_and_a_log_not_a_crash() {
     // A data dir that cannot be created: a file stands where it should be.
     std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
     std::fs::write(&dir, b"not a directory").unwrap();
-    let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+    let store = ModelStore::open(store_config(&dir, 5), ort()).unwrap();
     assert_eq!(store.persist_failures.get(), 1, "known at the start, not at the first round");
     feed(&store, 0, 100);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)), "serves on from memory");
@@ -271,7 +276,7 @@ fn arbitrary_bytes_in_the_data_dir_never_stop_the_start() {
         std::fs::write(dir.join("ACTIVE"), bytes).unwrap();
         std::fs::write(models.join("v1.json"), bytes).unwrap();
         std::fs::write(models.join("v1.onnx"), bytes).unwrap();
-        let store = ModelStore::open(store_config(&dir, 5)).unwrap();
+        let store = ModelStore::open(store_config(&dir, 5), ort()).unwrap();
         assert_eq!(store.active_name(), "analytic-prior", "case {i}");
         let c = store.sample_counts();
         assert_eq!((c.train, c.holdout, c.filed), (0, 0, 0), "case {i}");
@@ -295,7 +300,7 @@ async fn a_panicking_handler_is_a_counted_500_not_a_dropped_connection() {
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let body: Value = serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["error"]["message"], "internal error");
-    let metrics = s.metrics.render();
+    let metrics = s.core.metrics.render();
     assert!(metrics.contains("headroom_handler_panics_total 1"), "{metrics}");
 }
 
@@ -317,7 +322,7 @@ async fn a_metrics_body_over_the_cap_fails_the_scrape() {
 #[test]
 fn concurrent_writes_never_leave_a_torn_file() {
     let dir = data_dir("concurrent");
-    let store = Arc::new(ModelStore::open(store_config(&dir, 5)).unwrap());
+    let store = Arc::new(ModelStore::open(store_config(&dir, 5), ort()).unwrap());
     feed(&store, 0, 200);
     let writers: Vec<_> = (0..6)
         .map(|_| {
@@ -333,7 +338,7 @@ fn concurrent_writes_never_leave_a_torn_file() {
     let mut reads = 0;
     while writers.iter().any(|w| !w.is_finished()) {
         if let Ok(bytes) = std::fs::read(dir.join("samples.msgpack")) {
-            let decoded = rmp_serde::from_slice::<headroom_predictor::model::sampler::Samples>(&bytes);
+            let decoded = rmp_serde::from_slice::<headroom_predictor_core::model::sampler::Samples>(&bytes);
             assert!(decoded.is_ok(), "a reader saw a torn samples file");
             reads += 1;
         }
@@ -375,6 +380,7 @@ async fn a_server_whose_metrics_hang_does_not_slow_the_others_scrapes() {
     let scraper = tokio::spawn(headroom_predictor::scrape::run(state.clone()));
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let (good_age, good_scrapes) = state
+        .core
         .pools
         .with("default", |p| {
             let e = p.endpoints.iter().find(|e| e.address == good.to_string()).unwrap();
@@ -385,7 +391,7 @@ async fn a_server_whose_metrics_hang_does_not_slow_the_others_scrapes() {
     let age = good_age.expect("the good server was scraped");
     assert!(age < std::time::Duration::from_millis(300), "the good server's metrics are {age:?} old");
     assert_eq!(good_scrapes, 0);
-    let text = state.metrics.render();
+    let text = state.core.metrics.render();
     let ok = text.lines().find(|l| l.starts_with("headroom_scrapes_total{result=\"ok\"}")).unwrap_or_default();
     let n: f64 = ok.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
     assert!(n >= 10.0, "the good server was scraped {n} times in 1.5 s");
@@ -405,7 +411,7 @@ async fn a_server_that_refuses_connections_loses_its_prediction_at_the_next_scra
     );
     let state = Arc::new(AppState::new(Config::parse(&config).unwrap()).unwrap());
     let scraper = tokio::spawn(headroom_predictor::scrape::run(state.clone()));
-    let fresh = |state: &AppState| state.pools.with("default", |p| p.endpoints[0].scraped_at.is_some()).unwrap();
+    let fresh = |state: &AppState| state.core.pools.with("default", |p| p.endpoints[0].scraped_at.is_some()).unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(fresh(&state), "scraped while up");
     // The server goes away (its port now refuses connections). Its metrics would stay
@@ -419,7 +425,7 @@ async fn a_server_that_refuses_connections_loses_its_prediction_at_the_next_scra
     }
     // No metrics, so `service::predict` gives it no prediction (it says so for any endpoint
     // without fresh metrics; tested in api.rs).
-    assert!(state.pools.with("default", |p| p.endpoints[0].metrics.is_none()).unwrap());
+    assert!(state.core.pools.with("default", |p| p.endpoints[0].metrics.is_none()).unwrap());
     scraper.abort();
 }
 
@@ -463,7 +469,7 @@ async fn abandoned_requests_of_unknown_pools_create_no_queue() {
     let abandoned: Vec<Value> = (0..50).map(|i| json!({"pool": format!("pool-{i}"), "request_id": "r"})).collect();
     let (status, _) = send(&s, "POST", "/v1/report", None, json!({"observations": [], "abandoned": abandoned})).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(s.flows.queue_count(), 0);
+    assert_eq!(s.core.flows.queue_count(), 0);
 }
 
 /// Concurrent scrapes of `/metrics` each see every endpoint's in-flight series: the gauges

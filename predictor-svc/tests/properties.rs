@@ -7,11 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use headroom_predictor::model::features;
-use headroom_predictor::model::prior::AnalyticPrior;
-use headroom_predictor::model::sampler::Samples;
-use headroom_predictor::pool::Pool;
 use headroom_predictor::scrape::parse_engine_metrics;
+use headroom_predictor_core::model::features;
+use headroom_predictor_core::model::prior::AnalyticPrior;
+use headroom_predictor_core::model::sampler::Samples;
+use headroom_predictor_core::pool::Pool;
 use headroom_protocol::{limits, Dispatch, EndpointState, RequestFeatures, Slo};
 use proptest::prelude::*;
 

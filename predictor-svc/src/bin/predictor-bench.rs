@@ -12,12 +12,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headroom_predictor::model::features::{self, Row};
-use headroom_predictor::model::gbdt::{fit, Objective, Params};
-use headroom_predictor::model::onnx::export;
-use headroom_predictor::model::prior::AnalyticPrior;
-use headroom_predictor::model::runtime::{init, OnnxModel};
-use headroom_predictor::model::store::{ModelStore, TrainOutcome};
+use headroom_predictor::ort::Ort;
+use headroom_predictor_core::model::features::{self, Row};
+use headroom_predictor_core::model::gbdt::{fit, Objective, Params};
+use headroom_predictor_core::model::onnx::export;
+use headroom_predictor_core::model::prior::AnalyticPrior;
+use headroom_predictor_core::model::runtime;
+use headroom_predictor_core::model::store::{ModelStore, TrainOutcome};
 use headroom_protocol::Observation;
 
 fn rows(n: usize, seed: u64) -> Vec<Row> {
@@ -56,7 +57,7 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    init(None)?;
+    let ort = Ort::init(None)?;
     // BENCH_SECTION=training runs the last section alone (unpinned: it wants two cores).
     if std::env::var("BENCH_SECTION").is_ok_and(|s| s == "training") {
         return during_training();
@@ -90,7 +91,7 @@ fn main() -> anyhow::Result<()> {
             model_bytes = export(&a, &b, 1, &[]);
         }
     }
-    let model = OnnxModel::load(&model_bytes)?;
+    let model = runtime::load(&ort, &model_bytes)?;
     let prior = AnalyticPrior::default();
 
     println!("\n## Prediction latency per request (all candidates in one call)\n");
@@ -165,7 +166,7 @@ fn predict_latencies(store: &ModelStore, for_how_long: Duration, only_while: Opt
 /// The service's predict path, idle and while training rounds run on another thread.
 fn during_training() -> anyhow::Result<()> {
     let config = headroom_predictor::config::ModelConfig { min_new_samples: 20, ..Default::default() };
-    let store = Arc::new(ModelStore::open(config)?);
+    let store = Arc::new(ModelStore::open(config, Arc::new(Ort::init(None)?))?);
     for i in 0..20_000 {
         store.observe(&observation(i)?);
     }

@@ -25,11 +25,11 @@
 //! it (the pool's hardware names in order, from 1): the benchmark's fleet is
 //! `--scale 1=2` (a100 = 1, h100 = 2; `model.prior_hardware_scale`).
 
-use headroom_predictor::model::features::row;
-use headroom_predictor::model::gbdt::Objective;
-use headroom_predictor::model::prior::AnalyticPrior;
-use headroom_predictor::model::replay;
-use headroom_predictor::model::training;
+use headroom_predictor_core::model::features::row;
+use headroom_predictor_core::model::gbdt::Objective;
+use headroom_predictor_core::model::prior::AnalyticPrior;
+use headroom_predictor_core::model::replay;
+use headroom_predictor_core::model::training;
 
 /// Bands of the prefill share the table splits by (upper bounds).
 const BANDS: [f64; 5] = [0.2, 0.4, 0.6, 0.8, f64::INFINITY];

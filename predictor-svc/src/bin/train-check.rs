@@ -26,12 +26,12 @@
 
 use anyhow::Context;
 use headroom_predictor::config::ModelConfig;
-use headroom_predictor::model::features::row;
-use headroom_predictor::model::gbdt::Params;
-use headroom_predictor::model::prior::AnalyticPrior;
-use headroom_predictor::model::replay::{self, Recorded};
-use headroom_predictor::model::sampler::{self, Sample, Samples};
-use headroom_predictor::model::training::{self, Fitted};
+use headroom_predictor_core::model::features::row;
+use headroom_predictor_core::model::gbdt::Params;
+use headroom_predictor_core::model::prior::AnalyticPrior;
+use headroom_predictor_core::model::replay::{self, Recorded};
+use headroom_predictor_core::model::sampler::{self, Sample, Samples};
+use headroom_predictor_core::model::training::{self, Fitted};
 
 const USAGE: &str = "usage: train-check [--scale CLASS=FACTOR]... [--variant NAME:KEY=V,...]... OBSERVATIONS.jsonl...";
 
@@ -264,7 +264,7 @@ fn replay_one(v: &Variant, learnable: &[Learnable]) -> Outcome {
 fn holdout_mape(samples: &Samples, model: Option<&Fitted>) -> [Option<f64>; 2] {
     let Some(model) = model else { return [None, None] };
     let holdout: Vec<Sample> = samples.holdout.samples().cloned().collect();
-    let s = training::score(&holdout, headroom_predictor::model::gbdt::Objective::Mean, |r| model.predict(r));
+    let s = training::score(&holdout, headroom_predictor_core::model::gbdt::Objective::Mean, |r| model.predict(r));
     [s.mape_ttft, s.mape_tpot]
 }
 

@@ -6,13 +6,20 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use headroom_protocol::{PredictRequest, PredictResponse};
-use tokio::sync::{oneshot, Notify};
-
 use crate::config::FlowConfig;
+use headroom_protocol::{PredictRequest, PredictResponse};
 
 /// Window over which a pool's finished requests give its drain rate.
 const DRAIN_WINDOW: Duration = Duration::from_secs(5);
+
+/// Where a waiting request's answer goes: the transport's way back to its caller (a
+/// channel in the service, a slot in a simulation). The queue only holds it.
+pub trait Reply: Send + std::fmt::Debug {
+    /// Hands the answer to the caller, if it is still there.
+    fn send(self: Box<Self>, answer: PredictResponse);
+    /// The caller has left: nobody would read an answer.
+    fn is_closed(&self) -> bool;
+}
 
 /// One request waiting.
 #[derive(Debug)]
@@ -23,7 +30,7 @@ pub struct Waiter {
     pub tenant: String,
     pub arrived: Instant,
     pub deadline: Instant,
-    pub reply: Option<oneshot::Sender<PredictResponse>>,
+    pub reply: Option<Box<dyn Reply>>,
 }
 
 /// Why a request could not join the queue.
@@ -227,10 +234,13 @@ pub struct PoolFlow {
     pub saturation: f64,
 }
 
+/// What [`Flows::wake`] calls: whoever judges the queues (the service's flow task).
+type Waker = Box<dyn Fn() + Send + Sync>;
+
 /// Every pool's queue, and the signal that capacity may have freed.
 pub struct Flows {
     queues: Mutex<HashMap<String, Queue>>,
-    wake: Notify,
+    wake: Mutex<Option<Waker>>,
     next_id: std::sync::atomic::AtomicU64,
     config: FlowConfig,
 }
@@ -239,7 +249,7 @@ impl Flows {
     pub fn new(config: FlowConfig) -> Flows {
         Flows {
             queues: Mutex::new(HashMap::new()),
-            wake: Notify::new(),
+            wake: Mutex::new(None),
             next_id: std::sync::atomic::AtomicU64::new(1),
             config,
         }
@@ -254,12 +264,15 @@ impl Flows {
 
     /// Capacity may have freed (a report, a first token, a scrape): judge the waiters now.
     pub fn wake(&self) {
-        self.wake.notify_one();
+        if let Some(wake) = self.wake.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            wake();
+        }
     }
 
-    /// Resolves at the next [`Flows::wake`] (or at once, if one came since the last).
-    pub async fn woken(&self) {
-        self.wake.notified().await;
+    /// Makes [`Flows::wake`] call `wake` (replacing what it called before). Until then a
+    /// wake-up reaches nobody, and the waiters are judged at the next round.
+    pub fn on_wake(&self, wake: impl Fn() + Send + Sync + 'static) {
+        *self.wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(wake));
     }
 
     /// A new waiter's id (unique in this process).

@@ -1,4 +1,5 @@
-//! ONNX Runtime: finding the library, and running a latency model.
+//! ONNX Runtime, the service's model runtime (`predictor_core::model::runtime`): finding
+//! the library, and running any latency model with the predictor's signature.
 //!
 //! `ort` is built with `load-dynamic`: nothing is downloaded at build time and
 //! the library is loaded when the service starts, from (first found)
@@ -11,8 +12,9 @@ use std::sync::{Mutex, OnceLock};
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use super::features;
-use super::onnx::{INPUT, OUTPUT};
+use headroom_predictor_core::model::features::{self, Row};
+use headroom_predictor_core::model::onnx::{INPUT, OUTPUT};
+use headroom_predictor_core::model::runtime::{LatencyModel, Runtime};
 
 static ENVIRONMENT: OnceLock<ort::environment::Environment> = OnceLock::new();
 
@@ -47,8 +49,26 @@ fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
     out
 }
 
-/// Loads ONNX Runtime once. The error names every place looked at.
-pub fn init(configured: Option<&Path>) -> anyhow::Result<()> {
+/// ONNX Runtime as the predictor's model runtime.
+#[derive(Debug, Clone, Copy)]
+pub struct Ort;
+
+impl Ort {
+    /// Loads the library (once per process) from the first place it is found; the error
+    /// names every place looked at.
+    pub fn init(configured: Option<&Path>) -> anyhow::Result<Ort> {
+        init(configured)?;
+        Ok(Ort)
+    }
+}
+
+impl Runtime for Ort {
+    fn load(&self, onnx: &[u8]) -> anyhow::Result<Box<dyn LatencyModel>> {
+        Ok(Box::new(OnnxModel::load(onnx)?))
+    }
+}
+
+fn init(configured: Option<&Path>) -> anyhow::Result<()> {
     if ENVIRONMENT.get().is_some() {
         return Ok(());
     }
@@ -88,19 +108,17 @@ impl OnnxModel {
             "the model must take `{INPUT}` float[N,{}] and give `{OUTPUT}` float[N,2]",
             features::COUNT
         );
-        let model = OnnxModel { session: Mutex::new(session), runs: Default::default() };
-        // A model that cannot run one row is refused now, not at the first request.
-        model.predict(&[[0.0; features::COUNT]])?;
-        Ok(model)
+        Ok(OnnxModel { session: Mutex::new(session), runs: Default::default() })
     }
+}
 
-    /// How many times the session has run.
-    pub fn runs(&self) -> u64 {
+impl LatencyModel for OnnxModel {
+    fn runs(&self) -> u64 {
         self.runs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// (TTFT, TPOT) in ms for every row, in one `Session::run`.
-    pub fn predict(&self, rows: &[features::Row]) -> anyhow::Result<Vec<(f64, f64)>> {
+    /// One `Session::run` for all the rows.
+    fn predict(&self, rows: &[Row]) -> anyhow::Result<Vec<(f64, f64)>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -122,77 +140,20 @@ impl OnnxModel {
 
 #[cfg(test)]
 mod tests {
-    use super::super::gbdt::{fit, Params};
-    use super::super::onnx::export;
+    use headroom_predictor_core::model::runtime;
+
     use super::*;
 
     #[test]
-    fn exported_onnx_predicts_what_the_trees_predict() {
-        init(None).unwrap_or_else(|e| panic!("{e}"));
-        let mut seed = 7u64;
-        let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (seed >> 11) as f32 / (1u64 << 53) as f32
-        };
-        let rows: Vec<features::Row> = (0..2000)
-            .map(|_| {
-                let mut r = [0f32; features::COUNT];
-                for v in r.iter_mut() {
-                    *v = next() * 100.0;
-                }
-                r
-            })
-            .collect();
-        let ttft: Vec<f64> = rows.iter().map(|r| 20.0 + f64::from(r[1]) * 3.0 + f64::from(r[2] * r[3]) * 0.1).collect();
-        let tpot: Vec<f64> = rows.iter().map(|r| 6.0 + f64::from(r[8]) * 0.2).collect();
-        let params = Params::default();
-        let (a, b) = (fit(&rows, &ttft, &params).unwrap(), fit(&rows, &tpot, &params).unwrap());
-        let model = OnnxModel::load(&export(&a, &b, 1, &[("objective", "mean".into())])).unwrap();
-        let got = model.predict(&rows).unwrap();
-        for (row, (t, p)) in rows.iter().zip(got) {
-            let (want_t, want_p) = (a.predict(row), b.predict(row));
-            assert!((t - want_t).abs() / want_t < 1e-4, "ttft onnx {t} trees {want_t}");
-            assert!((p - want_p).abs() / want_p < 1e-4, "tpot onnx {p} trees {want_p}");
-        }
+    fn onnx_runtime_runs_exported_models_as_the_trees_do() {
+        let ort = Ort::init(None).unwrap_or_else(|e| panic!("{e}"));
+        runtime::conformance(&ort).unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]
-    fn a_residual_model_adds_the_prior_columns_back_in_the_graph() {
-        use super::super::gbdt::fit_residual;
-        use super::super::prior::AnalyticPrior;
-        use headroom_protocol::{EndpointState, RequestFeatures};
-        init(None).unwrap_or_else(|e| panic!("{e}"));
-        let prior = AnalyticPrior::default();
-        let rows: Vec<features::Row> = (0..1500u32)
-            .map(|i| {
-                let req = RequestFeatures { input_tokens: 50 + (i * 37) % 6000, ..Default::default() };
-                let state = EndpointState { running: i % 40, waiting: i % 7, in_flight: i % 40, ..Default::default() };
-                features::row(&req, &state, &prior)
-            })
-            .collect();
-        // Truth: the prior, 30% slower when the queue is long.
-        let truth = |r: &features::Row, k: usize| {
-            let p = prior.predict(r);
-            let v = if k == 0 { p.0 } else { p.1 };
-            v * if r[2] > 3.0 { 1.3 } else { 1.0 }
-        };
-        let (ttft, tpot): (Vec<f64>, Vec<f64>) = rows.iter().map(|r| (truth(r, 0), truth(r, 1))).unzip();
-        let params = Params::default();
-        let a = fit_residual(&rows, &ttft, &params, Some(features::PRIOR_LOG_TTFT)).unwrap();
-        let b = fit_residual(&rows, &tpot, &params, Some(features::PRIOR_LOG_TPOT)).unwrap();
-        let model = OnnxModel::load(&export(&a, &b, 1, &[])).unwrap();
-        for (row, (t, p)) in rows.iter().zip(model.predict(&rows).unwrap()) {
-            let (want_t, want_p) = (a.predict(row), b.predict(row));
-            assert!((t - want_t).abs() / want_t < 1e-4, "ttft onnx {t} trees {want_t}");
-            assert!((p - want_p).abs() / want_p < 1e-4, "tpot onnx {p} trees {want_p}");
-            assert!((t - truth(row, 0)).abs() / truth(row, 0) < 0.05, "learnt the residual: {t} vs {}", truth(row, 0));
-        }
-    }
-
-    #[test]
-    fn garbage_bytes_are_refused() {
-        init(None).unwrap_or_else(|e| panic!("{e}"));
-        let err = OnnxModel::load(b"definitely not onnx").err().map(|e| e.to_string()).unwrap_or_default();
+    fn garbage_bytes_are_refused_with_the_reason() {
+        let ort = Ort::init(None).unwrap_or_else(|e| panic!("{e}"));
+        let err = ort.load(b"definitely not onnx").err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("not a usable ONNX model"), "{err}");
     }
 }

@@ -10,17 +10,17 @@ use headroom_protocol::{
 
 use crate::model::features;
 use crate::pool::{Applied, Finished};
-use crate::state::AppState;
+use crate::predictor::Predictor;
 
 /// Predictions and state for every endpoint of `req.pool`; `None` when there is no such pool.
-pub fn predict(state: &AppState, req: PredictRequest, now: Instant) -> Option<PredictResponse> {
+pub fn predict(state: &Predictor, req: PredictRequest, now: Instant) -> Option<PredictResponse> {
     predict_batch(state, vec![req], now).ok().and_then(|mut answers| answers.pop())
 }
 
 /// [`predict`] for each request, the model run once over all their rows (one call into
 /// ONNX Runtime for the whole batch). `Err((i, pool))`: `reqs[i]` names no known pool.
 pub fn predict_batch(
-    state: &AppState,
+    state: &Predictor,
     reqs: Vec<PredictRequest>,
     now: Instant,
 ) -> Result<Vec<PredictResponse>, (usize, String)> {
@@ -61,7 +61,7 @@ pub fn predict_batch(
 }
 
 /// Starts tracking each dispatched request (the batch is already checked).
-pub fn dispatch(state: &AppState, batch: &DispatchBatch, now: Instant) -> BatchAck {
+pub fn dispatch(state: &Predictor, batch: &DispatchBatch, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
     for d in &batch.dispatches {
         let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
@@ -85,7 +85,7 @@ pub fn dispatch(state: &AppState, batch: &DispatchBatch, now: Instant) -> BatchA
 
 /// Ends tracking of each reported request and learns from those this predictor saw
 /// dispatched, to the endpoint that served them (the batch is already checked).
-pub fn report(state: &AppState, batch: ReportBatch, now: Instant) -> BatchAck {
+pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
     for a in &batch.abandoned {
         // A pool this predictor does not serve has no queue to leave, and gets none.

@@ -7,16 +7,21 @@
 
 use std::time::{Duration, Instant};
 
-use headroom_predictor::config::ModelConfig;
-use headroom_predictor::model::calibration::CalibrationView;
-use headroom_predictor::model::prior::AnalyticPrior;
-use headroom_predictor::model::store::{ModelStore, TrainOutcome};
+use headroom_predictor_core::config::ModelConfig;
+use headroom_predictor_core::model::calibration::CalibrationView;
+use headroom_predictor_core::model::prior::AnalyticPrior;
+use headroom_predictor_core::model::store::{ModelStore, TrainOutcome};
 use headroom_protocol::{EndpointState, Observation, RequestFeatures, RouteSource, Slo};
+
+/// The exported models run in plain Rust: these tests need no ONNX Runtime.
+fn native() -> std::sync::Arc<dyn headroom_predictor_core::model::runtime::Runtime> {
+    std::sync::Arc::new(headroom_predictor_core::model::native::Native)
+}
 
 /// A world shaped like the prior, but its GPU `slowdown` times slower.
 fn world(slowdown: f64, input: u32, state: &EndpointState) -> (f64, f64) {
     let prior = AnalyticPrior::default();
-    let row = headroom_predictor::model::features::row(
+    let row = headroom_predictor_core::model::features::row(
         &RequestFeatures { input_tokens: input, ..Default::default() },
         state,
         &prior,
@@ -128,7 +133,7 @@ fn config(residual: bool, drift_factor: f64) -> ModelConfig {
 #[test]
 fn residual_learning_extrapolates_where_no_sample_has_been() {
     let error = |residual: bool| {
-        let store = ModelStore::open(config(residual, 0.0)).unwrap();
+        let store = ModelStore::open(config(residual, 0.0), native()).unwrap();
         // Trained on short prompts and short queues only...
         feed(&store, 0, 2000, 1.3, (50, 1500), 1);
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
@@ -143,7 +148,7 @@ fn residual_learning_extrapolates_where_no_sample_has_been() {
 #[test]
 fn drift_retrains_at_once_on_the_newest_samples() {
     let shift = |drift_factor: f64| {
-        let store = ModelStore::open(config(true, drift_factor)).unwrap();
+        let store = ModelStore::open(config(true, drift_factor), native()).unwrap();
         // (The world is never exactly the prior, or no model would beat it.)
         feed(&store, 0, 2000, 1.2, (50, 3000), 2);
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
@@ -177,7 +182,7 @@ fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
         let u = (h % 1000) as f64 / 1000.0;
         2.0 * if (h >> 20).is_multiple_of(40) { 0.14 } else { 0.65 + 0.7 * u }
     };
-    let store = ModelStore::open(config(true, 1.5)).unwrap();
+    let store = ModelStore::open(config(true, 1.5), native()).unwrap();
     // 600 requests: a held-out set of about 60, as a busy reservoir holds. The fleet is
     // twice the prior's latency, so the first model beats the prior on most held-out sets;
     // which requests are held out varies from run to run, and one with four or more of the
@@ -206,7 +211,7 @@ fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
 
 #[test]
 fn drift_seen_before_min_samples_of_the_new_regime_retrains_on_the_newest_and_settles() {
-    let store = ModelStore::open(config(true, 1.5)).unwrap();
+    let store = ModelStore::open(config(true, 1.5), native()).unwrap();
     feed(&store, 0, 2000, 1.2, (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     // The fleet turns twice as slow; 60 requests later (enough to judge drift, fewer than
@@ -241,7 +246,8 @@ fn a_drift_round_that_reaches_back_is_judged_on_the_new_regime_alone() {
     // 40% held out, so that the new regime's 100 requests hold about 40 out: enough to
     // judge on. min_samples 200: the round reaches back into the old regime for ~140
     // more training samples, and its stretch holds ~90 old held-out ones.
-    let store = ModelStore::open(ModelConfig { holdout_percent: 40, min_samples: 200, ..config(true, 1.5) }).unwrap();
+    let store =
+        ModelStore::open(ModelConfig { holdout_percent: 40, min_samples: 200, ..config(true, 1.5) }, native()).unwrap();
     feed(&store, 0, 2000, 1.2, (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     feed(&store, 10_000, 100, 2.4, (50, 3000), 2);
@@ -261,12 +267,10 @@ fn a_drift_round_that_reaches_back_is_judged_on_the_new_regime_alone() {
 #[test]
 fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
     let coverage = |rate: f64| {
-        let store = ModelStore::open(ModelConfig {
-            objective: "p90".into(),
-            calibration_rate: rate,
-            drift_factor: 0.0,
-            ..config(true, 0.0)
-        })
+        let store = ModelStore::open(
+            ModelConfig { objective: "p90".into(), calibration_rate: rate, drift_factor: 0.0, ..config(true, 0.0) },
+            native(),
+        )
         .unwrap();
         feed(&store, 0, 2000, 1.2, (50, 3000), 2);
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
@@ -302,7 +306,7 @@ fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
 
 #[test]
 fn the_first_model_starts_without_the_correction_learnt_on_the_prior() {
-    let store = ModelStore::open(ModelConfig { calibration_rate: 0.05, ..config(true, 0.0) }).unwrap();
+    let store = ModelStore::open(ModelConfig { calibration_rate: 0.05, ..config(true, 0.0) }, native()).unwrap();
     feed(&store, 0, 2000, 1.2, (50, 3000), 2);
     let moved = |v: &CalibrationView| v.ttft_factor.iter().chain(&v.tpot_factor).any(|&f| f != 1.0);
     assert!(moved(&store.calibration()), "the prior's bias was corrected: {:?}", store.calibration());
@@ -317,7 +321,7 @@ fn a_first_model_replaces_the_prior_only_when_it_beats_it_on_the_holdout() {
     // `worse` to tell) they do not beat the prior, which stays.
     let noise = |i: u64| (((i * 2_654_435_761) % 1000) as f64 / 1000.0 - 0.5) * 0.8;
     let config = || ModelConfig { min_new_samples: 100, ..config(true, 0.0) };
-    let store = ModelStore::open(config()).unwrap();
+    let store = ModelStore::open(config(), native()).unwrap();
     feed_with(&store, 0, 130, |i| noise(i).exp(), (50, 3000), 2);
     let outcome = store.train_if_due();
     assert!(
@@ -326,7 +330,7 @@ fn a_first_model_replaces_the_prior_only_when_it_beats_it_on_the_holdout() {
     );
     assert_eq!(store.active_name(), "analytic-prior");
     // A fleet twice as slow as the prior says: the first model that sees it serves.
-    let store = ModelStore::open(config()).unwrap();
+    let store = ModelStore::open(config(), native()).unwrap();
     feed_with(&store, 0, 130, |i| 2.0 * noise(i).exp(), (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     assert!(store.active_name().starts_with('v'));
@@ -338,7 +342,8 @@ fn without_training_the_prior_serves_corrected_live() {
     // replaces it however many samples arrive.
     let served_error = |rate: f64| {
         let store =
-            ModelStore::open(ModelConfig { train: false, calibration_rate: rate, ..config(true, 0.0) }).unwrap();
+            ModelStore::open(ModelConfig { train: false, calibration_rate: rate, ..config(true, 0.0) }, native())
+                .unwrap();
         assert!(!store.trains());
         feed(&store, 0, 2000, 1.5, (50, 3000), 2);
         assert!(matches!(store.train_if_due(), TrainOutcome::Skipped));
@@ -349,7 +354,7 @@ fn without_training_the_prior_serves_corrected_live() {
     assert!(uncorrected > 0.3, "the prior alone is a third off: {uncorrected:.3}");
     assert!(corrected < uncorrected - 0.1, "the correction moves it: {uncorrected:.3} -> {corrected:.3}");
     // With training on, the same traffic trains a model.
-    let trained = ModelStore::open(config(true, 0.0)).unwrap();
+    let trained = ModelStore::open(config(true, 0.0), native()).unwrap();
     feed(&trained, 0, 2000, 1.5, (50, 3000), 2);
     assert!(matches!(trained.train_if_due(), TrainOutcome::Activated(_)));
 }
@@ -359,7 +364,7 @@ fn without_training_the_prior_serves_corrected_live() {
 /// as it is dispatched; what serves TPOT afterwards, and the served TPOT error on `live`.
 fn contest_after(live: fn(u32) -> f64) -> (String, f64) {
     let shape = |input: u32| if input < 1500 { 3.0 } else { 1.0 };
-    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }).unwrap();
+    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }, native()).unwrap();
     feed_with(&store, 0, 2000, |i| shape(request(i, (50, 3000), 2).0), (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     let req = |input: u32| RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
@@ -394,7 +399,7 @@ fn the_prior_takes_a_target_only_on_the_hardware_class_the_model_serves_worse() 
     // both classes at once the model's class-0 reports would hide its class-1 errors, or
     // the prior would take class 0 with them.
     let shape = |input: u32| if input < 1500 { 3.0 } else { 1.0 };
-    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }).unwrap();
+    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }, native()).unwrap();
     feed_with(&store, 0, 2000, |i| shape(request(i, (50, 3000), 2).0), (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     for i in 10_000..14_000 {

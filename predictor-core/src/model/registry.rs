@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::gbdt::Objective;
-use super::runtime::OnnxModel;
+use super::runtime::LatencyModel;
 use super::spread::ErrorSpread;
 
 /// What is known about one model version.
@@ -52,7 +52,7 @@ impl ModelInfo {
 
 /// The model serving predictions.
 pub struct ActiveModel {
-    pub onnx: OnnxModel,
+    pub onnx: Box<dyn LatencyModel>,
     pub info: ModelInfo,
 }
 
@@ -75,7 +75,7 @@ impl Registry {
     }
 
     /// Makes `onnx` the active model and the newest version.
-    pub fn install(&self, onnx: OnnxModel, info: ModelInfo, bytes: Vec<u8>) {
+    pub fn install(&self, onnx: Box<dyn LatencyModel>, info: ModelInfo, bytes: Vec<u8>) {
         let mut versions = self.versions.lock().unwrap_or_else(|p| p.into_inner());
         versions.retain(|(i, _)| i.version != info.version);
         versions.push((info.clone(), Arc::new(bytes)));

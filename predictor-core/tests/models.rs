@@ -6,10 +6,15 @@
 
 use std::path::PathBuf;
 
-use headroom_predictor::config::ModelConfig;
-use headroom_predictor::model::features;
-use headroom_predictor::model::store::{ModelStore, TrainOutcome, PRIOR};
+use headroom_predictor_core::config::ModelConfig;
+use headroom_predictor_core::model::features;
+use headroom_predictor_core::model::store::{ModelStore, TrainOutcome, PRIOR};
 use headroom_protocol::{EndpointState, Observation, RequestFeatures, RouteSource, Slo};
+
+/// The exported models run in plain Rust: these tests need no ONNX Runtime.
+fn native() -> std::sync::Arc<dyn headroom_predictor_core::model::runtime::Runtime> {
+    std::sync::Arc::new(headroom_predictor_core::model::native::Native)
+}
 
 /// The "true" latency of the synthetic world: grows with queue, load and prompt.
 fn truth(input: u32, state: &EndpointState) -> (f64, f64) {
@@ -74,7 +79,7 @@ fn mape(store: &ModelStore) -> (f64, f64) {
 
 #[test]
 fn cold_start_predicts_with_the_prior_then_training_takes_over() {
-    let store = ModelStore::open(config(None)).unwrap();
+    let store = ModelStore::open(config(None), native()).unwrap();
     let (preds, name) = store.predict(&[[0.0; features::COUNT]]);
     assert_eq!(name, PRIOR, "before any model, the analytic prior predicts");
     assert!(preds[0].0 > 0.0 && preds[0].1 > 0.0);
@@ -98,7 +103,7 @@ fn cold_start_predicts_with_the_prior_then_training_takes_over() {
 
 #[test]
 fn unusable_observations_are_not_learned_from() {
-    let store = ModelStore::open(config(None)).unwrap();
+    let store = ModelStore::open(config(None), native()).unwrap();
     let mut o = observation(1);
     o.source = RouteSource::Fallback; // its state came from a stale cache, not a predict call
     assert!(!store.observe(&o));
@@ -115,14 +120,14 @@ fn unusable_observations_are_not_learned_from() {
 fn a_restart_keeps_models_and_samples() {
     let dir = temp_dir("restart");
     {
-        let store = ModelStore::open(config(Some(dir.clone()))).unwrap();
+        let store = ModelStore::open(config(Some(dir.clone())), native()).unwrap();
         for i in 0..2000 {
             store.observe(&observation(i));
         }
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
         store.persist_samples();
     }
-    let store = ModelStore::open(config(Some(dir.clone()))).unwrap();
+    let store = ModelStore::open(config(Some(dir.clone())), native()).unwrap();
     assert_eq!(store.active_name(), "v1");
     let c = store.sample_counts();
     let (train, holdout) = (c.train, c.holdout);
@@ -136,7 +141,7 @@ fn a_restart_keeps_models_and_samples() {
 fn a_corrupt_model_file_is_refused_and_the_last_good_one_kept() {
     let dir = temp_dir("corrupt");
     {
-        let store = ModelStore::open(config(Some(dir.clone()))).unwrap();
+        let store = ModelStore::open(config(Some(dir.clone())), native()).unwrap();
         for i in 0..2000 {
             store.observe(&observation(i));
         }
@@ -148,10 +153,10 @@ fn a_corrupt_model_file_is_refused_and_the_last_good_one_kept() {
         assert!(matches!(second, TrainOutcome::Activated(ref info) if info.version == 2), "{second:?}");
     }
     std::fs::write(dir.join("models/v2.onnx"), b"\x08\x01 truncated garbage").unwrap();
-    let store = ModelStore::open(config(Some(dir.clone()))).unwrap();
+    let store = ModelStore::open(config(Some(dir.clone())), native()).unwrap();
     assert_eq!(store.active_name(), "v1", "v2 is corrupt: the last good model serves");
     std::fs::write(dir.join("samples.msgpack"), b"not msgpack").unwrap();
-    let store = ModelStore::open(config(Some(dir.clone()))).unwrap();
+    let store = ModelStore::open(config(Some(dir.clone())), native()).unwrap();
     let c = store.sample_counts();
     assert_eq!((c.train, c.holdout), (0, 0), "corrupt samples are refused, not half-loaded");
     let _ = std::fs::remove_dir_all(&dir);
@@ -160,7 +165,7 @@ fn a_corrupt_model_file_is_refused_and_the_last_good_one_kept() {
 #[test]
 fn a_user_supplied_model_replaces_online_training() {
     let dir = temp_dir("user");
-    let trained = ModelStore::open(config(None)).unwrap();
+    let trained = ModelStore::open(config(None), native()).unwrap();
     for i in 0..2000 {
         trained.observe(&observation(i));
     }
@@ -169,7 +174,7 @@ fn a_user_supplied_model_replaces_online_training() {
     let path = dir.join("mine.onnx");
     std::fs::write(&path, trained.onnx_bytes("v1").unwrap().as_slice()).unwrap();
 
-    let user = ModelStore::open(ModelConfig { model_path: Some(path.clone()), ..config(None) }).unwrap();
+    let user = ModelStore::open(ModelConfig { model_path: Some(path.clone()), ..config(None) }, native()).unwrap();
     assert!(!user.trains());
     assert_eq!(user.versions().0[0].source, "user");
     assert!(mape(&user).0 < 0.10);
@@ -179,7 +184,8 @@ fn a_user_supplied_model_replaces_online_training() {
     assert_eq!(user.train_if_due(), TrainOutcome::Skipped, "no online training with a user model");
 
     std::fs::write(&path, b"garbage").unwrap();
-    let err = ModelStore::open(ModelConfig { model_path: Some(path), ..config(None) }).err().unwrap().to_string();
+    let err =
+        ModelStore::open(ModelConfig { model_path: Some(path), ..config(None) }, native()).err().unwrap().to_string();
     assert!(err.contains("mine.onnx") && err.contains("not a usable ONNX model"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -190,7 +196,7 @@ fn a_user_supplied_model_replaces_online_training() {
 /// the prior.
 #[test]
 fn one_row_out_of_range_is_served_by_the_prior_alone() {
-    use headroom_predictor::model::gbdt::{Ensemble, Node};
+    use headroom_predictor_core::model::gbdt::{Ensemble, Node};
     let split = vec![
         Node::Split { feature: 1, threshold: 5000.0, left: 1, right: 2 },
         Node::Leaf { value: 0.0 },
@@ -201,9 +207,9 @@ fn one_row_out_of_range_is_served_by_the_prior_alone() {
     let dir = temp_dir("wild");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("wild.onnx");
-    std::fs::write(&path, headroom_predictor::model::onnx::export(&ttft, &tpot, 1, &[])).unwrap();
-    let store = ModelStore::open(ModelConfig { model_path: Some(path), ..config(None) }).unwrap();
-    let prior = ModelStore::open(config(None)).unwrap();
+    std::fs::write(&path, headroom_predictor_core::model::onnx::export(&ttft, &tpot, 1, &[])).unwrap();
+    let store = ModelStore::open(ModelConfig { model_path: Some(path), ..config(None) }, native()).unwrap();
+    let prior = ModelStore::open(config(None), native()).unwrap();
 
     let state = EndpointState::default();
     let row =

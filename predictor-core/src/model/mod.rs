@@ -1,7 +1,8 @@
 //! Latency models, bottom up: `columns` (the feature row's layout), `features` (one
 //! definition at predict and train time), `prior` (the analytic formula that serves
-//! before any model), `gbdt` (training), `onnx` (export), `runtime` (ONNX Runtime
-//! inference), `sampler` (the sample reservoirs), `spread` (how far errors reach),
+//! before any model), `gbdt` (training), `onnx` (export), `runtime` (what runs a
+//! model: a trait, ONNX Runtime in the service), `native` (the exported models run in
+//! plain Rust), `sampler` (the sample reservoirs), `spread` (how far errors reach),
 //! `registry` (which model serves), `training` (one round's fit, scores and export),
 //! `persistence` (the data directory), `calibration` (the live correction of served
 //! predictions), `duel` (the corrected prior against the trained model, judged live),
@@ -13,6 +14,7 @@ pub mod columns;
 pub mod duel;
 pub mod features;
 pub mod gbdt;
+pub mod native;
 pub mod onnx;
 pub mod persistence;
 pub mod prior;

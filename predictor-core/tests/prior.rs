@@ -3,9 +3,9 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use headroom_predictor::model::features::row;
-use headroom_predictor::model::prior::AnalyticPrior;
 use headroom_predictor_config::Profile;
+use headroom_predictor_core::model::features::row;
+use headroom_predictor_core::model::prior::AnalyticPrior;
 use headroom_protocol::{EndpointState, RequestFeatures};
 
 #[test]

@@ -35,7 +35,7 @@ use super::gbdt::Objective;
 use super::persistence::{self, sha256_hex, DataDir};
 use super::prior::AnalyticPrior;
 use super::registry::{ActiveModel, Registry};
-use super::runtime::OnnxModel;
+use super::runtime::{self, LatencyModel, Runtime};
 use super::sampler::{self, Sample, Samples};
 use super::training::{self, ErrorSpread, Scores};
 use crate::clock::{Clock, WallClock};
@@ -174,17 +174,22 @@ pub struct ModelStore {
     warned: LogLimit,
     /// The time the live correction and the contest read (`crate::clock`).
     clock: Arc<dyn Clock>,
+    /// What runs the models (ONNX Runtime in the service).
+    runtime: Arc<dyn Runtime>,
 }
 
 impl ModelStore {
-    /// Loads ONNX Runtime, then the user model or the persisted state (on the wall clock).
-    pub fn open(config: ModelConfig) -> anyhow::Result<ModelStore> {
-        ModelStore::open_with_clock(config, Arc::new(WallClock))
+    /// Loads the user model or the persisted state into `runtime` (on the wall clock).
+    pub fn open(config: ModelConfig, runtime: Arc<dyn Runtime>) -> anyhow::Result<ModelStore> {
+        ModelStore::open_with_clock(config, runtime, Arc::new(WallClock))
     }
 
     /// [`ModelStore::open`] with the live correction and the contest on `clock`.
-    pub fn open_with_clock(config: ModelConfig, clock: Arc<dyn Clock>) -> anyhow::Result<ModelStore> {
-        super::runtime::init(config.onnxruntime_library.as_deref())?;
+    pub fn open_with_clock(
+        config: ModelConfig,
+        runtime: Arc<dyn Runtime>,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<ModelStore> {
         let persist_failures = Counter::default();
         let tracked = match config.objective() {
             Objective::Quantile { q } => q,
@@ -205,11 +210,13 @@ impl ModelStore {
             substituted: Counter::default(),
             warned: LogLimit::default(),
             clock,
+            runtime,
             config,
         };
         if let Some(path) = store.config.model_path.clone() {
             let bytes = std::fs::read(&path).map_err(|e| anyhow::anyhow!("model_path {}: {e}", path.display()))?;
-            let onnx = OnnxModel::load(&bytes).map_err(|e| anyhow::anyhow!("model_path {}: {e}", path.display()))?;
+            let onnx = runtime::load(&*store.runtime, &bytes)
+                .map_err(|e| anyhow::anyhow!("model_path {}: {e}", path.display()))?;
             let info = ModelInfo {
                 version: 1,
                 source: "user".into(),
@@ -244,7 +251,7 @@ impl ModelStore {
     /// Restores models (when it trains) and samples from the data directory, if there is one.
     fn restore(&self) {
         let Some(data) = &self.data else { return };
-        if let Some(restored) = data.restore_model().filter(|_| self.trains()) {
+        if let Some(restored) = data.restore_model(&*self.runtime).filter(|_| self.trains()) {
             for (info, bytes) in restored.older {
                 self.registry.remember(info, bytes);
             }
@@ -333,17 +340,17 @@ impl ModelStore {
     /// the serving session is one lock, and a round's thousands of rows on it held every
     /// predict call behind them (7-10 ms each round, `predictor-bench`). `None` when no
     /// trained model serves (or its bytes are not kept).
-    fn scoring_session(&self) -> Option<OnnxModel> {
+    fn scoring_session(&self) -> Option<Box<dyn LatencyModel>> {
         let active = self.registry.active();
         let info = &active.as_ref().as_ref()?.info;
-        OnnxModel::load(&self.registry.onnx_bytes(&info.name())?).ok()
+        runtime::load(&*self.runtime, &self.registry.onnx_bytes(&info.name())?).ok()
     }
 
     /// What the active model predicts for a training round's rows (its holdout, its newest
     /// rows), as it would serve them: on `scorer` when there is one (each value out of range
     /// the prior's, uncounted: nothing was served); else on the serving session,
     /// [`SCORE_CHUNK`] rows a run.
-    fn active_raw_for_round(&self, scorer: Option<&OnnxModel>, rows: &[Row]) -> Vec<(f64, f64)> {
+    fn active_raw_for_round(&self, scorer: Option<&dyn LatencyModel>, rows: &[Row]) -> Vec<(f64, f64)> {
         let own = scorer.and_then(|m| m.predict(rows).ok()).filter(|out| out.len() == rows.len());
         match own {
             Some(out) => out.into_iter().zip(rows).map(|(value, row)| self.in_range_or_prior(value, row).0).collect(),
@@ -531,7 +538,7 @@ impl ModelStore {
             let prior = self.score_prior_as_served(&judge, objective);
             (prior, !training::replaces_prior(&candidate, &prior))
         } else {
-            let active = self.score_active(scorer.as_ref(), &judge, objective);
+            let active = self.score_active(scorer.as_deref(), &judge, objective);
             (active, training::worse(&candidate, &active, judge.len(), self.config.keep_margin))
         };
         if kept {
@@ -549,7 +556,7 @@ impl ModelStore {
         if drifting {
             tracing::info!(train = train.len(), judged_on = judge.len(), "model drifted; trained on the samples since");
         }
-        let outcome = match OnnxModel::load(&bytes) {
+        let outcome = match runtime::load(&*self.runtime, &bytes) {
             Ok(model) => {
                 tracing::info!(version = %info.name(), mape_ttft = ?info.holdout_mape_ttft, mape_tpot = ?info.holdout_mape_tpot, train_ms = info.train_ms, "activated model");
                 if let Some(data) = &self.data {
@@ -560,7 +567,7 @@ impl ModelStore {
                 let level = (!drifting && !replaces_prior).then(|| {
                     let new: Vec<_> = newest.iter().map(|r| fitted.predict(r)).collect();
                     let classes: Vec<f32> = newest.iter().map(|r| r[features::HARDWARE_CLASS]).collect();
-                    calibration::log_ratios(&classes, &new, &self.active_raw_for_round(scorer.as_ref(), &newest))
+                    calibration::log_ratios(&classes, &new, &self.active_raw_for_round(scorer.as_deref(), &newest))
                 });
                 self.registry.install(model, info.clone(), bytes);
                 self.active_from.store(filed, Ordering::SeqCst);
@@ -634,7 +641,7 @@ impl ModelStore {
         training::score(holdout, objective, |r| calibration.apply(r[features::HARDWARE_CLASS], self.prior.predict(r)))
     }
 
-    fn score_active(&self, scorer: Option<&OnnxModel>, holdout: &[Sample], objective: Objective) -> Scores {
+    fn score_active(&self, scorer: Option<&dyn LatencyModel>, holdout: &[Sample], objective: Objective) -> Scores {
         let rows: Vec<Row> = holdout.iter().map(|s| s.row).collect();
         let mut predicted = self.active_raw_for_round(scorer, &rows).into_iter();
         training::score(holdout, objective, |_| predicted.next().unwrap_or((f64::NAN, f64::NAN)))
@@ -710,7 +717,7 @@ mod tests {
     #[test]
     fn a_round_scores_on_a_session_of_its_own_not_the_serving_one() {
         let config = ModelConfig { min_samples: 40, min_new_samples: 20, trees: 10, ..ModelConfig::default() };
-        let store = ModelStore::open(config).unwrap_or_else(|e| panic!("{e}"));
+        let store = ModelStore::open(config, Arc::new(super::super::native::Native)).unwrap_or_else(|e| panic!("{e}"));
         (0..400).for_each(|i| {
             store.observe(&observation(i));
         });

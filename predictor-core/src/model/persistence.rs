@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use sha2::{Digest, Sha256};
 
 use super::registry::ModelInfo;
-use super::runtime::OnnxModel;
+use super::runtime::{self, LatencyModel, Runtime};
 use super::sampler::Samples;
 
 /// Prefix of temp files; leftovers of a crash are removed at start.
@@ -52,7 +52,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// A loadable model found on disk.
 pub struct RestoredModel {
-    pub onnx: OnnxModel,
+    pub onnx: Box<dyn LatencyModel>,
     pub info: ModelInfo,
     pub bytes: Vec<u8>,
     /// Older versions whose files verify, oldest first (the history `/v1/models` lists).
@@ -87,7 +87,7 @@ impl DataDir {
     /// The active model as `ACTIVE` names it, or the newest older one that verifies and
     /// loads: a corrupt file is refused (logged), never served. Also removes temp files
     /// a crash left behind.
-    pub fn restore_model(&self) -> Option<RestoredModel> {
+    pub fn restore_model(&self, runtime: &dyn Runtime) -> Option<RestoredModel> {
         let models = self.models();
         let mut infos: Vec<ModelInfo> = std::fs::read_dir(&models)
             .into_iter()
@@ -109,7 +109,7 @@ impl DataDir {
         remove_temp_files(&self.dir);
         remove_temp_files(&models);
         for info in infos.iter().rev().filter(|i| active.is_none_or(|a| i.version <= a)) {
-            let loaded = read_verified(&models, info).and_then(|b| Ok((OnnxModel::load(&b)?, b)));
+            let loaded = read_verified(&models, info).and_then(|b| Ok((runtime::load(runtime, &b)?, b)));
             match loaded {
                 Ok((onnx, bytes)) => {
                     tracing::info!(version = %info.name(), "restored model");

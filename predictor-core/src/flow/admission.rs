@@ -1,19 +1,17 @@
 //! What `/v1/predict` and the flow task do with the queue: admit a request that offered
 //! to wait (answer now, or queue it with a [`Ticket`]), and judge the waiting ones when
-//! capacity may have freed ([`run`], [`serve_pool`]), predicting through the service.
-//! Every moment is passed in as `now`: the clock is the caller's.
+//! capacity may have freed ([`serve_pool`]), predicting through the service. Every
+//! moment is passed in as `now`: the clock is the caller's, and so is the way an answer
+//! travels back ([`Reply`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headroom_protocol::{EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, PredictRequest, PredictResponse};
-use tokio::sync::oneshot;
-
 use super::decide::{fits, goes_now, own_room, ready};
-use super::queue::{Refused, Waiter};
-use crate::heartbeat::Task;
+use super::queue::{Refused, Reply, Waiter};
+use crate::predictor::Predictor;
 use crate::service;
-use crate::state::AppState;
+use headroom_protocol::{EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, PredictRequest, PredictResponse};
 
 /// Waiting requests judged per pool and wake-up, at most: each costs one prediction
 /// of every endpoint. The rest wait for the next one (`recheck_interval_ms`).
@@ -23,13 +21,14 @@ const MAX_JUDGED_PER_ROUND: usize = 64;
 pub enum Admission {
     /// Answer now (with flow control's outcome in it).
     Now(PredictResponse),
-    /// Wait for the answer; dropping the [`Ticket`] (the caller left) leaves the queue.
-    Wait(oneshot::Receiver<PredictResponse>, Ticket),
+    /// Wait for the answer, which goes to the [`Reply`] given; dropping the [`Ticket`]
+    /// (the caller left) leaves the queue.
+    Wait(Ticket),
 }
 
 /// A place in a pool's queue, given up when dropped.
 pub struct Ticket {
-    state: Arc<AppState>,
+    state: Arc<Predictor>,
     pool: String,
     id: u64,
 }
@@ -57,7 +56,7 @@ impl Drop for Ticket {
 /// waiting can never take away. `None` where the endpoint gets no prediction. One
 /// batched prediction.
 fn idle_ttfts_ms<'a>(
-    state: &AppState,
+    state: &Predictor,
     req: &PredictRequest,
     endpoints: impl IntoIterator<Item = &'a EndpointPrediction>,
 ) -> Vec<Option<f64>> {
@@ -81,12 +80,12 @@ fn idle_ttfts_ms<'a>(
 
 /// The request's own TTFT at `endpoint` were it idle (0 without a prediction): what
 /// [`goes_now`] takes from its predicted TTFT there to leave the queue ahead of it.
-fn service_ms(state: &AppState, req: &PredictRequest, endpoint: &EndpointPrediction) -> f64 {
+fn service_ms(state: &Predictor, req: &PredictRequest, endpoint: &EndpointPrediction) -> f64 {
     idle_ttfts_ms(state, req, [endpoint]).into_iter().flatten().next().unwrap_or(0.0)
 }
 
 /// Counts `req` as in flight at `endpoint` until the filter's dispatch replaces it.
-fn reserve(state: &AppState, req: &PredictRequest, endpoint: &EndpointPrediction, now: Instant) {
+fn reserve(state: &Predictor, req: &PredictRequest, endpoint: &EndpointPrediction, now: Instant) {
     let predicted = (endpoint.ttft_ms.unwrap_or(0.0), endpoint.tpot_ms);
     state.pools.with(&req.pool, |p| p.reserve(&req.request_id, &endpoint.address, &req.request, predicted, now));
 }
@@ -97,7 +96,7 @@ fn waited_ms(arrived: Instant, now: Instant) -> f64 {
 
 /// A fresh prediction for `req`, with flow control's outcome.
 fn answer(
-    state: &AppState,
+    state: &Predictor,
     req: &PredictRequest,
     now: Instant,
     outcome: FlowOutcome,
@@ -108,18 +107,24 @@ fn answer(
     Some(a)
 }
 
-/// Decides at arrival: answer now, or wait. `now_answer` is the prediction already made
-/// for it at `now`.
-pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: PredictResponse, now: Instant) -> Admission {
+/// Decides at arrival: answer now, or wait for an answer sent to `reply`. `now_answer` is
+/// the prediction already made for it at `now`.
+pub fn admit(
+    state: &Arc<Predictor>,
+    req: PredictRequest,
+    mut now_answer: PredictResponse,
+    now: Instant,
+    reply: Box<dyn Reply>,
+) -> Admission {
     let Some(terms) = req.flow.clone() else { return Admission::Now(now_answer) };
-    let reply = |answer: &mut PredictResponse, outcome: FlowOutcome| {
+    let settle = |answer: &mut PredictResponse, outcome: FlowOutcome| {
         state.metrics.flow_outcome(&req.pool, outcome, 0.0);
         answer.flow = Some(FlowAnswer { outcome, waited_ms: 0.0 });
     };
     let predicted = now_answer.endpoints.iter().any(|e| e.ttft_ms.is_some());
     // Has no SLO to wait for, or nothing is predicted (the filter falls back).
     if !req.request.slo.is_set() || !predicted {
-        reply(&mut now_answer, FlowOutcome::Immediate);
+        settle(&mut now_answer, FlowOutcome::Immediate);
         return Admission::Now(now_answer);
     }
     // No endpoint has headroom for its own SLOs: waiting would only add to its TTFT (a
@@ -130,7 +135,7 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     // interactive ones).
     let with_neighbours = fits(&req, &terms, &now_answer.endpoints, 0.0);
     if with_neighbours.is_none() && own_room(&req, &terms, &now_answer.endpoints, 0.0).is_none() {
-        reply(&mut now_answer, FlowOutcome::Unmeetable);
+        settle(&mut now_answer, FlowOutcome::Unmeetable);
         return Admission::Now(now_answer);
     }
     // Ready now, and nothing of its band or above waits (it would pass them): goes at
@@ -141,7 +146,7 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     if let Some(at_best) = with_neighbours.map(|best| &now_answer.endpoints[best]) {
         if !behind && goes_now(&req, &terms, at_best, service_ms(state, &req, at_best), 0.0, &state.config.flow) {
             reserve(state, &req, at_best, now);
-            reply(&mut now_answer, FlowOutcome::Immediate);
+            settle(&mut now_answer, FlowOutcome::Immediate);
             return Admission::Now(now_answer);
         }
     }
@@ -159,11 +164,10 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     let wait = slack.min(longest);
     if wait.is_zero() {
         // No endpoint could make its SLO even idle of queued work: waiting cannot help.
-        reply(&mut now_answer, FlowOutcome::Expired);
+        settle(&mut now_answer, FlowOutcome::Expired);
         return Admission::Now(now_answer);
     }
     let id = state.flows.next_id();
-    let (tx, rx) = oneshot::channel();
     let waiter = Waiter {
         id,
         band,
@@ -171,7 +175,7 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
         arrived: now,
         deadline: now + wait,
         request: req.clone(),
-        reply: Some(tx),
+        reply: Some(reply),
     };
     let pool = req.pool.clone();
     let admitted = state.flows.with(&pool, |q| {
@@ -185,40 +189,23 @@ pub fn admit(state: &Arc<AppState>, req: PredictRequest, mut now_answer: Predict
     match admitted {
         Ok(()) => {
             state.metrics.flow_queued(&pool);
-            Admission::Wait(rx, Ticket { state: state.clone(), pool, id })
+            Admission::Wait(Ticket { state: state.clone(), pool, id })
         }
         Err(outcome) => {
-            reply(&mut now_answer, outcome);
+            settle(&mut now_answer, outcome);
             Admission::Now(now_answer)
         }
     }
 }
 
-/// Judges the waiting requests whenever capacity may have freed, and at least every
-/// `recheck_interval_ms`: releases those an endpoint now has headroom for, expires
-/// those whose deadline passed.
-pub async fn run(state: Arc<AppState>) {
-    let recheck = Duration::from_millis(state.config.flow.recheck_interval_ms);
-    loop {
-        tokio::select! {
-            _ = state.flows.woken() => {}
-            _ = tokio::time::sleep(recheck) => {}
-        }
-        state.heartbeats.beat(Task::Flow);
-        for pool in state.flows.busy_pools() {
-            serve_pool(&state, &pool, state.clock.now());
-        }
-    }
-}
-
-/// One round over `pool`'s queue at `now` (what [`run`] does for each busy pool; public
-/// for the fuzz target that drives the queue by hand).
-pub fn serve_pool(state: &AppState, pool: &str, now: Instant) {
+/// One round over `pool`'s queue at `now`: what the service's flow task does for each
+/// busy pool whenever capacity may have freed, and at least every `recheck_interval_ms`.
+pub fn serve_pool(state: &Predictor, pool: &str, now: Instant) {
     for mut w in state.flows.with(pool, |q| q.take_expired(now)) {
         let outcome = FlowOutcome::Expired;
         if let (Some(reply), Some(a)) = (w.reply.take(), answer(state, &w.request, now, outcome, w.arrived)) {
             state.metrics.flow_outcome(pool, outcome, waited_ms(w.arrived, now) / 1000.0);
-            let _ = reply.send(a);
+            reply.send(a);
         }
     }
     let order = state.flows.with(pool, |q| q.order());
@@ -260,7 +247,7 @@ pub fn serve_pool(state: &AppState, pool: &str, now: Instant) {
         a.flow = Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: waited });
         state.metrics.flow_outcome(pool, FlowOutcome::Released, waited / 1000.0);
         if let Some(reply) = w.reply.take() {
-            let _ = reply.send(a);
+            reply.send(a);
         }
     }
 }

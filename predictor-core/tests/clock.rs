@@ -1,0 +1,88 @@
+//! The predictor's decisions run on the clock it is built with (`clock.rs`), not the
+//! wall's: a manual clock moves a queued request to its deadline and the engine metrics
+//! past their freshness in no wall time at all, the way a simulation runs it. No async
+//! runtime, no ONNX Runtime: the core as a simulation would drive it.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use headroom_predictor_core::clock::{Clock, ManualClock};
+use headroom_predictor_core::config::Config;
+use headroom_predictor_core::flow::admission::{self, Admission};
+use headroom_predictor_core::flow::queue::Reply;
+use headroom_predictor_core::model::native::Native;
+use headroom_predictor_core::pool::EngineMetrics;
+use headroom_predictor_core::predictor::Predictor;
+use headroom_predictor_core::service;
+use headroom_protocol::{FlowOutcome, PredictRequest, PredictResponse};
+
+/// Engine metrics of a server far behind: a request with a minute's SLO has room there,
+/// but the queue ahead of it is past any horizon, so it waits.
+const SWAMPED: EngineMetrics = EngineMetrics { running: 256, waiting: 400, kv_usage: 0.99, decode: None };
+
+/// Where a waiting request's answer lands: read by the test when it looks.
+#[derive(Debug, Default, Clone)]
+struct Slot(Arc<Mutex<Option<PredictResponse>>>);
+
+impl Slot {
+    fn take(&self) -> Option<PredictResponse> {
+        self.0.lock().unwrap().take()
+    }
+}
+
+impl Reply for Slot {
+    fn send(self: Box<Self>, answer: PredictResponse) {
+        *self.0.lock().unwrap() = Some(answer);
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+fn request() -> PredictRequest {
+    serde_json::from_value(serde_json::json!({"pool": "default", "request_id": "r1",
+        "request": {"model": "m", "input_tokens": 100, "streaming": true, "slo": {"ttft_ms": 60000.0}, "priority": 0},
+        "flow": {"max_wait_ms": 120000, "tpot_buffer": 1.0, "dispatch_horizon_ms": 150, "fairness_id": "a"}}))
+    .unwrap()
+}
+
+#[test]
+fn a_queued_request_reaches_its_deadline_on_the_services_clock_not_the_wall() {
+    let config = Config::parse(
+        "stale_after_ms = 5000\n[flow]\nmax_wait_ms = 120000\n[[pool]]\nname = \"default\"\nendpoints = [\"10.0.0.1:8000\"]\n",
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let state = Arc::new(Predictor::new(config, Arc::new(Native), clock.clone()).unwrap());
+    let wall = Instant::now();
+    state.pools.with("default", |p| p.endpoints[0].scraped(SWAMPED, clock.now()));
+
+    let arrived = clock.now();
+    let answer = service::predict(&state, request(), arrived).unwrap();
+    assert!(answer.endpoints[0].ttft_ms.is_some(), "fresh metrics predict: {answer:?}");
+    let reply = Slot::default();
+    let Admission::Wait(_ticket) = admission::admit(&state, request(), answer, arrived, Box::new(reply.clone())) else {
+        panic!("a request with room but a long queue ahead waits");
+    };
+
+    // A recheck 3 s in: still waiting, and the metrics (5 s fresh) still count.
+    clock.advance(Duration::from_secs(3));
+    admission::serve_pool(&state, "default", clock.now());
+    assert!(reply.take().is_none(), "released or expired after 3 s of a minute's SLO");
+    assert!(service::predict(&state, request(), clock.now()).unwrap().endpoints[0].ttft_ms.is_some());
+
+    // A minute on: past its deadline, so it leaves as expired, having waited the service's
+    // minute; the metrics not scraped since are stale by that clock and predict nothing.
+    clock.advance(Duration::from_secs(60));
+    admission::serve_pool(&state, "default", clock.now());
+    let expired: PredictResponse = reply.take().expect("expired at the deadline");
+    let flow = expired.flow.unwrap();
+    assert_eq!(flow.outcome, FlowOutcome::Expired);
+    assert!((59_000.0..=63_000.0).contains(&flow.waited_ms), "waited {} ms of the service's time", flow.waited_ms);
+    assert_eq!(expired.endpoints[0].ttft_ms, None, "stale by the service's clock: {expired:?}");
+    assert_eq!(state.flows.with("default", |q| q.len()), 0);
+    assert!(wall.elapsed() < Duration::from_secs(5), "a minute of the service's time took {:?}", wall.elapsed());
+}
