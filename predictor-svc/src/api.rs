@@ -252,6 +252,7 @@ pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Response {
     let (versions, active) = state.core.models.versions();
     let body = serde_json::json!({
         "active": active,
+        "objective": state.core.config.model.objective,
         "training": state.core.models.trains(),
         "samples": state.core.models.sample_counts(),
         "versions": versions,

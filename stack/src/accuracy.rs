@@ -224,13 +224,18 @@ fn pass(opts: &AccuracyOptions, objective: &str, observations: Option<&std::path
         Engine::Simulator => FLEET.map(String::from).to_vec(),
         Engine::Vllm => opts.engine.default_profiles(),
     };
+    // Requests placed when they arrive, unless `--plugin` says otherwise: the run measures
+    // predictions against the load they were made for, and flow control's waits (on by
+    // default) would reshape that load between one pass and the next.
+    let mut plugin = opts.plugin.clone();
+    plugin.entry("flow_control").or_insert(Value::Bool(false));
     let stack = Stack::start(StackOptions {
         run_dir: opts.run_dir.clone(),
         engine: opts.engine,
         profile: opts.profile,
         profiles,
         objective: objective.to_string(),
-        plugin: opts.plugin.clone(),
+        plugin,
         time_scale: opts.time_scale,
         ..Default::default()
     })?;

@@ -153,7 +153,8 @@ impl Default for StackOptions {
             run_dir: locate::root().join(".run"),
             attached: true,
             external_predictor: None,
-            objective: "mean".into(),
+            // The predictor's own default: defined once, in its configuration.
+            objective: headroom_predictor_config::ModelConfig::default().objective,
             router: Router::Headroom,
             predictor_replicas: 1,
             predictor_rollout: false,

@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end tests: start a stack, send requests, read the
 //! predictor's view.
 
+pub mod burst;
 pub mod fake_predictor;
 pub mod load;
 

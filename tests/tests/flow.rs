@@ -2,12 +2,10 @@
 //! with one model server overloaded by a burst of long prompts, SLO-routed requests
 //! that no endpoint has headroom for wait in the predictor's queue, by band and deadline.
 
-use std::io::Read;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use headroom_e2e::burst::{self, join, send, spawn, Seen};
 use headroom_e2e::{wait_until, Harness, StackOptions};
-use headroom_protocol::headers::{DEBUG_FLOW, DEBUG_QUEUED};
 use headroom_stack::http::metric_with;
 use serde_json::json;
 
@@ -23,110 +21,17 @@ fn options() -> StackOptions {
     }
 }
 
-/// What one request saw, timed from its send.
-#[derive(Debug, Clone)]
-struct Seen {
-    status: u16,
-    /// Time to the first body bytes: for a stream, the client-side TTFT (queue wait included).
-    first_byte: Duration,
-    retry_after: Option<String>,
-    /// `x-headroom-queued-ms`: it waited in the predictor's queue this long.
-    queued_ms: Option<f64>,
-    /// `x-headroom-flow`: how it left the queue (`released`, `expired`).
-    flow: Option<String>,
-    sent: Instant,
-}
-
-impl Seen {
-    /// When it left the queue, if it waited there.
-    fn left_queue(&self) -> Option<Instant> {
-        self.queued_ms.map(|ms| self.sent + Duration::from_secs_f64(ms / 1000.0))
-    }
-
-    fn released(&self) -> bool {
-        self.flow.as_deref() == Some("released")
-    }
-}
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// A completion through the gateway; `slo` = (TTFT SLO ms, priority) routes it by SLO.
-fn send(gateway: &str, prompt_tokens: usize, max_tokens: u32, slo: Option<(u32, i32)>, timeout: Duration) -> Seen {
-    let started = Instant::now();
-    let client = reqwest::blocking::Client::builder().timeout(timeout).build().expect("client");
-    // A different first block per request: no prompt finds another's prefix cached.
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let prompt = format!("request {n:>08} of this test. {}", "word ".repeat(prompt_tokens * 4 / 5));
-    let body = json!({"model": "sim-llama-8b", "prompt": prompt,
-                      "max_tokens": max_tokens, "stream": true});
-    let mut req = client.post(format!("{gateway}/v1/completions")).header("content-type", "application/json");
-    if let Some((ttft, priority)) = slo {
-        req = req
-            .header("x-slo-ttft-ms", ttft.to_string())
-            .header("x-request-priority", priority.to_string())
-            .header("x-prediction-based-scheduling", "true");
-    }
-    match req.body(body.to_string()).send() {
-        Ok(mut r) => {
-            let status = r.status().as_u16();
-            let header = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let retry_after = header("retry-after");
-            let queued_ms = header(DEBUG_QUEUED).and_then(|v| v.parse().ok());
-            let flow = header(DEBUG_FLOW);
-            let mut first = [0u8; 1];
-            let _ = r.read(&mut first);
-            let first_byte = started.elapsed();
-            let mut rest = Vec::new();
-            let _ = r.read_to_end(&mut rest);
-            Seen { status, first_byte, retry_after, queued_ms, flow, sent: started }
-        }
-        Err(_) => Seen {
-            status: 0,
-            first_byte: started.elapsed(),
-            retry_after: None,
-            queued_ms: None,
-            flow: None,
-            sent: started,
-        },
-    }
-}
-
 fn predictor_metrics(h: &Harness) -> String {
     h.get(&format!("{}/metrics", h.predictor())).map(|r| r.body).unwrap_or_default()
 }
 
 /// `headroom_flow_queued_requests` summed over bands.
 fn queued(h: &Harness) -> f64 {
-    predictor_metrics(h)
-        .lines()
-        .filter(|l| l.starts_with("headroom_flow_queued_requests{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    burst::queued(&predictor_metrics(h))
 }
 
 fn outcome(h: &Harness, name: &str) -> f64 {
     metric_with(&predictor_metrics(h), "headroom_flow_outcomes_total", &format!("outcome=\"{name}\""))
-}
-
-/// Sends `n` requests of `tokens` prompt tokens at once, each on its own thread: SLO-routed
-/// with `(ttft_slo_ms, priority)`, or without SLO headers (`None`: placed at once, never queued).
-fn spawn(
-    gateway: &str,
-    n: usize,
-    tokens: usize,
-    max_tokens: u32,
-    slo: Option<(u32, i32)>,
-) -> Vec<std::thread::JoinHandle<Seen>> {
-    (0..n)
-        .map(|_| {
-            let g = gateway.to_string();
-            std::thread::spawn(move || send(&g, tokens, max_tokens, slo, Duration::from_secs(120)))
-        })
-        .collect()
-}
-
-fn join(threads: Vec<std::thread::JoinHandle<Seen>>) -> Vec<Seen> {
-    threads.into_iter().map(|t| t.join().expect("client thread")).collect()
 }
 
 #[test]

@@ -217,7 +217,9 @@ impl Default for FilterConfig {
             cold_kv_usage: 0.02,
             shed_retry_after_s: 1,
             max_response_parse_bytes: 1 << 20,
-            flow_control: false,
+            // With the predictor's p90 objective, the benchmark's best router: it kept critical
+            // traffic 1.41x further than the best baseline (docs/bench/report.md, hetero).
+            flow_control: true,
             flow_max_wait_ms: 10_000,
             fairness_header: headers::FAIRNESS_ID.into(),
             flow_dispatch_horizon_ms: 150,

@@ -979,7 +979,7 @@ fn carried(call: &Call) -> Vec<String> {
 #[test]
 fn predict_calls_made_while_one_is_out_go_together_in_the_next() {
     let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
-    let mut vm = vm(r#"{"debug_headers":true}"#);
+    let mut vm = vm(r#"{"flow_control":false,"debug_headers":true}"#);
     let (mut a, mut b, mut c) = (Flow::for_context(2), Flow::for_context(3), Flow::for_context(4));
 
     // An idle worker: the request wakes the root, which sends its call at once, alone.
@@ -1031,7 +1031,7 @@ fn a_coalesced_call_that_fails_sends_each_of_its_requests_to_the_fallback() {
         (200, batch_answer(&["10.0.0.1:8000"]), FallbackCause::BadAnswer),
     ] {
         let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
-        let mut vm = vm("{}");
+        let mut vm = vm(r#"{"flow_control":false}"#);
         let (mut a, mut b) = (Flow::for_context(2), Flow::for_context(3));
         send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
         send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
@@ -1051,7 +1051,7 @@ fn a_coalesced_call_that_fails_sends_each_of_its_requests_to_the_fallback() {
 #[test]
 fn a_request_that_ends_or_outwaits_the_call_ahead_of_it_is_not_left_waiting() {
     let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
-    let mut vm = vm(r#"{"predictor_timeout_ms":50}"#);
+    let mut vm = vm(r#"{"flow_control":false,"predictor_timeout_ms":50}"#);
     let (mut a, mut b, mut c) = (Flow::for_context(2), Flow::for_context(3), Flow::for_context(4));
     send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
     vm.on_wake(&mut host);
@@ -1104,7 +1104,7 @@ fn requests_keep_their_own_call_when_the_host_cannot_wake_the_root_or_the_reques
 #[test]
 fn a_coalesced_call_that_cannot_start_falls_back_at_once_and_oversized_batches_split() {
     let mut host = FakeHost { can_wake: true, refuse_calls: true, ..FakeHost::new() };
-    let mut vm = vm("{}");
+    let mut vm = vm(r#"{"flow_control":false}"#);
     let mut a = Flow::for_context(2);
     send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
     let failed = vm.on_wake(&mut host);
@@ -1115,7 +1115,7 @@ fn a_coalesced_call_that_cannot_start_falls_back_at_once_and_oversized_batches_s
 
     // Long prompts: a batch over max_batch_bytes goes in parts, nothing dropped.
     let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
-    let mut vm = self::vm(r#"{"max_batch_bytes":4096}"#);
+    let mut vm = self::vm(r#"{"flow_control":false,"max_batch_bytes":4096}"#);
     let long = format!(r#"{{"model":"m","prompt":"{}","max_tokens":4}}"#, "lorem ipsum dolor sit amet ".repeat(400));
     let mut flows: Vec<Flow> = (2..6).map(Flow::for_context).collect();
     for f in &mut flows {
@@ -1153,7 +1153,7 @@ fn placed_alone(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm) -> String {
 #[test]
 fn what_the_worker_owes_rides_on_its_next_predict_call_and_goes_back_to_the_outbox_if_it_fails() {
     let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
-    let mut vm = vm("{}");
+    let mut vm = vm(r#"{"flow_control":false}"#);
     let mut a = Flow::for_context(2);
     let a_id = placed_alone(&mut a, &mut host, &mut vm);
     host.upstream = Some("10.0.0.1:8000".into());
@@ -1194,7 +1194,7 @@ fn what_the_worker_owes_rides_on_its_next_predict_call_and_goes_back_to_the_outb
 #[test]
 fn a_ride_delivered_lets_the_reports_waiting_for_it_go() {
     let mut host = FakeHost { can_wake: true, ..FakeHost::new() };
-    let mut vm = vm("{}");
+    let mut vm = vm(r#"{"flow_control":false}"#);
     let mut a = Flow::for_context(2);
     placed_alone(&mut a, &mut host, &mut vm);
     // b's call carries a's dispatch; a's report arrives while it is out.
@@ -1239,7 +1239,7 @@ fn open_stream(host: &mut FakeHost, vm: &mut Vm) -> u32 {
 #[test]
 fn coalesced_calls_go_on_the_stream_once_the_predictor_has_answered_its_headers() {
     let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
-    let mut vm = vm(r#"{"predictor_token":"0123456789abcdef"}"#);
+    let mut vm = vm(r#"{"flow_control":false,"predictor_token":"0123456789abcdef"}"#);
 
     // Opened from the tick, to the predictor cluster, with the token as metadata.
     vm.on_tick(&mut host);
@@ -1294,7 +1294,7 @@ fn coalesced_calls_go_on_the_stream_once_the_predictor_has_answered_its_headers(
 #[test]
 fn a_stream_that_closes_or_stalls_sends_its_requests_to_the_fallback_and_is_reopened_later() {
     let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
-    let mut vm = vm(r#"{"predictor_timeout_ms":50}"#);
+    let mut vm = vm(r#"{"flow_control":false,"predictor_timeout_ms":50}"#);
     let token = open_stream(&mut host, &mut vm);
 
     // Closed with a call out (the predictor restarted): that call's request falls back.
@@ -1341,7 +1341,7 @@ fn a_stream_that_closes_or_stalls_sends_its_requests_to_the_fallback_and_is_reop
 #[test]
 fn a_stream_the_predictor_never_answers_costs_no_request_and_is_retried_ever_later() {
     let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
-    let mut vm = vm("{}");
+    let mut vm = vm(r#"{"flow_control":false}"#);
     let mut waits = Vec::new();
     let mut last_open = host.now_ns;
     for _ in 0..7 {
@@ -1371,7 +1371,7 @@ fn a_stream_the_predictor_never_answers_costs_no_request_and_is_retried_ever_lat
 
     // A send the stream refuses goes over HTTP, and the stream is reset.
     let mut host = FakeHost { can_wake: true, can_stream: true, refuse_stream_sends: true, ..FakeHost::new() };
-    let mut vm = self::vm("{}");
+    let mut vm = self::vm(r#"{"flow_control":false}"#);
     let token = open_stream(&mut host, &mut vm);
     let mut a = Flow::for_context(2);
     send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
@@ -1380,14 +1380,14 @@ fn a_stream_the_predictor_never_answers_costs_no_request_and_is_retried_ever_lat
 
     // Switched off: no stream.
     let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
-    let mut vm = self::vm(r#"{"predict_stream":false}"#);
+    let mut vm = self::vm(r#"{"flow_control":false,"predict_stream":false}"#);
     vm.on_tick(&mut host);
     assert!(host.streams.is_empty());
 
     // Switched off while a call is out on the stream: reset, and its request falls back at
     // once rather than at its timeout (the same for a stream reset on a replica's failover).
     let mut host = FakeHost { can_wake: true, can_stream: true, ..FakeHost::new() };
-    let mut vm = self::vm("{}");
+    let mut vm = self::vm(r#"{"flow_control":false}"#);
     let token = open_stream(&mut host, &mut vm);
     let mut a = Flow::for_context(2);
     send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
