@@ -16,6 +16,7 @@
 //! latencies are multiplied by it.
 
 pub mod analyze;
+pub mod callouts;
 pub mod gateway;
 pub mod host;
 pub mod progress;

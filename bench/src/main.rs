@@ -76,6 +76,9 @@ enum Cmd {
     /// The gateway's own cost: added latency at low load, closed-loop throughput and Envoy's CPU
     /// per streamed token, plain Envoy against Envoy + headroom, in front of fast servers.
     Gateway(headroom_bench::gateway::GatewayOptions),
+    /// Bytes between the gateway and the predictor per routed request, on the real stack
+    /// (Envoy's counters of the predictor's cluster).
+    Callouts(headroom_bench::callouts::CalloutOptions),
     /// Steady mixed traffic for a long time: memory of the predictor, Envoy and the Wasm VMs
     /// sampled, failures counted, the predictor's books balanced at the end (exit 1 on failure).
     Soak {
@@ -180,6 +183,7 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
+        Cmd::Callouts(opts) => headroom_bench::callouts::run(&opts)?,
         Cmd::Gateway(mut opts) => {
             opts.run_dir = run_dir;
             let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));

@@ -94,6 +94,8 @@ pub struct Metrics {
     predictions: Counter,
     predict_duration: Histogram,
     dispatches: Family<ResultLabel, Counter>,
+    /// Dispatches tracked without this predictor's record of the request.
+    without_record: Counter,
     reports: Family<ResultLabel, Counter>,
     scrapes: Family<ResultLabel, Counter>,
     trainings: Family<ResultLabel, Counter>,
@@ -164,6 +166,7 @@ impl Metrics {
             task_restarts: Family::default(),
             predict_duration: duration(),
             dispatches: Family::default(),
+            without_record: Counter::default(),
             reports: Family::default(),
             scrapes: Family::default(),
             trainings: Family::default(),
@@ -221,6 +224,13 @@ impl Metrics {
             m.predict_duration.clone(),
         );
         r.register("headroom_dispatches", "Dispatch items by result", m.dispatches.clone());
+        r.register(
+            "headroom_dispatches_without_record",
+            "Dispatches accepted without this predictor's record of the request (predicted by another \
+             replica, before a restart, or placed by the gateway's fallback): counted as load, their \
+             reports teach nothing",
+            m.without_record.clone(),
+        );
         r.register("headroom_reports", "Observation items by result", m.reports.clone());
         r.register("headroom_scrapes", "Endpoint metric scrapes by result", m.scrapes.clone());
         r.register("headroom_model_trainings", "Training rounds by result", m.trainings.clone());
@@ -377,6 +387,11 @@ impl Metrics {
 
     pub fn dispatch(&self, result: &str, n: u64) {
         Self::count(&self.dispatches, result, n);
+    }
+
+    /// A dispatch accepted without a record of its request (also counted `accepted`).
+    pub fn dispatched_without_record(&self) {
+        self.without_record.inc();
     }
 
     pub fn report(&self, result: &str, n: u64) {

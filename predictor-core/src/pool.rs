@@ -55,6 +55,84 @@ struct InFlight {
     /// Reserved by flow control when it released the request (`Pool::reserve`), not yet
     /// confirmed by the gateway's dispatch batch: forgotten after [`RESERVATION_TTL`].
     reserved: bool,
+    /// What the predictor saw of it where it went, from its record; `None`: dispatched
+    /// without a record here (the gateway fell back, or another replica predicted it).
+    kept: Option<Box<Kept>>,
+}
+
+/// What the predictor itself saw of a request at the endpoint it was dispatched to, at
+/// predict time: what a report of it is completed with before the predictor learns from
+/// it, so training rows and calibration come from the predictor's own values, never from
+/// an echo of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    /// The request's features (prefix hashes dropped: they served placement).
+    pub request: RequestFeatures,
+    /// The endpoint's state then: the model's input.
+    pub state: EndpointState,
+    pub predicted_ttft_ms: Option<f64>,
+    pub predicted_tpot_ms: Option<f64>,
+}
+
+/// What one predict answer said for a request: its features and, per endpoint address,
+/// the state and the predictions (TTFT, TPOT) answered.
+#[derive(Debug, Clone)]
+struct Record {
+    request: RequestFeatures,
+    endpoints: Vec<(String, EndpointState, Option<f64>, Option<f64>)>,
+}
+
+/// How long a predict answer's record waits for its dispatch: the gateway dispatches on
+/// its next tick (20 ms by default) after the answer; a record not dispatched by then
+/// belongs to a request the gateway placed without it, or never sent.
+const RECORD_TTL: Duration = Duration::from_secs(10);
+
+/// The newest predict answer per request id, each kept for [`RECORD_TTL`] and at most
+/// `cap` of them (oldest dropped first): a newer answer for the same request (flow
+/// control answers at release what it predicted on arrival) replaces the older.
+#[derive(Debug, Default)]
+struct Records {
+    by_id: HashMap<String, (Record, Instant)>,
+    order: VecDeque<(String, Instant)>,
+    cap: usize,
+}
+
+impl Records {
+    fn new(cap: usize) -> Self {
+        Records { by_id: HashMap::new(), order: VecDeque::new(), cap: cap.max(1) }
+    }
+
+    fn insert(&mut self, id: &str, record: Record, now: Instant) {
+        self.by_id.insert(id.to_string(), (record, now));
+        self.order.push_back((id.to_string(), now));
+        while self.by_id.len() > self.cap || self.order.len() > 2 * self.cap {
+            self.pop_oldest();
+        }
+    }
+
+    fn take(&mut self, id: &str) -> Option<Record> {
+        self.by_id.remove(id).map(|(r, _)| r)
+    }
+
+    /// Drops the oldest entry of the order, and its record unless a newer answer
+    /// replaced it since (the newer one has its own, later entry).
+    fn pop_oldest(&mut self) {
+        if let Some((id, at)) = self.order.pop_front() {
+            if self.by_id.get(&id).is_some_and(|(_, t)| *t == at) {
+                self.by_id.remove(&id);
+            }
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while self.order.front().is_some_and(|(_, t)| now.saturating_duration_since(*t) >= RECORD_TTL) {
+            self.pop_oldest();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
 }
 
 impl InFlight {
@@ -68,14 +146,15 @@ impl InFlight {
         (ttft_ms, tpot_ms): (Option<f64>, Option<f64>),
         (now, lifetime): (Instant, Duration),
         reserved: bool,
+        kept: Option<Box<Kept>>,
     ) -> Self {
-        let kept = |slo: &f64| tpot_ms.is_none_or(|p| !p.is_finite() || p <= *slo);
+        let protects = |slo: &f64| tpot_ms.is_none_or(|p| !p.is_finite() || p <= *slo);
         InFlight {
             endpoint,
             input_tokens: r.input_tokens,
             uncached_tokens: (f64::from(r.input_tokens) * (1.0 - prefix)).round() as u64,
             expected_output: r.max_tokens.unwrap_or(DEFAULT_EXPECTED_OUTPUT),
-            tpot_slo_ms: r.streamed_tpot_slo_ms().filter(kept),
+            tpot_slo_ms: r.streamed_tpot_slo_ms().filter(protects),
             priority: r.priority,
             // Checked: a prediction too large for an Instant means "not known", never a panic.
             prefill_done_by: ttft_ms
@@ -85,6 +164,7 @@ impl InFlight {
             dispatched_at: now,
             expires_at: now.checked_add(lifetime).unwrap_or(now),
             reserved,
+            kept,
         }
     }
 }
@@ -252,11 +332,11 @@ impl Default for Expiry {
 }
 
 impl Expiry {
-    /// How long `d` is tracked unreported: `multiple` times its predicted end-to-end time
+    /// How long a request is tracked unreported: `multiple` times its predicted end-to-end time
     /// (TTFT + TPOT x `max_tokens`) within `floor..=ttl`; `ttl` when that is not known (no
     /// prediction, or no `max_tokens`: its output is bounded only by the context).
-    pub fn lifetime(&self, d: &Dispatch) -> Duration {
-        let (Some(ttft), Some(tpot), Some(n)) = (d.predicted_ttft_ms, d.predicted_tpot_ms, d.request.max_tokens) else {
+    pub fn lifetime(&self, (ttft_ms, tpot_ms): (Option<f64>, Option<f64>), max_tokens: Option<u32>) -> Duration {
+        let (Some(ttft), Some(tpot), Some(n)) = (ttft_ms, tpot_ms, max_tokens) else {
             return self.ttl;
         };
         let predicted_ms = ttft + tpot * f64::from(n);
@@ -266,12 +346,13 @@ impl Expiry {
 }
 
 /// How a report's request stood in this pool's books.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Finished {
-    /// Tracked in flight until now, dispatched to this address.
-    Tracked(String),
+    /// Tracked in flight until now, dispatched to this address, with what the predictor
+    /// kept of it there (none: dispatched here without a record).
+    Tracked(String, Option<Box<Kept>>),
     /// Dispatched to this address, and forgotten as overdue before its report came.
-    Late(String),
+    Late(String, Option<Box<Kept>>),
     /// Never seen dispatched here (or forgotten too long ago).
     Unknown,
 }
@@ -280,7 +361,15 @@ impl Finished {
     /// The address it was dispatched to, when this pool saw the dispatch.
     pub fn address(&self) -> Option<&str> {
         match self {
-            Finished::Tracked(a) | Finished::Late(a) => Some(a),
+            Finished::Tracked(a, _) | Finished::Late(a, _) => Some(a),
+            Finished::Unknown => None,
+        }
+    }
+
+    /// What the predictor kept of it, when it was dispatched here with a record.
+    pub fn kept(&self) -> Option<&Kept> {
+        match self {
+            Finished::Tracked(_, k) | Finished::Late(_, k) => k.as_deref(),
             Finished::Unknown => None,
         }
     }
@@ -304,7 +393,9 @@ pub struct Pool {
     /// Requests forgotten unreported (`expire`), with the address they were dispatched to,
     /// for `Expiry::ttl`: a report that comes after all (the request ran far longer than
     /// predicted) still teaches, and is counted late.
-    overdue: RecentIds<String>,
+    overdue: RecentIds<(String, Option<Box<Kept>>)>,
+    /// The newest predict answer of each request not yet dispatched.
+    records: Records,
     expiry: Expiry,
     /// When the last first-token event arrived: while recent, prefill ends when
     /// observed (or a grace period after the prediction), not at the prediction.
@@ -370,6 +461,11 @@ impl<V> RecentIds<V> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     Accepted,
+    /// Tracked, but this predictor holds no record of the request (its predict call went
+    /// to another replica, or to this one before a restart, or the gateway fell back):
+    /// it counts as load where it went, with the features the dispatch carried (none
+    /// from a lean one: only the request count), and its report will teach nothing.
+    AcceptedWithoutRecord,
     UnknownEndpoint,
     AlreadyFinished,
     /// `max_in_flight` requests are tracked already.
@@ -409,6 +505,7 @@ impl Pool {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             overdue: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
+            records: Records::new(DEFAULT_MAX_IN_FLIGHT),
             expiry: Expiry::default(),
             last_first_token: None,
             prefill_ms_per_token: Vec::new(),
@@ -482,6 +579,7 @@ impl Pool {
         self.max_in_flight = max.max(1);
         self.finished = RecentIds::new(max);
         self.overdue = RecentIds::new(max);
+        self.records = Records::new(max);
         self
     }
 
@@ -502,7 +600,28 @@ impl Pool {
         self.endpoints.iter().position(|e| e.address == address)
     }
 
-    /// Starts tracking a dispatched request.
+    /// Keeps what a predict answer said for `request_id` (its features, and the state and
+    /// predictions of each endpoint, in `states` order), for its dispatch.
+    pub fn remember(
+        &mut self,
+        request_id: &str,
+        request: &RequestFeatures,
+        states: &[EndpointState],
+        predicted: &[(Option<f64>, Option<f64>)],
+        now: Instant,
+    ) {
+        let endpoints = self
+            .endpoints
+            .iter()
+            .zip(states)
+            .zip(predicted)
+            .map(|((e, s), &(ttft, tpot))| (e.address.clone(), s.clone(), ttft, tpot))
+            .collect();
+        self.records.insert(request_id, Record { request: request.clone(), endpoints }, now);
+    }
+
+    /// Starts tracking a dispatched request: with this predictor's record of it, the
+    /// features and predictions it answered; without one, what the dispatch carries.
     pub fn dispatch(&mut self, d: &Dispatch, now: Instant) -> Applied {
         let Some(i) = self.index_of(&d.endpoint) else { return Applied::UnknownEndpoint };
         if self.finished.contains(&d.request_id) {
@@ -510,20 +629,39 @@ impl Pool {
         }
         // The same dispatch again (a batch whose call timed out after the predictor applied it,
         // resent): the first stays, with its first-token state and its prefix match.
-        if self.in_flight.get(&d.request_id).is_some_and(|f| !f.reserved && f.endpoint == i) {
-            return Applied::Accepted;
+        if let Some(f) = self.in_flight.get(&d.request_id).filter(|f| !f.reserved && f.endpoint == i) {
+            return if f.kept.is_some() { Applied::Accepted } else { Applied::AcceptedWithoutRecord };
         }
         if self.in_flight.len() >= self.max_in_flight && !self.in_flight.contains_key(&d.request_id) {
             return Applied::PoolFull;
         }
-        let prefix = self.endpoints[i].prefix.match_fraction(&d.request.prefix_hashes);
-        self.endpoints[i].prefix.insert(&d.request.prefix_hashes);
-        let lifetime = self.expiry.lifetime(d);
-        let predicted = (d.predicted_ttft_ms, d.predicted_tpot_ms);
-        let f = InFlight::new(i, &d.request, prefix, predicted, (now, lifetime), false);
+        let record = self.records.take(&d.request_id);
+        let there = record.as_ref().and_then(|r| r.endpoints.iter().find(|(a, ..)| *a == d.endpoint));
+        let (request, predicted, kept) = match (&record, there) {
+            (Some(r), Some((_, state, ttft, tpot))) => {
+                let kept = Kept {
+                    request: RequestFeatures { prefix_hashes: Vec::new(), ..r.request.clone() },
+                    state: state.clone(),
+                    predicted_ttft_ms: *ttft,
+                    predicted_tpot_ms: *tpot,
+                };
+                (&r.request, (*ttft, *tpot), Some(Box::new(kept)))
+            }
+            // No record of it, or of that endpoint: a contract-1 dispatch's own values.
+            _ => (&d.request, (d.predicted_ttft_ms, d.predicted_tpot_ms), None),
+        };
+        let prefix = self.endpoints[i].prefix.match_fraction(&request.prefix_hashes);
+        self.endpoints[i].prefix.insert(&request.prefix_hashes);
+        let lifetime = self.expiry.lifetime(predicted, request.max_tokens);
+        let with_record = kept.is_some();
+        let f = InFlight::new(i, request, prefix, predicted, (now, lifetime), false, kept);
         self.endpoints[i].add_prefill(f.uncached_tokens, now);
         self.in_flight.insert(d.request_id.clone(), f);
-        Applied::Accepted
+        if with_record {
+            Applied::Accepted
+        } else {
+            Applied::AcceptedWithoutRecord
+        }
     }
 
     /// Counts a request flow control just released towards `endpoint` as in flight there,
@@ -545,7 +683,7 @@ impl Pool {
         let prefix = self.endpoints[i].prefix.match_fraction(&r.prefix_hashes);
         self.in_flight.insert(
             request_id.to_string(),
-            InFlight::new(i, r, prefix, (Some(ttft_ms), tpot_ms), (now, RESERVATION_TTL), true),
+            InFlight::new(i, r, prefix, (Some(ttft_ms), tpot_ms), (now, RESERVATION_TTL), true, None),
         );
     }
 
@@ -593,10 +731,13 @@ impl Pool {
     pub fn finish(&mut self, request_id: &str, now: Instant) -> Finished {
         let tracked = self.in_flight.remove(request_id).filter(|f| !f.reserved);
         self.finished.insert(request_id, (), now);
-        if let Some(address) = tracked.and_then(|f| self.endpoints.get(f.endpoint)).map(|e| e.address.clone()) {
-            return Finished::Tracked(address);
+        self.records.take(request_id);
+        if let Some(f) = tracked {
+            if let Some(e) = self.endpoints.get(f.endpoint) {
+                return Finished::Tracked(e.address.clone(), f.kept);
+            }
         }
-        self.overdue.remove(request_id).map_or(Finished::Unknown, Finished::Late)
+        self.overdue.remove(request_id).map_or(Finished::Unknown, |(address, kept)| Finished::Late(address, kept))
     }
 
     /// Forgets requests unreported past their expiry (`Expiry`), and old finished and
@@ -610,10 +751,11 @@ impl Pool {
         for id in &due {
             let Some(f) = self.in_flight.remove(id) else { continue };
             if let Some(e) = self.endpoints.get(f.endpoint) {
-                self.overdue.insert(id, e.address.clone(), now);
+                self.overdue.insert(id, (e.address.clone(), f.kept), now);
             }
         }
         self.finished.expire(now, FINISHED_MEMORY);
+        self.records.expire(now);
         self.overdue.expire(now, self.expiry.ttl);
         due.len()
     }
@@ -622,6 +764,12 @@ impl Pool {
     /// by `max_in_flight`. Flow-control reservations are not dispatches and not counted.
     pub fn tracked(&self) -> (usize, usize) {
         (self.in_flight.values().filter(|f| !f.reserved).count(), self.finished.len())
+    }
+
+    /// Predict answers kept for their dispatch: bounded by `max_in_flight`, each for
+    /// [`RECORD_TTL`] at most.
+    pub fn records_kept(&self) -> usize {
+        self.records.len()
     }
 
     /// Requests in flight per endpoint, in endpoint order, in one pass over the requests
@@ -800,12 +948,76 @@ mod tests {
         Pool::new("p", &["a:1".into(), "b:2".into()], 100)
     }
 
+    /// A lean dispatch (contract 2): the request and the endpoint, nothing else.
+    fn lean(id: &str, endpoint: &str) -> Dispatch {
+        Dispatch {
+            request: RequestFeatures::default(),
+            predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
+            ..dispatch(id, endpoint, 0, None)
+        }
+    }
+
+    /// What a predict answer for `id` said: 500 tokens, `b:2` at `ttft` ms.
+    fn remember(p: &mut Pool, id: &str, ttft: f64, now: Instant) {
+        let request = RequestFeatures { input_tokens: 500, max_tokens: Some(10), ..Default::default() };
+        let states =
+            [EndpointState { running: 1, ..Default::default() }, EndpointState { running: 7, ..Default::default() }];
+        p.remember(id, &request, &states, &[(Some(10.0), Some(5.0)), (Some(ttft), Some(6.0))], now);
+    }
+
+    #[test]
+    fn a_lean_dispatch_is_tracked_from_the_predictors_own_record() {
+        let mut p = pool();
+        let now = Instant::now();
+        remember(&mut p, "r", 300.0, now);
+        // Flow control answered again at release: the newer answer is the one dispatched on.
+        remember(&mut p, "r", 80.0, now + Duration::from_millis(5));
+        assert_eq!(p.dispatch(&lean("r", "b:2"), now), Applied::Accepted);
+        assert_eq!(p.records_kept(), 0, "the record moved into the books");
+        assert_eq!(p.states_for(&RequestFeatures::default(), now)[1].uncached_tokens_in_flight, 500);
+        let Finished::Tracked(at, Some(kept)) = p.finish("r", now) else { panic!("tracked with its record") };
+        assert_eq!(at, "b:2");
+        assert_eq!(kept.state.running, 7, "the state of the endpoint it went to");
+        assert_eq!((kept.predicted_ttft_ms, kept.predicted_tpot_ms), (Some(80.0), Some(6.0)));
+        assert_eq!(kept.request.input_tokens, 500);
+    }
+
+    #[test]
+    fn a_dispatch_without_a_record_counts_as_load_and_keeps_nothing_to_learn_from() {
+        let mut p = pool();
+        let now = Instant::now();
+        // Predicted by another replica: a lean dispatch says only where it went.
+        assert_eq!(p.dispatch(&lean("elsewhere", "a:1"), now), Applied::AcceptedWithoutRecord);
+        assert_eq!(p.in_flight_on("a:1"), 1);
+        // A contract-1 dispatch's features still count as load; its echoed prediction is
+        // used for timing only, never kept for learning.
+        assert_eq!(p.dispatch(&dispatch("old", "a:1", 400, None), now), Applied::AcceptedWithoutRecord);
+        assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].uncached_tokens_in_flight, 400);
+        assert_eq!(p.finish("elsewhere", now), Finished::Tracked("a:1".into(), None));
+        assert_eq!(p.finish("old", now), Finished::Tracked("a:1".into(), None));
+    }
+
+    #[test]
+    fn records_are_bounded_and_forgotten_undispatched() {
+        let mut p = pool().with_max_in_flight(3);
+        let now = Instant::now();
+        for i in 0..10 {
+            remember(&mut p, &format!("r{i}"), 100.0, now);
+        }
+        assert_eq!(p.records_kept(), 3, "the oldest go first");
+        assert_eq!(p.dispatch(&lean("r0", "a:1"), now), Applied::AcceptedWithoutRecord);
+        assert_eq!(p.dispatch(&lean("r9", "a:1"), now), Applied::Accepted);
+        p.expire(now + RECORD_TTL);
+        assert_eq!(p.records_kept(), 0, "a record is kept for its dispatch, not longer");
+    }
+
     #[test]
     fn dispatch_and_report_track_in_flight() {
         let mut p = pool();
         let now = Instant::now();
-        assert_eq!(p.dispatch(&dispatch("r1", "a:1", 100, Some(20.0)), now), Applied::Accepted);
-        assert_eq!(p.dispatch(&dispatch("r2", "a:1", 50, Some(10.0)), now), Applied::Accepted);
+        assert_eq!(p.dispatch(&dispatch("r1", "a:1", 100, Some(20.0)), now), Applied::AcceptedWithoutRecord);
+        assert_eq!(p.dispatch(&dispatch("r2", "a:1", 50, Some(10.0)), now), Applied::AcceptedWithoutRecord);
         assert_eq!(p.dispatch(&dispatch("r3", "zz:9", 50, None), now), Applied::UnknownEndpoint);
         let s = p.states_for(&RequestFeatures::default(), now);
         assert_eq!(s[0].in_flight, 2);
@@ -817,7 +1029,7 @@ mod tests {
             |tpot| RequestFeatures { streaming: true, slo: Slo { ttft_ms: None, tpot_ms: tpot }, ..Default::default() };
         let tighter = |tpot| p.states_for(&asking(tpot), now)[0].tighter_tpot_in_flight;
         assert_eq!((tighter(Some(150.0)), tighter(Some(15.0)), tighter(Some(10.0)), tighter(None)), (2, 1, 0, 0));
-        assert_eq!(p.finish("r1", now), Finished::Tracked("a:1".into()));
+        assert_eq!(p.finish("r1", now), Finished::Tracked("a:1".into(), None));
         p.finish("r2", now);
         assert_eq!(p.in_flight_on("a:1"), 0);
         assert_eq!(
@@ -836,11 +1048,11 @@ mod tests {
         let now = Instant::now();
         let mut unmeetable = dispatch("liar", "a:1", 10, Some(5.0));
         unmeetable.predicted_tpot_ms = Some(7.0);
-        assert_eq!(p.dispatch(&unmeetable, now), Applied::Accepted);
+        assert_eq!(p.dispatch(&unmeetable, now), Applied::AcceptedWithoutRecord);
         let mut honest = dispatch("tight", "b:2", 10, Some(10.0));
         honest.predicted_tpot_ms = Some(7.0);
         honest.request.priority = 0;
-        assert_eq!(p.dispatch(&honest, now), Applied::Accepted);
+        assert_eq!(p.dispatch(&honest, now), Applied::AcceptedWithoutRecord);
         let asking = |tpot, priority| RequestFeatures {
             streaming: true,
             priority,
@@ -857,7 +1069,7 @@ mod tests {
         // Without a TPOT prediction (fallback placement) the SLO counts, as it always did.
         let mut unknown = dispatch("unknown", "a:1", 10, Some(5.0));
         unknown.predicted_tpot_ms = None;
-        assert_eq!(p.dispatch(&unknown, now), Applied::Accepted);
+        assert_eq!(p.dispatch(&unknown, now), Applied::AcceptedWithoutRecord);
         assert_eq!(p.states_for(&asking(100.0, 0), now)[0].tightest_tpot_slo_ms, Some(5.0));
     }
 
@@ -868,7 +1080,7 @@ mod tests {
         for (i, ms) in [1e300, 1e22, f64::MAX, f64::INFINITY, f64::NAN, -5.0].into_iter().enumerate() {
             let mut d = dispatch(&format!("r{i}"), "a:1", 10, None);
             d.predicted_ttft_ms = Some(ms);
-            assert_eq!(p.dispatch(&d, now), Applied::Accepted, "{ms}");
+            assert_eq!(p.dispatch(&d, now), Applied::AcceptedWithoutRecord, "{ms}");
         }
         assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].in_flight, 6);
     }
@@ -878,7 +1090,7 @@ mod tests {
         let mut p = pool().with_max_in_flight(3);
         let now = Instant::now();
         for i in 0..3 {
-            assert_eq!(p.dispatch(&dispatch(&format!("r{i}"), "a:1", 1, None), now), Applied::Accepted);
+            assert_eq!(p.dispatch(&dispatch(&format!("r{i}"), "a:1", 1, None), now), Applied::AcceptedWithoutRecord);
         }
         assert_eq!(p.dispatch(&dispatch("r3", "a:1", 1, None), now), Applied::PoolFull);
         for i in 0..100 {
@@ -922,7 +1134,7 @@ mod tests {
         p.dispatch(&d, now);
         assert!(p.first_token("r1", "a:1", now));
         // Resent after a call that timed out once the predictor had applied it.
-        assert_eq!(p.dispatch(&d, now), Applied::Accepted);
+        assert_eq!(p.dispatch(&d, now), Applied::AcceptedWithoutRecord);
         let s = p.states_for(&RequestFeatures::default(), now);
         assert_eq!((s[0].in_flight, s[0].uncached_tokens_in_flight), (1, 0), "still past prefill, counted once");
         assert_eq!(p.endpoints[0].prefill_rate(now), 100.0 / PREFILL_RATE_TAU.as_secs_f64(), "its prompt once");
@@ -1136,7 +1348,7 @@ mod tests {
         assert_eq!(p.expire(now + Duration::from_millis(8_500)), 1, "short, past 4x its 2.1 s");
         assert_eq!(p.in_flight_by_endpoint(), [1, 0], "the one without a predicted end stays");
         // Its report comes after all: it still names where it ran, so it teaches, counted late.
-        assert_eq!(p.finish("short", now + Duration::from_secs(9)), Finished::Late("a:1".into()));
+        assert_eq!(p.finish("short", now + Duration::from_secs(9)), Finished::Late("a:1".into(), None));
         assert_eq!(p.finish("short", now + Duration::from_secs(9)), Finished::Unknown, "once");
         assert_eq!(p.expire(now + Duration::from_secs(601)), 1);
         // Overdue ids are forgotten after the TTL too.
@@ -1151,11 +1363,15 @@ mod tests {
         for (ttft, tpot) in [(f64::NAN, 1.0), (-1.0, 1.0), (f64::INFINITY, 1.0), (1e300, 1e300)] {
             d.predicted_ttft_ms = Some(ttft);
             d.predicted_tpot_ms = Some(tpot);
-            let t = expiry.lifetime(&d);
+            let t = expiry.lifetime((d.predicted_ttft_ms, d.predicted_tpot_ms), d.request.max_tokens);
             assert!(t == expiry.ttl || t == expiry.floor, "{ttft} {tpot}: {t:?}");
         }
         d.request.max_tokens = None;
         d.predicted_ttft_ms = Some(100.0);
-        assert_eq!(expiry.lifetime(&d), expiry.ttl, "no max_tokens: the output is unbounded");
+        assert_eq!(
+            expiry.lifetime((d.predicted_ttft_ms, d.predicted_tpot_ms), d.request.max_tokens),
+            expiry.ttl,
+            "no max_tokens: the output is unbounded"
+        );
     }
 }

@@ -5,11 +5,12 @@
 use std::time::Instant;
 
 use headroom_protocol::{
-    limits, BatchAck, DispatchBatch, EndpointPrediction, PredictRequest, PredictResponse, ReportBatch,
+    limits, BatchAck, DispatchBatch, EndpointPrediction, Observation, PredictRequest, PredictResponse, ReportBatch,
+    CONTRACT,
 };
 
 use crate::model::features;
-use crate::pool::{Applied, Finished};
+use crate::pool::{Applied, Finished, Kept};
 use crate::predictor::Predictor;
 
 /// Predictions and state for every endpoint of `req.pool`; `None` when there is no such pool.
@@ -39,25 +40,36 @@ pub fn predict_batch(
         let fresh: Vec<usize> =
             (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
         rows.extend(fresh.iter().map(|&i| state.models.row(&req.request, &states[i])));
-        pending.push((req.pool, addresses, states, fresh));
+        pending.push((req, addresses, states, fresh));
     }
     let (predicted, model_version) = state.models.predict(&rows);
     let mut predicted = predicted.into_iter();
-    let answers = pending.into_iter().map(|(pool, addresses, states, fresh)| {
-        let mut endpoints: Vec<EndpointPrediction> = addresses
+    let mut answers = Vec::with_capacity(pending.len());
+    for (req, addresses, states, fresh) in pending {
+        // A model or prior answer out of range says "unknown", never a number the filter
+        // cannot use. (`zip` asks `fresh` first, so each request takes exactly its own rows'
+        // answers.)
+        let mut answered: Vec<(Option<f64>, Option<f64>)> = vec![(None, None); states.len()];
+        for (&i, (ttft, tpot)) in fresh.iter().zip(predicted.by_ref()) {
+            answered[i] = (limits::ms_or_none(Some(ttft)), limits::ms_or_none(Some(tpot)));
+        }
+        // The record a dispatch and a report of this request will be read against.
+        state.pools.with(&req.pool, |p| p.remember(&req.request_id, &req.request, &states, &answered, now));
+        let endpoints = addresses
             .into_iter()
             .zip(states)
-            .map(|(address, s)| EndpointPrediction { address, ttft_ms: None, tpot_ms: None, state: s })
+            .zip(answered)
+            .map(|((address, s), (ttft_ms, tpot_ms))| EndpointPrediction { address, ttft_ms, tpot_ms, state: s })
             .collect();
-        // A model or prior answer out of range says "unknown", never a number the filter cannot use.
-        // (`zip` asks `fresh` first, so each request takes exactly its own rows' answers.)
-        for (&i, (ttft, tpot)) in fresh.iter().zip(predicted.by_ref()) {
-            endpoints[i].ttft_ms = limits::ms_or_none(Some(ttft));
-            endpoints[i].tpot_ms = limits::ms_or_none(Some(tpot));
-        }
-        PredictResponse { pool, model_version: model_version.clone(), endpoints, flow: None }
-    });
-    Ok(answers.collect())
+        answers.push(PredictResponse {
+            contract: CONTRACT,
+            pool: req.pool,
+            model_version: model_version.clone(),
+            endpoints,
+            flow: None,
+        });
+    }
+    Ok(answers)
 }
 
 /// Starts tracking each dispatched request (the batch is already checked).
@@ -65,14 +77,17 @@ pub fn dispatch(state: &Predictor, batch: &DispatchBatch, now: Instant) -> Batch
     let mut ack = BatchAck::default();
     for d in &batch.dispatches {
         let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
+        if applied == Some(Applied::AcceptedWithoutRecord) {
+            state.metrics.dispatched_without_record();
+        }
         let result = match applied {
-            Some(Applied::Accepted) => "accepted",
+            Some(Applied::Accepted | Applied::AcceptedWithoutRecord) => "accepted",
             Some(Applied::AlreadyFinished) => "already_finished",
             Some(Applied::UnknownEndpoint) => "unknown_endpoint",
             Some(Applied::PoolFull) => "pool_full",
             None => "unknown_pool",
         };
-        if applied == Some(Applied::Accepted) {
+        if matches!(applied, Some(Applied::Accepted | Applied::AcceptedWithoutRecord)) {
             ack.accepted += 1;
         } else {
             ack.rejected += 1;
@@ -118,7 +133,7 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
         let tpot = o.tpot_ms.filter(|_| o.status == 200 && o.request.streaming);
         let finished = state.pools.with(&o.pool, |p| {
             let finished = p.finish(&o.request_id, now);
-            if let (Finished::Tracked(at), Some(tpot)) = (&finished, tpot) {
+            if let (Finished::Tracked(at, _), Some(tpot)) = (&finished, tpot) {
                 if *at == o.endpoint {
                     p.observed_tpot(&o.endpoint, tpot, now);
                 }
@@ -137,21 +152,39 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
         // Dispatched here and tracked until now: `dispatches{accepted}` = `reports{tracked}` +
         // in flight + expired, the accounting the soak checks. A late one was expired.
         match finished {
-            Finished::Tracked(_) => state.metrics.report("tracked", 1),
-            Finished::Late(_) => state.metrics.report("late", 1),
+            Finished::Tracked(..) => state.metrics.report("tracked", 1),
+            Finished::Late(..) => state.metrics.report("late", 1),
             Finished::Unknown => {}
         }
-        // A report for a request never dispatched here teaches nothing: with the token,
-        // only the gateway posts reports, and even it cannot invent training samples.
-        if finished.address() == Some(o.endpoint.as_str()) {
-            state.metrics.observed(&o);
-            if state.models.observe(&o) {
-                state.metrics.report("sampled", 1);
+        // What the gateway measured, completed from this predictor's own record: a report
+        // teaches only where its request was predicted here and served where it was
+        // dispatched. Echoes a contract-1 filter sends are never learnt from.
+        let dispatched_here = finished.address() == Some(o.endpoint.as_str());
+        match finished.kept().filter(|_| dispatched_here) {
+            Some(kept) => {
+                complete(&mut o, kept);
+                state.metrics.observed(&o);
+                if state.models.observe(&o) {
+                    state.metrics.report("sampled", 1);
+                }
             }
-        } else {
-            state.metrics.report("not_dispatched", 1);
+            None => {
+                o.state_at_dispatch = None;
+                o.predicted_ttft_ms = None;
+                o.predicted_tpot_ms = None;
+                state.metrics.report(if dispatched_here { "no_record" } else { "not_dispatched" }, 1);
+            }
         }
         state.observations.lock().unwrap_or_else(|p| p.into_inner()).push(o);
     }
     ack
+}
+
+/// Fills a report's observation with what the predictor kept of its request where it was
+/// dispatched: the features, that endpoint's state then, and the predictions answered.
+fn complete(o: &mut Observation, kept: &Kept) {
+    o.request = kept.request.clone();
+    o.state_at_dispatch = Some(kept.state.clone());
+    o.predicted_ttft_ms = kept.predicted_ttft_ms;
+    o.predicted_tpot_ms = kept.predicted_tpot_ms;
 }

@@ -119,8 +119,12 @@ fn served_mape(
         / cases.len() as f64
 }
 
+/// The mean objective: these tests reason in mean errors (the p90 objective's are
+/// `the_live_correction_holds_p90_coverage_when_the_fleet_slows` and the unit tests of
+/// `calibration` and `duel`).
 fn config(residual: bool, drift_factor: f64) -> ModelConfig {
     ModelConfig {
+        objective: "mean".into(),
         min_samples: 100,
         min_new_samples: 400,
         residual,

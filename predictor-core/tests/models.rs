@@ -53,8 +53,10 @@ fn observation(i: u64) -> Observation {
     }
 }
 
+/// The mean objective: these tests judge models by their mean error.
 fn config(dir: Option<PathBuf>) -> ModelConfig {
-    ModelConfig { data_dir: dir, min_samples: 100, min_new_samples: 50, trees: 60, ..ModelConfig::default() }
+    let objective = "mean".into();
+    ModelConfig { data_dir: dir, objective, min_samples: 100, min_new_samples: 50, trees: 60, ..ModelConfig::default() }
 }
 
 fn temp_dir(name: &str) -> PathBuf {

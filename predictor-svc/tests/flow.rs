@@ -125,18 +125,16 @@ async fn samples_are_on_disk_as_the_shutdown_begins_while_the_queue_still_drains
     let (predictor, stop, service) =
         predictor_with(server, &format!("[model]\ndata_dir = \"{}\"\n", dir.display())).await;
 
-    // One request dispatched and reported: a sample.
+    // One request predicted, dispatched and reported: a sample, from the predictor's record.
     let http = reqwest::Client::new();
-    let request = serde_json::json!({"model": "m", "input_tokens": 100, "streaming": true});
+    let predict = serde_json::json!({"pool": "default", "request_id": "done",
+        "request": {"model": "m", "input_tokens": 100, "streaming": true}});
     let dispatch = serde_json::json!({"dispatches": [{"pool": "default", "request_id": "done",
-        "endpoint": server.to_string(), "request": request}]});
+        "endpoint": server.to_string()}]});
     let report = serde_json::json!({"observations": [{"pool": "default", "request_id": "done",
-        "endpoint": server.to_string(), "request": request,
-        "state_at_dispatch": {"running": 3, "waiting": 0, "kv_usage": 0.1, "prefix_match": 0.0, "in_flight": 1,
-            "uncached_tokens_in_flight": 0, "tokens_in_flight": 100},
-        "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0, "e2e_ms": 900.0, "output_tokens": 100,
-        "status": 200}]});
-    for (path, body) in [("dispatch", dispatch), ("report", report)] {
+        "endpoint": server.to_string(), "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0,
+        "e2e_ms": 900.0, "output_tokens": 100, "status": 200}]});
+    for (path, body) in [("predict", predict), ("dispatch", dispatch), ("report", report)] {
         let r = http.post(format!("http://{predictor}/v1/{path}")).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path}: {}", r.text().await.unwrap_or_default());
     }

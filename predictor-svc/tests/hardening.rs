@@ -170,12 +170,24 @@ async fn reports_for_requests_never_dispatched_teach_nothing() {
     let c = s.core.models.sample_counts();
     assert_eq!((c.train, c.holdout, c.filed), (0, 0, 0), "no sample filed from a forged report");
 
-    // The same report after its dispatch is learned from.
+    // Predicted here, dispatched, reported: learned from (what this predictor kept of it).
+    let predict = |id: &str| json!({"pool": "default", "request_id": id, "request": request()});
+    send(&s, "POST", "/v1/predict", None, predict("real")).await;
     send(&s, "POST", "/v1/dispatch", None, dispatch("real", json!({}))).await;
     send(&s, "POST", "/v1/report", None, json!({"observations": [observation("real", 1)]})).await;
     let c = s.core.models.sample_counts();
     assert_eq!((c.train + c.holdout, c.filed), (1, 1));
+    // Dispatched and reported with every echo, but predicted elsewhere (another replica, or
+    // this one before a restart): tracked as load, never learned from.
+    send(&s, "POST", "/v1/dispatch", None, dispatch("failover", json!({}))).await;
+    send(&s, "POST", "/v1/report", None, json!({"observations": [observation("failover", 3)]})).await;
+    let c = s.core.models.sample_counts();
+    assert_eq!((c.train + c.holdout, c.filed), (1, 1), "no sample from an echo");
+    let metrics = s.core.metrics.render();
+    assert!(metrics.contains("headroom_dispatches_without_record_total 1\n"), "{metrics}");
+    assert!(metrics.contains("headroom_reports_total{result=\"no_record\"} 1\n"), "{metrics}");
     // Served by another endpoint than the one dispatched to: not learned either.
+    send(&s, "POST", "/v1/predict", None, predict("moved")).await;
     send(&s, "POST", "/v1/dispatch", None, dispatch("moved", json!({}))).await;
     let mut o = observation("moved", 2);
     o["endpoint"] = json!("127.0.0.1:2");

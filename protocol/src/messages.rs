@@ -1,6 +1,19 @@
 //! The messages of the filter <-> predictor contract.
+//!
+//! Each side sends only what it alone knows. The predictor keeps a record of every
+//! request it predicts (its features, each endpoint's state and predictions); a dispatch
+//! then names the request and the endpoint chosen, and a report carries only what the
+//! gateway measured. The predictor learns from its own record, never from what the
+//! gateway says the predictor said. Contract 1 (before records) echoed the features,
+//! predictions and endpoint state back in every dispatch and report; a predictor
+//! answers with its [`CONTRACT`], and a filter sends the lean messages only to a fleet of
+//! predictors that all keep records ([`PredictResponse::contract`]), so either side can
+//! be rolled out first.
 
 use serde::{Deserialize, Serialize};
+
+/// The contract version this build speaks: 2, dispatches and reports without echoes.
+pub const CONTRACT: u32 = 2;
 
 /// Latency goals a caller stated for one request, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -54,6 +67,11 @@ pub struct RequestFeatures {
 }
 
 impl RequestFeatures {
+    /// Nothing known of the request (a lean dispatch or report leaves its features out).
+    pub fn is_unset(&self) -> bool {
+        *self == RequestFeatures::default()
+    }
+
     /// Whether the caller said the request may be refused (priority < 0): the one
     /// definition the filter's shedding and the predictor's queue both read.
     pub fn is_sheddable(&self) -> bool {
@@ -231,6 +249,10 @@ pub struct EndpointPrediction {
 /// `POST /v1/predict` answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PredictResponse {
+    /// The predictor's contract version ([`CONTRACT`]); absent (0 or 1): a predictor that
+    /// keeps no record and needs the echoes.
+    #[serde(default)]
+    pub contract: u32,
     pub pool: String,
     /// Which model produced the predictions (e.g. `analytic-prior`).
     pub model_version: String,
@@ -274,13 +296,16 @@ pub struct Dispatch {
     pub pool: String,
     pub request_id: String,
     pub endpoint: String,
+    /// The request's features: sent when the filter placed it without the predictor's
+    /// answer (its fallback), which the predictor may hold no record of, and always to a
+    /// contract-1 predictor. Omitted (default), the predictor's record has them.
+    #[serde(default, skip_serializing_if = "RequestFeatures::is_unset")]
     pub request: RequestFeatures,
-    /// Predicted TTFT for the chosen endpoint, if there was one; lets the
-    /// predictor tell when the request has likely left prefill.
-    #[serde(default)]
+    /// Contract 1 only (the predictor's own TTFT prediction, echoed): a predictor that
+    /// keeps records reads its record instead and ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_ttft_ms: Option<f64>,
-    /// Predicted TPOT for the chosen endpoint, if there was one: a running request's TPOT
-    /// SLO tightens later requests' targets only where it was predicted to be met.
+    /// Contract 1 only, as `predicted_ttft_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_tpot_ms: Option<f64>,
 }
@@ -320,21 +345,29 @@ impl RouteSource {
     }
 }
 
-/// What was observed for one finished request.
+/// What was observed for one finished request. On the wire (a report) the gateway fills
+/// only the measurements, the endpoint that served and the tier it chose from; the
+/// predictor completes the rest from its own record of the request (what it predicted
+/// there, the endpoint's state then, the features) before it learns from it, logs it or
+/// serves it at `/v1/observations`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
     pub pool: String,
     pub request_id: String,
     /// The endpoint that actually served (Envoy's `upstream.address`).
     pub endpoint: String,
-    /// The request's features as sent at dispatch (prefix hashes omitted).
+    /// The request's features (prefix hashes omitted): the predictor's record. From a
+    /// contract-1 filter, as it sent them at dispatch.
+    #[serde(default, skip_serializing_if = "RequestFeatures::is_unset")]
     pub request: RequestFeatures,
-    /// The endpoint state the predictor returned at predict time, echoed back.
-    #[serde(default)]
+    /// The endpoint's state when the predictor predicted the request there: its record.
+    /// (A contract-1 filter echoes it; a predictor that keeps records ignores the echo.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_at_dispatch: Option<EndpointState>,
-    #[serde(default)]
+    /// What the predictor predicted at the endpoint that served: its record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_ttft_ms: Option<f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_tpot_ms: Option<f64>,
     pub source: RouteSource,
     /// Streaming: time from forwarding upstream to the first token event.
@@ -424,5 +457,89 @@ impl ErrorBody {
     /// An error not tied to one field.
     pub fn message(message: impl Into<String>) -> Self {
         ErrorBody { error: ErrorDetail { message: message.into(), field: None } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{self, Format};
+
+    /// The dispatch as a contract-1 predictor decodes it: `request` required.
+    #[derive(Debug, Deserialize)]
+    struct DispatchV1 {
+        #[allow(dead_code)]
+        request: RequestFeatures,
+        predicted_ttft_ms: Option<f64>,
+    }
+
+    /// The observation as a contract-1 predictor decodes it.
+    #[derive(Debug, Deserialize)]
+    struct ObservationV1 {
+        request: RequestFeatures,
+        state_at_dispatch: Option<EndpointState>,
+    }
+
+    fn dispatch(lean: bool) -> Dispatch {
+        let request = RequestFeatures {
+            model: "m".into(),
+            input_tokens: 10,
+            prefix_hashes: (1..=256u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect(),
+            ..Default::default()
+        };
+        Dispatch {
+            pool: "p".into(),
+            request_id: "r".into(),
+            endpoint: "10.0.0.1:8000".into(),
+            request: if lean { RequestFeatures::default() } else { request },
+            predicted_ttft_ms: (!lean).then_some(100.0),
+            predicted_tpot_ms: None,
+        }
+    }
+
+    /// Either side may roll out first: a new filter sends a contract-1 predictor the echoed
+    /// messages it reads, and a new predictor reads them too; the lean form, which only a
+    /// predictor that keeps records is sent, is what an old one could not read.
+    #[test]
+    fn the_echoed_form_reads_on_both_contracts_and_the_lean_one_only_on_the_new() {
+        for format in [Format::MsgPack, Format::Json] {
+            let full = codec::encode(format, &dispatch(false)).unwrap_or_default();
+            let old: DispatchV1 = codec::decode(format, &full).unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!(old.predicted_ttft_ms, Some(100.0));
+            assert_eq!(codec::decode::<Dispatch>(format, &full).ok(), Some(dispatch(false)));
+            let lean = codec::encode(format, &dispatch(true)).unwrap_or_default();
+            assert!(codec::decode::<DispatchV1>(format, &lean).is_err(), "a contract-1 predictor refuses it");
+            assert_eq!(codec::decode::<Dispatch>(format, &lean).ok(), Some(dispatch(true)));
+            assert!(lean.len() * 10 < full.len(), "lean {} bytes, echoed {}", lean.len(), full.len());
+
+            let o = Observation {
+                pool: "p".into(),
+                request_id: "r".into(),
+                endpoint: "10.0.0.1:8000".into(),
+                request: RequestFeatures { model: "m".into(), ..Default::default() },
+                state_at_dispatch: Some(EndpointState::default()),
+                predicted_ttft_ms: Some(100.0),
+                predicted_tpot_ms: None,
+                source: RouteSource::PredictedPositive,
+                ttft_ms: Some(90.0),
+                tpot_ms: None,
+                e2e_ms: 900.0,
+                output_tokens: Some(10),
+                cached_tokens: None,
+                status: 200,
+            };
+            let old: ObservationV1 = codec::decode(format, &codec::encode(format, &o).unwrap_or_default())
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!((old.request.model.as_str(), old.state_at_dispatch.is_some()), ("m", true));
+            let lean = Observation {
+                request: RequestFeatures::default(),
+                state_at_dispatch: None,
+                predicted_ttft_ms: None,
+                ..o
+            };
+            let bytes = codec::encode(format, &lean).unwrap_or_default();
+            assert!(codec::decode::<ObservationV1>(format, &bytes).is_err());
+            assert_eq!(codec::decode::<Observation>(format, &bytes).ok(), Some(lean));
+        }
     }
 }

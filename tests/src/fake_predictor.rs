@@ -113,7 +113,9 @@ fn ranked_answer(pool: String, ranking: &[String]) -> PredictResponse {
             }
         })
         .collect();
-    PredictResponse { pool, model_version: "fake".into(), endpoints, flow: None }
+    // A contract-1 predictor (no `contract` in its answers): the filter echoes to it, so the
+    // reports the fake keeps show what such a predictor is sent.
+    PredictResponse { contract: 0, pool, model_version: "fake".into(), endpoints, flow: None }
 }
 
 /// What `mode` answers for the requests of `pools` (one per request), or `None` when it

@@ -137,6 +137,8 @@ fn a_request_served_elsewhere_is_reported_without_the_chosen_endpoints_state() {
         assert!(h.stack.state.servers.iter().any(|s| s.to_string() == o.endpoint), "reported endpoint: {o:?}");
         assert_eq!(o.source, RouteSource::PredictedPositive);
         assert!(o.state_at_dispatch.is_none() && o.predicted_ttft_ms.is_none(), "chosen endpoint's state kept: {o:?}");
+        // The fake answers as a contract-1 predictor: the features are echoed to it.
+        assert!(!o.request.model.is_empty(), "a contract-1 predictor is sent the features: {o:?}");
     }
     assert!(wait_until(Duration::from_secs(6), || h.envoy_stat("headroom_served_elsewhere") >= 2.0));
 }

@@ -268,6 +268,7 @@ impl Flow {
             e.ttft_ms = limits::ms_or_none(e.ttft_ms);
             e.tpot_ms = limits::ms_or_none(e.tpot_ms);
         }
+        vm.contract.heard(answer.contract, host.now_ms());
         let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
         vm.states.update(states, host.now_ms());
         let config = vm.config.clone();
@@ -456,11 +457,14 @@ impl Flow {
                 host.record(Event::SloViolation { ttft, tpot });
             }
         }
+        // To a predictor that keeps records: only what the gateway measured, and where.
+        let echo = !vm.contract.lean(host.now_ms());
+        let chosen = chosen.filter(|_| echo);
         let observation = Observation {
             pool: vm.config.pool.clone(),
             request_id: std::mem::take(&mut self.request_id),
             endpoint,
-            request,
+            request: if echo { request } else { RequestFeatures::default() },
             state_at_dispatch: chosen.and_then(|c| c.state.clone()),
             predicted_ttft_ms: chosen.and_then(|c| c.predicted_ttft_ms),
             predicted_tpot_ms: chosen.and_then(|c| c.predicted_tpot_ms),
@@ -625,13 +629,21 @@ impl Flow {
                 host.log(Level::Warn, "headroom: could not set the destination header");
             }
             vm.placed.started(&c.endpoint);
+            // To a predictor that keeps records, the dispatch names the request and where it
+            // went; the features go along when the filter placed it without the predictor's
+            // answer (its fallback), which the predictor may hold no record of.
+            let lean = vm.contract.lean(host.now_ms());
             let dispatch = Dispatch {
                 pool: vm.config.pool.clone(),
                 request_id: self.request_id.clone(),
                 endpoint: c.endpoint.clone(),
-                request: self.features.clone(),
-                predicted_ttft_ms: c.predicted_ttft_ms,
-                predicted_tpot_ms: c.predicted_tpot_ms,
+                request: if lean && c.source != RouteSource::Fallback {
+                    RequestFeatures::default()
+                } else {
+                    self.features.clone()
+                },
+                predicted_ttft_ms: c.predicted_ttft_ms.filter(|_| !lean),
+                predicted_tpot_ms: c.predicted_tpot_ms.filter(|_| !lean),
             };
             self.held_dispatch = Some((dispatch, vm.predictor_cluster(host.now_ms())));
             // Read from the body, or header-only with the body already through: as it is.

@@ -8,6 +8,7 @@
 
 pub mod coalesce;
 pub mod config;
+pub mod contract;
 pub mod fallback;
 pub mod flow;
 pub mod header_map;

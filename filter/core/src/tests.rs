@@ -240,7 +240,9 @@ fn predictions(endpoints: &[(&str, Option<f64>)]) -> Vec<u8> {
 
 /// An answer with flow control's part (`flow`).
 fn predictions_after(endpoints: &[(&str, Option<f64>)], flow: Option<FlowAnswer>) -> Vec<u8> {
+    // A contract-1 predictor's answer (no `contract`): the filter echoes to it.
     let answer = PredictResponse {
+        contract: 0,
         flow,
         pool: "default".into(),
         model_version: "test".into(),
@@ -388,6 +390,33 @@ fn routes_to_an_endpoint_predicted_to_meet_the_slo_and_reports_what_happened() {
     assert!(host.has(Event::Outbox(crate::outbox::Counts { reported: 1, ..Default::default() })));
 }
 
+/// To a predictor that keeps records (contract 2) the dispatch names the request and the
+/// endpoint, and the report carries only what the gateway measured; the spine test above
+/// is the same flow against a contract-1 predictor, which gets the echoes.
+#[test]
+fn to_a_predictor_that_keeps_records_dispatches_and_reports_carry_no_echo() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let v1 = predictions(&[("10.0.0.1:8000", Some(300.0)), ("10.0.0.2:8000", Some(200.0))]);
+    let mut answer: PredictResponse = codec::decode(Format::MsgPack, &v1).unwrap();
+    answer.contract = headroom_protocol::CONTRACT;
+    let mut flow = Flow::new();
+    let answer = codec::encode(Format::MsgPack, &answer).unwrap();
+    assert_eq!(routed(&mut flow, &mut host, &mut vm, 200, &answer), Step::Resume);
+    host.upstream = Some("10.0.0.2:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 120);
+    deliver_all(&mut host, &mut vm, 200);
+    let dispatched: Vec<DispatchBatch> = batches(&host, paths::DISPATCH);
+    let d = &dispatched[0].dispatches[0];
+    assert_eq!(d.endpoint, "10.0.0.2:8000");
+    assert!(d.request.is_unset() && d.predicted_ttft_ms.is_none() && d.predicted_tpot_ms.is_none(), "{d:?}");
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    let o = &reported[0].observations[0];
+    assert!(o.request.is_unset() && o.state_at_dispatch.is_none() && o.predicted_ttft_ms.is_none(), "{o:?}");
+    assert_eq!((o.ttft_ms, o.status, o.source), (Some(120.0), 200, RouteSource::PredictedPositive));
+    assert_eq!(o.endpoint, "10.0.0.2:8000");
+}
+
 #[test]
 fn a_predictor_timeout_falls_back_to_the_last_fresh_states() {
     let mut host = FakeHost::new();
@@ -412,6 +441,7 @@ fn while_the_predictor_is_down_the_fallback_spreads_requests_over_its_frozen_sta
     // first endpoint looks best in them every time.
     let endpoints = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
     let answer = PredictResponse {
+        contract: 0,
         flow: None,
         pool: "default".into(),
         model_version: "test".into(),
@@ -1450,6 +1480,7 @@ fn a_request_past_every_servers_context_is_a_400_once_the_count_is_known() {
     let body = format!(r#"{{"model":"m","prompt":"{prompt}","max_tokens":100}}"#);
     let answer = |contexts: &[u32]| {
         let a = PredictResponse {
+            contract: 0,
             flow: None,
             pool: "default".into(),
             model_version: "test".into(),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use headroom_protocol::{codec, paths};
 
 use crate::coalesce::{CallId, Coalescer, Delivery, Ride};
+use crate::contract::Contract;
 use crate::fallback::StateCache;
 use crate::host::{callout_status, Event, FallbackCause, Host, Level};
 use crate::outbox::{Batch, Outbox, Outcome};
@@ -65,6 +66,8 @@ pub struct Vm {
     pub stream: PredictStream,
     /// Each model's bytes per prompt token, learned from the responses' usage blocks.
     pub tokens: TokenCounts,
+    /// Whether the predictors keep records, so dispatches and reports go without echoes.
+    pub contract: Contract,
     /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
     vm_nonce: u64,
     next_request: u64,
@@ -91,6 +94,7 @@ impl Vm {
             predictions: Coalescer::default(),
             stream: PredictStream::default(),
             tokens: TokenCounts::default(),
+            contract: Contract::default(),
             vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
             next_request: 0,
             shards: Shards::new(config.predictor_clusters(), &config.pool),
