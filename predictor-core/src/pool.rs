@@ -652,7 +652,13 @@ impl Pool {
         };
         let prefix = self.endpoints[i].prefix.match_fraction(&request.prefix_hashes);
         self.endpoints[i].prefix.insert(&request.prefix_hashes);
-        let lifetime = self.expiry.lifetime(predicted, request.max_tokens);
+        // Without a record or a prediction, nothing says how long it runs, and this replica
+        // is likely not where its report goes (a rollout's overlap balances each call): its
+        // books hold it for the least a request with a predicted end is held.
+        let lifetime = match (&kept, predicted) {
+            (None, (None, None)) => self.expiry.floor.min(self.expiry.ttl),
+            _ => self.expiry.lifetime(predicted, request.max_tokens),
+        };
         let with_record = kept.is_some();
         let f = InFlight::new(i, request, prefix, predicted, (now, lifetime), false, kept);
         self.endpoints[i].add_prefill(f.uncached_tokens, now);
@@ -994,7 +1000,9 @@ mod tests {
         // used for timing only, never kept for learning.
         assert_eq!(p.dispatch(&dispatch("old", "a:1", 400, None), now), Applied::AcceptedWithoutRecord);
         assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].uncached_tokens_in_flight, 400);
-        assert_eq!(p.finish("elsewhere", now), Finished::Tracked("a:1".into(), None));
+        // Nothing says how long it runs: held for the floor, not the ten-minute ceiling.
+        assert_eq!(p.expire(now + Expiry::default().floor), 1);
+        assert_eq!(p.finish("elsewhere", now), Finished::Late("a:1".into(), None));
         assert_eq!(p.finish("old", now), Finished::Tracked("a:1".into(), None));
     }
 

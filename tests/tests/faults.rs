@@ -46,7 +46,11 @@ fn signal(pid: u32, sig: &str) {
 
 #[test]
 fn predictor_killed_and_restarted_under_load_serves_every_request_and_keeps_the_reports() {
-    let mut h = Harness::start_opts(options()).unwrap();
+    // Without flow control, so the calls are coalesced and ride the predict stream: what
+    // this test follows through the kill (a request that offers to wait makes its own call).
+    let mut plugin = options().plugin;
+    plugin.insert("flow_control".into(), json!(false));
+    let mut h = Harness::start_opts(StackOptions { plugin, ..options() }).unwrap();
     let load = SteadyLoad::start(h.gateway(), 8, 6, true, Duration::from_millis(20));
     std::thread::sleep(Duration::from_secs(2));
     // The coalesced calls went on the workers' predict streams (docs/protocol.md).
@@ -126,23 +130,35 @@ fn predictor_frozen_past_the_timeout_under_load_falls_back_then_recovers() {
     std::thread::sleep(Duration::from_secs(2));
     signal(pid, "-STOP");
     let frozen = Instant::now();
-    std::thread::sleep(Duration::from_secs(3));
+    // Flow control is on by default: the requests sent in the freeze's first second offered
+    // to wait, and their calls may rightly stay open for `flow_max_wait_ms`. Clients that
+    // come once the predictor has been silent a second do not offer to wait (`vm::SILENT_MS`).
+    std::thread::sleep(Duration::from_millis(1500));
+    let late = SteadyLoad::start(h.gateway(), 3, 6, true, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_millis(1500));
     signal(pid, "-CONT");
     let thawed = Instant::now();
     std::thread::sleep(Duration::from_secs(4));
-    let sent = load.stop();
+    let (sent, late) = (load.stop(), late.stop());
 
     assert_eq!(failures(&sent), Vec::<String>::new(), "a frozen predictor fails no request");
+    assert_eq!(failures(&late), Vec::<String>::new(), "a frozen predictor fails no request");
     assert!(h.envoy_stat("headroom_fallback_timeout") >= 1.0, "the callouts timed out and fell back");
-    let slow: Vec<f64> = sent
+    assert!(h.envoy_stat("headroom_flow_withheld") >= 1.0, "requests stopped offering to wait");
+    let slow: Vec<f64> = late
         .iter()
-        .filter(|s| s.at >= frozen + Duration::from_millis(500) && s.done < thawed)
+        .filter(|s| s.at >= frozen + Duration::from_millis(1500) && s.done < thawed)
         .map(|s| (s.done - s.at).as_secs_f64())
         .collect();
     assert!(slow.len() >= 5, "traffic went on while the predictor was frozen");
     // The callout gives up after predictor_timeout_ms (50 ms by default): never a hang.
     assert!(slow.iter().all(|&s| s < 2.0), "requests during the freeze took {slow:?} s");
-    let after = predicted_between(&sent, thawed + Duration::from_secs(1), Instant::now());
+    // Those that offered to wait first were answered when the predictor came back, not
+    // later: their wait is bounded by the freeze, well inside `flow_max_wait_ms`.
+    let waited = sent.iter().filter(|s| s.at >= frozen && s.at < frozen + Duration::from_millis(900));
+    assert!(waited.clone().all(|s| s.done < thawed + Duration::from_secs(2)), "held past the thaw");
+    let after = predicted_between(&sent, thawed + Duration::from_secs(1), Instant::now())
+        + predicted_between(&late, thawed + Duration::from_secs(1), Instant::now());
     assert!(after >= 10, "routing by prediction resumes after the thaw ({after} requests)");
 }
 

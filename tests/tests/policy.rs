@@ -91,7 +91,9 @@ fn routing_hints_never_reach_the_model_servers() {
 
 fn fails_open_with(mode: Misbehaviour, cause_stat: &str) {
     let fake = FakePredictor::start(mode).unwrap();
-    let h = match Harness::start_with(json!({}), Some(fake.addr)) {
+    // A request that offers to wait in the flow queue (the default) gives its call
+    // `flow_max_wait_ms` more: 100 ms keeps the sleeping predictor past that budget too.
+    let h = match Harness::start_with(json!({"flow_max_wait_ms": 100}), Some(fake.addr)) {
         Ok(h) => h,
         Err(e) => panic!("stack did not start: {e:#}"),
     };

@@ -148,8 +148,8 @@ fn one_pool_one_replica_across_both_workers_then_failover() {
 /// A rollout's overlap: the old and the new replica both serve the predictor's cluster, and
 /// Envoy balances each call over them, so a request's dispatch and its report can reach
 /// different ones. The replica left holding a request that was reported elsewhere forgets it
-/// a few of its predicted end-to-end times later (`in_flight_min_s` here: 2 s), and one
-/// whose report comes after all still learns from it.
+/// a few of its predicted end-to-end times later, or, when its predict call went to the
+/// other replica (no record here, no prediction), after `in_flight_min_s` (here: 2 s).
 #[test]
 fn in_a_rollouts_overlap_split_books_clear_within_the_predicted_time() {
     let opts = StackOptions {

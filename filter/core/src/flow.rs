@@ -544,7 +544,14 @@ impl Flow {
     fn start_callout(&mut self, host: &mut dyn Host, vm: &mut Vm) -> Step {
         let config = &vm.config;
         // Only a request routed by its SLOs can wait for headroom: others have none to judge.
-        let flow = (config.flow_control && self.prediction_based && self.features.slo.is_set()).then(|| FlowTerms {
+        // Nor while the predictor answers nothing (`vm::SILENT_MS`): a call that may wait gets
+        // a budget of `flow_max_wait_ms`, and a frozen predictor would hold it that long.
+        let mut may_wait = config.flow_control && self.prediction_based && self.features.slo.is_set();
+        if may_wait && vm.predictor_silent(host.now_ms()) {
+            host.record(Event::FlowWithheld);
+            may_wait = false;
+        }
+        let flow = may_wait.then(|| FlowTerms {
             max_wait_ms: config.flow_max_wait_ms,
             tpot_buffer: config.tpot_buffer,
             ttft_buffer: config.ttft_buffer,
@@ -581,6 +588,7 @@ impl Flow {
         let cluster = vm.predictor_cluster(host.now_ms());
         match host.http_call(&cluster, &vm.call_headers(paths::PREDICT), &bytes, timeout) {
             Ok(token) => {
+                vm.asked(host.now_ms());
                 self.callout = Some(Callout { token, started_ns: host.now_ns(), cluster });
                 Step::Pause
             }

@@ -107,6 +107,10 @@ pub enum Event {
     PredictorCallMs(u64),
     /// A predictor replica skipped after repeated failures.
     PredictorEjected,
+    /// A request that would have offered to wait in the flow-control queue did not, because
+    /// the predictor has answered no call for [`crate::vm::SILENT_MS`]: it gets the short
+    /// callout budget, so a frozen predictor costs it at most `predictor_timeout_ms`.
+    FlowWithheld,
     /// A routed request served by another endpoint than the chosen one (a retry,
     /// or a chosen endpoint missing from Envoy's cluster).
     ServedElsewhere,

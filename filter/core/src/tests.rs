@@ -1131,6 +1131,35 @@ fn requests_keep_their_own_call_when_the_host_cannot_wake_the_root_or_the_reques
     assert!(asked.flow.is_some());
 }
 
+/// A call that may wait in the flow queue gets `flow_max_wait_ms` of budget, so while the
+/// predictor answers nothing for a second, new requests do not offer to wait: a frozen
+/// predictor costs them the short budget. Its first answer ends that.
+#[test]
+fn while_the_predictor_answers_nothing_new_requests_do_not_offer_to_wait() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true,"predictor_timeout_ms":50,"flow_max_wait_ms":10000}"#);
+    let asked = |host: &FakeHost, i: usize| -> (bool, Duration) {
+        let call = &host.calls[i];
+        (codec::decode::<PredictRequest>(Format::MsgPack, &call.body).unwrap().flow.is_some(), call.timeout)
+    };
+    let (mut a, mut b, mut c) = (Flow::new(), Flow::new(), Flow::new());
+    send_request(&mut a, &mut host, &mut vm, &SLO, BODY);
+    assert_eq!(asked(&host, 0), (true, Duration::from_millis(10_050)), "offers to wait");
+    host.now_ns += 999 * MS;
+    send_request(&mut b, &mut host, &mut vm, &SLO, BODY);
+    assert!(asked(&host, 1).0, "a queued call may rightly take a while");
+    host.now_ns += MS;
+    send_request(&mut c, &mut host, &mut vm, &SLO, BODY);
+    assert_eq!(asked(&host, 2), (false, Duration::from_millis(50)), "a second of silence: the short budget");
+    assert!(host.has(Event::FlowWithheld));
+    // c's call is answered: the predictor is heard again, and the next request may wait.
+    let body = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    let token = host.answer(200, &body);
+    assert_eq!(c.on_callout_answer(&mut host, &mut vm, token, body.len()), Step::Resume);
+    send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, BODY);
+    assert!(asked(&host, 3).0);
+}
+
 #[test]
 fn a_coalesced_call_that_cannot_start_falls_back_at_once_and_oversized_batches_split() {
     let mut host = FakeHost { can_wake: true, refuse_calls: true, ..FakeHost::new() };

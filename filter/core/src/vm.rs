@@ -79,7 +79,15 @@ pub struct Vm {
     sending: HashMap<u32, (String, Batch)>,
     /// Batches riding on coalesced predict calls under way, by the call.
     riding: HashMap<CallId, Vec<Batch>>,
+    /// When the oldest call sent since the predictor last answered anything went out.
+    unanswered_since_ms: Option<u64>,
 }
+
+/// A predictor that has answered no call for this long, with one sent, is taken to be
+/// silent (frozen, starved of CPU): new requests stop offering to wait in its flow queue
+/// (whose calls may rightly stay open for `flow_max_wait_ms`), so they keep the short
+/// callout budget and fall back within `predictor_timeout_ms`. Its first answer ends it.
+pub const SILENT_MS: u64 = 1_000;
 
 impl Vm {
     /// A VM configured from `config`; `seed` should differ per VM (it seeds the
@@ -101,6 +109,7 @@ impl Vm {
             authorization: authorization(&config),
             sending: HashMap::new(),
             riding: HashMap::new(),
+            unanswered_since_ms: None,
             config,
         }
     }
@@ -132,12 +141,25 @@ impl Vm {
         self.shards.current(now_ms).to_string()
     }
 
+    /// A call to the predictor went out at `now_ms`.
+    pub fn asked(&mut self, now_ms: u64) {
+        self.unanswered_since_ms.get_or_insert(now_ms);
+    }
+
+    /// Whether the predictor has answered nothing for [`SILENT_MS`] since a call went out.
+    pub fn predictor_silent(&self, now_ms: u64) -> bool {
+        self.unanswered_since_ms.is_some_and(|t| now_ms.saturating_sub(t) >= SILENT_MS)
+    }
+
     /// Records how a call to `cluster` went: no answer, a timeout or a 5xx count
     /// against the replica; any other answer shows it alive.
     pub fn record_call(&mut self, host: &mut dyn Host, cluster: &str, status: Option<u16>) {
         // A 401 or 403 is a replica that refuses this filter's token: of no use to it, so it
         // counts as failing (and is named in the log when skipped), not as alive.
         let alive = status.is_some_and(|s| s != 0 && s < 500 && s != 401 && s != 403);
+        if alive {
+            self.unanswered_since_ms = None;
+        }
         if self.shards.record(cluster, alive, host.now_ms()) {
             host.record(Event::PredictorEjected);
             host.log(Level::Warn, &format!("headroom: predictor cluster {cluster} failing; using the next replica"));
@@ -162,6 +184,7 @@ impl Vm {
             let cluster = batch.to().to_string();
             match host.http_call(&cluster, &self.call_headers(path), &body, FLUSH_TIMEOUT) {
                 Ok(token) => {
+                    self.asked(now);
                     self.sending.insert(token, (cluster.clone(), batch));
                 }
                 Err(_) => {
@@ -223,6 +246,7 @@ impl Vm {
             return Vec::new();
         };
         self.stream.on_answer();
+        self.unanswered_since_ms = None;
         self.settle(host, CallId::Stream(token), answered)
     }
 
@@ -331,6 +355,9 @@ impl Vm {
         }
         if !failed.is_empty() {
             self.record_call(host, &cluster, None);
+        }
+        if call.is_some() {
+            self.asked(host.now_ms());
         }
         match call {
             Some(call) if !riders.is_empty() => {

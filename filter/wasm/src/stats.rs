@@ -24,6 +24,7 @@ pub struct Stats {
     reports_refused: Option<u32>,
     reports_oversized: Option<u32>,
     predictor_ejected: Option<u32>,
+    flow_withheld: Option<u32>,
     served_elsewhere: Option<u32>,
     cut_off: Option<u32>,
     priority_clamped: Option<u32>,
@@ -66,6 +67,7 @@ impl Stats {
             reports_refused: counter("reports.refused"),
             reports_oversized: counter("reports.oversized"),
             predictor_ejected: counter("predictor.ejected"),
+            flow_withheld: counter("flow.withheld"),
             served_elsewhere: counter("served_elsewhere"),
             cut_off: counter("response_cut_off"),
             priority_clamped: counter("priority_clamped"),
@@ -112,6 +114,7 @@ impl Stats {
                 }
             }
             Event::PredictorEjected => Self::inc(self.predictor_ejected, 1),
+            Event::FlowWithheld => Self::inc(self.flow_withheld, 1),
             Event::ServedElsewhere => Self::inc(self.served_elsewhere, 1),
             Event::CutOff => Self::inc(self.cut_off, 1),
             Event::PriorityClamped => Self::inc(self.priority_clamped, 1),
