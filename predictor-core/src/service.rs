@@ -1,6 +1,7 @@
-//! What the API's routes do, once their bodies are decoded and checked: predict
-//! every endpoint of a pool, start tracking dispatched requests, end tracking and
-//! learn from reports. The handlers (`crate::api`) only decode, call these, encode.
+//! What the predictor does with each input, once it is decoded and checked: predict
+//! every endpoint of a pool, start tracking dispatched requests, end tracking and learn
+//! from reports, file a scrape's engine metrics, forget what was never reported. The
+//! service's handlers and background tasks only decode, call these, encode.
 
 use std::time::Instant;
 
@@ -10,7 +11,7 @@ use headroom_protocol::{
 };
 
 use crate::model::features;
-use crate::pool::{Applied, Finished, Kept};
+use crate::pool::{Applied, EngineMetrics, Finished, Kept};
 use crate::predictor::Predictor;
 
 /// Predictions and state for every endpoint of `req.pool`; `None` when there is no such pool.
@@ -187,4 +188,66 @@ fn complete(o: &mut Observation, kept: &Kept) {
     o.state_at_dispatch = Some(kept.state.clone());
     o.predicted_ttft_ms = kept.predicted_ttft_ms;
     o.predicted_tpot_ms = kept.predicted_tpot_ms;
+}
+
+/// What one scrape of an endpoint's engine metrics found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scraped {
+    Metrics(EngineMetrics),
+    /// Nothing accepted the connection: the server is down, not merely slow or odd.
+    Unreachable,
+    /// A timeout, an error status or a body that is not its metrics: nothing said about its load.
+    Failed,
+}
+
+/// Files one scrape of `address` in `pool`, read at `now`. A server that refuses the
+/// connection has no state to predict from: its metrics (and what it was thought to cache)
+/// are dropped at once, so it gets no prediction from this moment rather than after
+/// `stale_after_ms` (during which its in-flight count falls as its streams are cut, and it
+/// would look like the idlest server in the pool). A timeout or a garbled body says nothing
+/// about the server's load being different, so those only let the metrics age. Fresh
+/// metrics can show room the last ones did not: the flow queue is judged again. Returns the
+/// endpoint's failed scrapes so far when this one failed (`None`: it succeeded, or the
+/// endpoint is not in the pool).
+pub fn scraped(state: &Predictor, pool: &str, address: &str, scraped: Scraped, now: Instant) -> Option<u64> {
+    let failures = state
+        .pools
+        .with(pool, |p| {
+            let e = p.endpoints.iter_mut().find(|e| e.address == address)?;
+            match scraped {
+                Scraped::Metrics(m) => {
+                    e.scraped(m, now);
+                    None
+                }
+                Scraped::Unreachable | Scraped::Failed => {
+                    if scraped == Scraped::Unreachable {
+                        e.unreachable();
+                    }
+                    e.scrape_errors += 1;
+                    Some(e.scrape_errors)
+                }
+            }
+        })
+        .flatten();
+    let ok = matches!(scraped, Scraped::Metrics(_));
+    state.metrics.scrape(ok);
+    if ok {
+        state.flows.wake();
+    }
+    failures
+}
+
+/// Forgets, in every pool, the requests never reported past their expiry (`pool::Expiry`)
+/// and old finished ids and records, at `now`: `(pool, requests forgotten)` for each pool
+/// that forgot any, counted in `headroom_in_flight_expired_total`.
+pub fn expire(state: &Predictor, now: Instant) -> Vec<(String, usize)> {
+    let mut forgotten = Vec::new();
+    for pool in state.pools.names() {
+        let expired = state.pools.with(&pool, |p| p.expire(now)).unwrap_or(0);
+        if expired > 0 {
+            state.metrics.expired(expired as u64);
+            forgotten.push((pool, expired));
+        }
+    }
+    forgotten
 }

@@ -86,3 +86,27 @@ fn a_queued_request_reaches_its_deadline_on_the_services_clock_not_the_wall() {
     assert_eq!(state.flows.with("default", |q| q.len()), 0);
     assert!(wall.elapsed() < Duration::from_secs(5), "a minute of the service's time took {:?}", wall.elapsed());
 }
+
+/// A scrape the server refused drops its state at once; one that timed out or read garbage
+/// only lets it age, so it goes stale on the predictor's clock.
+#[test]
+fn a_refused_scrape_ends_predictions_at_once_and_a_failed_one_lets_them_age() {
+    use headroom_predictor_core::service::{scraped, Scraped};
+    let config =
+        Config::parse("stale_after_ms = 5000\n[[pool]]\nname = \"default\"\nendpoints = [\"10.0.0.1:8000\"]\n")
+            .unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let state = Predictor::new(config, Arc::new(Native), clock.clone()).unwrap();
+    let predicted = || service::predict(&state, request(), clock.now()).unwrap().endpoints[0].ttft_ms.is_some();
+    assert_eq!(scraped(&state, "default", "10.0.0.1:8000", Scraped::Metrics(SWAMPED), clock.now()), None);
+    assert!(predicted());
+    assert_eq!(scraped(&state, "default", "10.0.0.1:8000", Scraped::Failed, clock.now()), Some(1));
+    assert!(predicted(), "a timeout says nothing of its load: the metrics stand until stale");
+    clock.advance(Duration::from_secs(6));
+    assert!(!predicted(), "stale by the predictor's clock");
+    assert_eq!(scraped(&state, "default", "10.0.0.1:8000", Scraped::Metrics(SWAMPED), clock.now()), None);
+    assert!(predicted());
+    assert_eq!(scraped(&state, "default", "10.0.0.1:8000", Scraped::Unreachable, clock.now()), Some(2));
+    assert!(!predicted(), "nothing accepted the connection: no state to predict from");
+    assert_eq!(scraped(&state, "default", "10.0.0.9:8000", Scraped::Failed, clock.now()), None, "not in the pool");
+}

@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use crate::heartbeat::Task;
 use crate::state::AppState;
 use headroom_predictor_core::pool::{DecodeCounter, EngineMetrics};
+use headroom_predictor_core::service::{self, Scraped};
 
 /// Reads the engine metrics from Prometheus text. Series of one name are
 /// summed (one per model/engine) except KV usage, of which the highest is kept.
@@ -149,33 +150,18 @@ impl std::fmt::Display for ScrapeError {
     }
 }
 
-/// Files one scrape's result for `address` in `pool`, read at `now`.
-///
-/// A server that refuses the connection has no state to predict from: its metrics (and
-/// what it was thought to cache) are dropped at once, so it gets no prediction from this moment instead of after
-/// `stale_after_ms` (during which its in-flight count falls as its streams are cut, and it
-/// would look like the idlest server in the pool). A timeout or a garbled body says nothing
-/// about the server's load being different, so those only let the metrics age.
+/// Files one scrape's result (`service::scraped` decides what it means), logging failures
+/// at 1, 2, 4, 8... in a row so a dead server does not flood the log.
 fn apply(state: &AppState, pool: &str, address: &str, result: &Result<EngineMetrics, ScrapeError>, now: Instant) {
-    state.core.pools.with(pool, |p| {
-        let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) else { return };
-        match result {
-            Ok(m) => e.scraped(*m, now),
-            Err(err) => {
-                if err.unreachable {
-                    e.unreachable();
-                }
-                e.scrape_errors += 1;
-                if e.scrape_errors.is_power_of_two() {
-                    tracing::warn!(pool = %pool, endpoint = %address, error = %err, failures = e.scrape_errors, "scrape failed");
-                }
-            }
+    let scraped = match result {
+        Ok(m) => Scraped::Metrics(*m),
+        Err(e) if e.unreachable => Scraped::Unreachable,
+        Err(_) => Scraped::Failed,
+    };
+    if let (Some(failures), Err(err)) = (service::scraped(&state.core, pool, address, scraped, now), result) {
+        if failures.is_power_of_two() {
+            tracing::warn!(pool = %pool, endpoint = %address, error = %err, failures, "scrape failed");
         }
-    });
-    state.core.metrics.scrape(result.is_ok());
-    // Fresh engine state can show room the last one did not: judge queued requests again.
-    if result.is_ok() {
-        state.core.flows.wake();
     }
 }
 
@@ -187,13 +173,8 @@ pub async fn expire(state: Arc<AppState>) {
     loop {
         ticker.tick().await;
         state.heartbeats.beat(Task::Expiry);
-        let now = state.core.clock.now();
-        for pool in state.core.pools.names() {
-            let expired = state.core.pools.with(&pool, |p| p.expire(now)).unwrap_or(0);
-            if expired > 0 {
-                state.core.metrics.expired(expired as u64);
-                tracing::warn!(pool = %pool, expired, "in-flight requests never reported were forgotten");
-            }
+        for (pool, expired) in service::expire(&state.core, state.core.clock.now()) {
+            tracing::warn!(pool = %pool, expired, "in-flight requests never reported were forgotten");
         }
     }
 }
