@@ -26,16 +26,14 @@ pub struct CalloutOptions {
     pub plugin: String,
 }
 
-/// Bytes each way on the predictor's cluster, summed over its clusters (shards, the stream's).
+/// Bytes each way on the predictor's cluster, summed over its clusters (shards, the stream's):
+/// every cluster name starting `headroom_predictor`.
 fn cluster_bytes(stats: &str) -> (f64, f64) {
-    let sum = |name: &str| {
-        stats
-            .lines()
-            .filter(|l| l.starts_with(name) && l.contains("envoy_cluster_name=\"headroom_predictor"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    (sum("envoy_cluster_upstream_cx_tx_bytes_total{"), sum("envoy_cluster_upstream_cx_rx_bytes_total{"))
+    let cluster = "envoy_cluster_name=\"headroom_predictor";
+    (
+        http::metric_with(stats, "envoy_cluster_upstream_cx_tx_bytes_total", cluster),
+        http::metric_with(stats, "envoy_cluster_upstream_cx_rx_bytes_total", cluster),
+    )
 }
 
 /// Starts a stack of three simulated servers, routes `requests` SLO-routed streamed

@@ -87,54 +87,6 @@ struct Record {
 /// belongs to a request the gateway placed without it, or never sent.
 const RECORD_TTL: Duration = Duration::from_secs(10);
 
-/// The newest predict answer per request id, each kept for [`RECORD_TTL`] and at most
-/// `cap` of them (oldest dropped first): a newer answer for the same request (flow
-/// control answers at release what it predicted on arrival) replaces the older.
-#[derive(Debug, Default)]
-struct Records {
-    by_id: HashMap<String, (Record, Instant)>,
-    order: VecDeque<(String, Instant)>,
-    cap: usize,
-}
-
-impl Records {
-    fn new(cap: usize) -> Self {
-        Records { by_id: HashMap::new(), order: VecDeque::new(), cap: cap.max(1) }
-    }
-
-    fn insert(&mut self, id: &str, record: Record, now: Instant) {
-        self.by_id.insert(id.to_string(), (record, now));
-        self.order.push_back((id.to_string(), now));
-        while self.by_id.len() > self.cap || self.order.len() > 2 * self.cap {
-            self.pop_oldest();
-        }
-    }
-
-    fn take(&mut self, id: &str) -> Option<Record> {
-        self.by_id.remove(id).map(|(r, _)| r)
-    }
-
-    /// Drops the oldest entry of the order, and its record unless a newer answer
-    /// replaced it since (the newer one has its own, later entry).
-    fn pop_oldest(&mut self) {
-        if let Some((id, at)) = self.order.pop_front() {
-            if self.by_id.get(&id).is_some_and(|(_, t)| *t == at) {
-                self.by_id.remove(&id);
-            }
-        }
-    }
-
-    fn expire(&mut self, now: Instant) {
-        while self.order.front().is_some_and(|(_, t)| now.saturating_duration_since(*t) >= RECORD_TTL) {
-            self.pop_oldest();
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.by_id.len()
-    }
-}
-
 impl InFlight {
     /// `r` sent to endpoint `endpoint` at `now`, `prefix` of its prompt cached there, with
     /// its predicted TTFT and TPOT there, tracked for `lifetime` without a report;
@@ -394,8 +346,10 @@ pub struct Pool {
     /// for `Expiry::ttl`: a report that comes after all (the request ran far longer than
     /// predicted) still teaches, and is counted late.
     overdue: RecentIds<(String, Option<Box<Kept>>)>,
-    /// The newest predict answer of each request not yet dispatched.
-    records: Records,
+    /// The newest predict answer of each request not yet dispatched (flow control answers
+    /// at release what it predicted on arrival: the newer replaces the older), each for
+    /// [`RECORD_TTL`].
+    records: RecentIds<Record>,
     expiry: Expiry,
     /// When the last first-token event arrived: while recent, prefill ends when
     /// observed (or a grace period after the prediction), not at the prediction.
@@ -407,25 +361,35 @@ pub struct Pool {
 }
 
 /// Request ids seen recently, each with a value, oldest first: bounded in count and
-/// forgotten after a time, so a flood of reports for unknown ids cannot grow memory.
+/// forgotten after a time, so a flood of reports for unknown ids cannot grow memory. An id
+/// keeps its first value ([`RecentIds::insert`]) or takes the newest ([`RecentIds::replace`]);
+/// each entry of the order names the value it was made for, so one removed or replaced
+/// since does not take a newer value with it when it comes round.
 #[derive(Debug, Default)]
 struct RecentIds<V = ()> {
-    order: VecDeque<(String, Instant)>,
-    ids: HashMap<String, V>,
+    order: VecDeque<(String, Instant, u64)>,
+    ids: HashMap<String, (V, u64)>,
     cap: usize,
+    next: u64,
 }
 
 impl<V> RecentIds<V> {
     fn new(cap: usize) -> Self {
-        RecentIds { order: VecDeque::new(), ids: HashMap::new(), cap: cap.max(1) }
+        RecentIds { order: VecDeque::new(), ids: HashMap::new(), cap: cap.max(1), next: 0 }
     }
 
+    /// Remembers `value` for `id` unless `id` has one already.
     fn insert(&mut self, id: &str, value: V, now: Instant) {
-        if self.ids.contains_key(id) {
-            return;
+        if !self.ids.contains_key(id) {
+            self.replace(id, value, now);
         }
-        self.ids.insert(id.to_string(), value);
-        self.order.push_back((id.to_string(), now));
+    }
+
+    /// Remembers `value` for `id`, in place of any it had, as of `now`.
+    fn replace(&mut self, id: &str, value: V, now: Instant) {
+        self.next += 1;
+        self.ids.insert(id.to_string(), (value, self.next));
+        self.order.push_back((id.to_string(), now, self.next));
         while self.order.len() > self.cap {
             self.pop_oldest();
         }
@@ -437,23 +401,26 @@ impl<V> RecentIds<V> {
 
     /// Takes `id`'s value; its place in the order goes when it is the oldest.
     fn remove(&mut self, id: &str) -> Option<V> {
-        self.ids.remove(id)
+        self.ids.remove(id).map(|(v, _)| v)
     }
 
     fn pop_oldest(&mut self) {
-        if let Some((id, _)) = self.order.pop_front() {
-            self.ids.remove(&id);
+        if let Some((id, _, seq)) = self.order.pop_front() {
+            if self.ids.get(&id).is_some_and(|(_, s)| *s == seq) {
+                self.ids.remove(&id);
+            }
         }
     }
 
     fn expire(&mut self, now: Instant, memory: Duration) {
-        while self.order.front().is_some_and(|(_, t)| now.saturating_duration_since(*t) >= memory) {
+        while self.order.front().is_some_and(|(_, t, _)| now.saturating_duration_since(*t) >= memory) {
             self.pop_oldest();
         }
     }
 
+    /// Ids remembered.
     fn len(&self) -> usize {
-        self.order.len()
+        self.ids.len()
     }
 }
 
@@ -505,7 +472,7 @@ impl Pool {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             overdue: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
-            records: Records::new(DEFAULT_MAX_IN_FLIGHT),
+            records: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             expiry: Expiry::default(),
             last_first_token: None,
             prefill_ms_per_token: Vec::new(),
@@ -579,7 +546,7 @@ impl Pool {
         self.max_in_flight = max.max(1);
         self.finished = RecentIds::new(max);
         self.overdue = RecentIds::new(max);
-        self.records = Records::new(max);
+        self.records = RecentIds::new(max);
         self
     }
 
@@ -617,7 +584,7 @@ impl Pool {
             .zip(predicted)
             .map(|((e, s), &(ttft, tpot))| (e.address.clone(), s.clone(), ttft, tpot))
             .collect();
-        self.records.insert(request_id, Record { request: request.clone(), endpoints }, now);
+        self.records.replace(request_id, Record { request: request.clone(), endpoints }, now);
     }
 
     /// Starts tracking a dispatched request: with this predictor's record of it, the
@@ -635,7 +602,7 @@ impl Pool {
         if self.in_flight.len() >= self.max_in_flight && !self.in_flight.contains_key(&d.request_id) {
             return Applied::PoolFull;
         }
-        let record = self.records.take(&d.request_id);
+        let record = self.records.remove(&d.request_id);
         let there = record.as_ref().and_then(|r| r.endpoints.iter().find(|(a, ..)| *a == d.endpoint));
         let (request, predicted, kept) = match (&record, there) {
             (Some(r), Some((_, state, ttft, tpot))) => {
@@ -737,7 +704,7 @@ impl Pool {
     pub fn finish(&mut self, request_id: &str, now: Instant) -> Finished {
         let tracked = self.in_flight.remove(request_id).filter(|f| !f.reserved);
         self.finished.insert(request_id, (), now);
-        self.records.take(request_id);
+        self.records.remove(request_id);
         if let Some(f) = tracked {
             if let Some(e) = self.endpoints.get(f.endpoint) {
                 return Finished::Tracked(e.address.clone(), f.kept);
@@ -761,7 +728,7 @@ impl Pool {
             }
         }
         self.finished.expire(now, FINISHED_MEMORY);
-        self.records.expire(now);
+        self.records.expire(now, RECORD_TTL);
         self.overdue.expire(now, self.expiry.ttl);
         due.len()
     }
