@@ -21,6 +21,7 @@ pub mod gateway;
 pub mod host;
 pub mod progress;
 pub mod report;
+pub mod sim;
 pub mod soak;
 pub mod summary;
 pub mod wire;
@@ -329,6 +330,8 @@ pub struct BenchOptions {
     /// Measurements of each rate near the cliff ([`cliff_rates`]), each with its own
     /// seed (1: the ladder's only).
     pub seeds: u32,
+    /// The CSV the `trace` workload replays (`--trace FILE`, the bundled trace's format).
+    pub trace: Option<std::sync::Arc<str>>,
     pub run_dir: PathBuf,
     pub out: PathBuf,
 }
@@ -496,17 +499,25 @@ pub fn trace_window(rates: &[f64], step_s: f64) -> usize {
 /// of generating its requests from a seed; the only one `--trace-window` applies to.
 const TRACE: &str = "azure";
 
+/// The workload that replays a user's own trace (`--trace FILE`, the format of the bundled
+/// one), its first `window` requests at every rate like [`TRACE`].
+pub const USER_TRACE: &str = "trace";
+
 /// The requests of `workload` at `rate`, in engine time. Synthetic workloads keep their
-/// seed at every rate; the trace plays its first `window` requests at every rate.
+/// seed at every rate; a trace plays its first `window` requests at every rate (`trace`: the
+/// CSV of [`USER_TRACE`]).
 fn requests(
     name: &str,
     seed: u64,
     rate: f64,
     duration: f64,
     window: usize,
+    trace: Option<&str>,
 ) -> anyhow::Result<Vec<workload::RequestSpec>> {
-    let generated = match name {
-        TRACE => workload::azure_window(seed, window, rate, duration),
+    let generated = match (name, trace) {
+        (USER_TRACE, Some(csv)) => workload::trace_window(csv, seed, window, rate, duration),
+        (USER_TRACE, None) => Err("the trace workload replays --trace FILE, and none was given".to_string()),
+        (TRACE, _) => workload::azure_window(seed, window, rate, duration),
         _ => workload::by_name(name, seed, rate, duration, 1.0),
     };
     generated.map_err(anyhow::Error::msg)
@@ -514,7 +525,7 @@ fn requests(
 
 /// Engine seconds a request may last (the clients' timeout) and so the traffic kept on
 /// after a step: the runner stops sending it once the step's last request has ended.
-const LONGEST_REQUEST_S: f64 = 120.0;
+pub(crate) const LONGEST_REQUEST_S: f64 = 120.0;
 
 /// A step's traffic at `rate` from `seed`, `(lead_in_s, step_s)` long, and how many of its
 /// requests are the lead-in's and the step's. After a lead-in the same traffic goes on past
@@ -526,10 +537,11 @@ fn step_traffic(
     rate: f64,
     (lead_in_s, step_s): (f64, f64),
     window: usize,
+    trace: Option<&str>,
 ) -> anyhow::Result<(Vec<workload::RequestSpec>, usize)> {
     let end = lead_in_s + step_s;
     let after = if lead_in_s > 0.0 { LONGEST_REQUEST_S } else { 0.0 };
-    let mut sent = requests(workload, seed, rate, end + after, window)?;
+    let mut sent = requests(workload, seed, rate, end + after, window, trace)?;
     sent.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     let measured = sent.partition_point(|s| s.at_s < end);
     Ok((sent, measured))
@@ -636,16 +648,66 @@ pub(crate) fn repeat_seed(k: u32) -> u64 {
     LADDER_SEED + 100 * u64::from(k)
 }
 
+/// One router's fleet on one workload, started and warmed up, as a ladder measures it: the
+/// real stack ([`StackLab`]) or the one composed in simulated time (`sim`).
+pub trait Measure {
+    /// One measured step: `rate` with traffic from `seed`, prompts of `run`; prints a line
+    /// and keeps what the lab keeps of it (every request's outcome under `requests/`).
+    fn measure(&mut self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary>;
+}
+
+/// Where a benchmark's ladders run: what starts a router's fleet for a workload. The ladder,
+/// its repeats, the cliffs and the report are the same code for every lab ([`run_on`]).
+pub trait Lab: Sync {
+    /// A fresh fleet for `c` on `workload` (a fresh predictor: no model from another
+    /// router's run), warmed up at the ladder's lowest rate when it is headroom.
+    fn start<'a>(
+        &'a self,
+        c: &'a Contender,
+        workload: &'a str,
+        ladder: &'a Ladder,
+        progress: &'a Progress,
+    ) -> anyhow::Result<Box<dyn Measure + 'a>>;
+
+    /// Ladders measured side by side (each router's on its own thread): 1 where they share
+    /// the host's CPU with what they measure.
+    fn workers(&self) -> usize {
+        1
+    }
+
+    /// What `results.json` records as the workload's engine (`None`: the simulator's servers).
+    fn engine(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The real stack: Envoy with the built filter, the predictor, simulated or real vLLM servers.
+pub struct StackLab<'a> {
+    pub opts: &'a BenchOptions,
+}
+
+impl Lab for StackLab<'_> {
+    fn start<'a>(
+        &'a self,
+        c: &'a Contender,
+        workload: &'a str,
+        ladder: &'a Ladder,
+        progress: &'a Progress,
+    ) -> anyhow::Result<Box<dyn Measure + 'a>> {
+        Ok(Box::new(Bench::start(self.opts, c, workload, ladder, progress)?))
+    }
+
+    fn engine(&self) -> Option<String> {
+        (self.opts.engine == Engine::Vllm).then(|| "vllm".to_string())
+    }
+}
+
 /// One router's stack on one workload, warmed up, and its clients.
 struct Bench<'a> {
     opts: &'a BenchOptions,
     contender: &'a Contender,
     workload: &'a str,
-    window: usize,
-    /// The simulator's speed for this workload (the ladder's).
-    time_scale: f64,
-    /// Seconds of each rate's traffic before its measured step (the ladder's).
-    lead_in_s: f64,
+    ladder: &'a Ladder,
     target: runner::Target,
     runtime: tokio::runtime::Runtime,
     stack: Stack,
@@ -653,17 +715,16 @@ struct Bench<'a> {
 }
 
 impl<'a> Bench<'a> {
-    /// Starts `contender`'s stack on `fleet` (a fresh predictor: no model from another
-    /// router's run), warmed up with traffic at `warmup_rate` when it is headroom.
+    /// Starts `contender`'s stack on the ladder's fleet (a fresh predictor: no model from
+    /// another router's run), warmed up when it is headroom ([`warm_up`]).
     fn start(
         opts: &'a BenchOptions,
         contender: &'a Contender,
         workload: &'a str,
-        ladder: &Ladder,
-        warmup_rate: f64,
+        ladder: &'a Ladder,
         progress: &'a Progress,
     ) -> anyhow::Result<Bench<'a>> {
-        let (window, time_scale, lead_in_s) = (ladder.window, ladder.time_scale, ladder.lead_in_s);
+        let time_scale = ladder.time_scale;
         let _ = std::fs::remove_dir_all(opts.run_dir.join("predictor-data"));
         let plugin = if contender.router == Router::Headroom { plugin(contender, time_scale) } else { Map::new() };
         let stack = Stack::start(StackOptions {
@@ -688,58 +749,103 @@ impl<'a> Bench<'a> {
             timeout: std::time::Duration::from_secs_f64(LONGEST_REQUEST_S / time_scale),
         };
         let runtime = tokio::runtime::Runtime::new()?;
-        let bench =
-            Bench { opts, contender, workload, window, time_scale, lead_in_s, target, runtime, stack, progress };
-        if contender.router == Router::Headroom && opts.warmup_s > 0.0 {
-            let warm = requests(workload, WARMUP_SEED, warmup_rate, opts.warmup_s, window)?;
-            bench.runtime.block_on(runner::run(&bench.target, &to_wall(workload::as_run(warm, 0), time_scale)))?;
+        let bench = Bench { opts, contender, workload, ladder, target, runtime, stack, progress };
+        if let Some(warm) = warm_up(opts, contender, workload, ladder)? {
+            bench.runtime.block_on(runner::run(&bench.target, &warm))?;
         }
         Ok(bench)
     }
+}
 
-    /// One measured step: `rate` with traffic from `seed`, prompts of `run`; prints a line
-    /// and keeps every request's outcome under `requests/`.
-    fn measure(&self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
-        let (opts, name) = (self.opts, self.contender.name);
-        let (lead_in, step) = (self.lead_in_s, opts.step_s);
-        let (sent, measured) = step_traffic(self.workload, seed, rate, (lead_in, step), self.window)?;
-        let work = to_wall(workload::as_run(sent, run), self.time_scale);
+/// The warm-up traffic a headroom router gets before its ladder (none for the others, or
+/// with `--warmup 0`): another seed's traffic at the ladder's lowest rate, as sent (wall time).
+pub fn warm_up(
+    opts: &BenchOptions,
+    contender: &Contender,
+    workload: &str,
+    ladder: &Ladder,
+) -> anyhow::Result<Option<Vec<workload::RequestSpec>>> {
+    if contender.router != Router::Headroom || opts.warmup_s <= 0.0 {
+        return Ok(None);
+    }
+    let lowest = ladder.steps.first().map_or(1.0, |s| s.1);
+    let warm = requests(workload, WARMUP_SEED, lowest, opts.warmup_s, ladder.window, opts.trace.as_deref())?;
+    Ok(Some(to_wall(workload::as_run(warm, 0), ladder.time_scale)))
+}
+
+/// A measured step's traffic as the clients send it (wall time, prompts of `run`), and how
+/// many of its requests are measured (the rest only hold the load: `run_with_trailing`).
+pub fn step_work(
+    workload: &str,
+    seed: u64,
+    rate: f64,
+    run: u32,
+    step_s: f64,
+    ladder: &Ladder,
+) -> anyhow::Result<(Vec<workload::RequestSpec>, usize)> {
+    let trace = ladder.trace.as_deref();
+    let (sent, measured) = step_traffic(workload, seed, rate, (ladder.lead_in_s, step_s), ladder.window, trace)?;
+    Ok((to_wall(workload::as_run(sent, run), ladder.time_scale), measured))
+}
+
+/// The clients' outcomes of a step (wall time) as measured: in engine time, the lead-in
+/// left out, and their summary.
+pub fn measured_step(outcomes: Vec<runner::Outcome>, ladder: &Ladder, step_s: f64) -> (Vec<runner::Outcome>, Summary) {
+    let outcomes = after_lead_in(to_engine(outcomes, ladder.time_scale), ladder.lead_in_s);
+    let summary = Summary::of(&outcomes, step_s);
+    (outcomes, summary)
+}
+
+/// Prints a measurement's line, with where the run stands.
+pub fn print_step(name: &str, rate: f64, seed: u64, s: &Summary, progress: &Progress) {
+    let seed_note = if seed == LADDER_SEED { String::new() } else { format!(" (seed {seed})") };
+    let capped = match s.gateway_overflow {
+        Some(n) if n > 0 => format!(", GATEWAY CAPPED ({n} circuit-breaker overflows)"),
+        _ => String::new(),
+    };
+    let cpu = s.host_cpu_busy.map_or(String::new(), |b| format!(", host CPU {:.0}%", 100.0 * b));
+    let late = match s.fallback {
+        Some(f) if f > report::FALLBACK => format!(", PREDICTOR LATE ({:.1}% by the fallback)", 100.0 * f),
+        _ => String::new(),
+    };
+    println!(
+        "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}{late} {}",
+        100.0 * s.attainment,
+        s.goodput_rps,
+        100.0 * s.shed,
+        progress.step()
+    );
+}
+
+/// Writes a measurement's per-request outcomes as JSON lines under `out/requests/`.
+pub fn write_requests(out: &Path, file: &str, outcomes: &[runner::Outcome]) -> anyhow::Result<()> {
+    let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
+    std::fs::write(out.join("requests").join(file), lines.join("\n") + "\n")?;
+    Ok(())
+}
+
+impl Measure for Bench<'_> {
+    fn measure(&mut self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
+        let (work, measured) = step_work(self.workload, seed, rate, run, self.opts.step_s, &self.ladder)?;
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
         let observed_before = self.observations_since(0, 1).map(|(total, _)| total);
-        let outcomes = runner::run_with_trailing(&self.target, &work, measured);
-        let outcomes = to_engine(self.runtime.block_on(outcomes)?, self.time_scale);
-        let outcomes = after_lead_in(outcomes, self.lead_in_s);
-        let mut s = Summary::of(&outcomes, opts.step_s);
+        let outcomes = self.runtime.block_on(runner::run_with_trailing(&self.target, &work, measured))?;
+        let (outcomes, mut s) = measured_step(outcomes, &self.ladder, self.opts.step_s);
         s.gateway_overflow = overflow_before.zip(self.stack.gateway_overflow()).map(|(a, b)| b.saturating_sub(a));
         s.host_cpu_busy = cpu_before.zip(host::CpuTimes::now()).and_then(|(a, b)| b.busy_since(&a));
-        let seed_note = if seed == LADDER_SEED { String::new() } else { format!(" (seed {seed})") };
-        let capped = match s.gateway_overflow {
-            Some(n) if n > 0 => format!(", GATEWAY CAPPED ({n} circuit-breaker overflows)"),
-            _ => String::new(),
-        };
-        let cpu = s.host_cpu_busy.map_or(String::new(), |b| format!(", host CPU {:.0}%", 100.0 * b));
-        let late = match s.fallback {
-            Some(f) if f > report::FALLBACK => format!(", PREDICTOR LATE ({:.1}% by the fallback)", 100.0 * f),
-            _ => String::new(),
-        };
-        println!(
-            "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}{late} {}",
-            100.0 * s.attainment,
-            s.goodput_rps,
-            100.0 * s.shed,
-            self.progress.step()
-        );
-        let file = requests_file(self.workload, name, rate, seed);
-        let lines: Vec<String> = outcomes.iter().filter_map(|o| serde_json::to_string(o).ok()).collect();
-        std::fs::write(opts.out.join("requests").join(&file), lines.join("\n") + "\n")?;
+        let file = requests_file(self.workload, self.contender.name, rate, seed);
+        print_step(self.contender.name, rate, seed, &s, self.progress);
+        write_requests(&self.opts.out, &file, &outcomes)?;
         // The step's observations (its lead-in's too): those reported since it began.
         if let Some((_, log)) = observed_before.and_then(|before| self.observations_since(before, OBSERVATIONS_MAX)) {
             let lines: Vec<String> = log.iter().map(|o| o.to_string()).collect();
-            std::fs::write(opts.out.join("observations").join(&file), lines.join("\n") + "\n")?;
+            std::fs::write(self.opts.out.join("observations").join(&file), lines.join("\n") + "\n")?;
         }
         Ok(s)
     }
+}
 
+impl Bench<'_> {
     /// The predictor's observations since it had taken `seen` (headroom only; it keeps
     /// `observations_kept`, 10,000 by default): each request's state at dispatch, what was
     /// predicted and what happened, as the predictor saw them (docs/predictor.md, "Decodes
@@ -808,7 +914,7 @@ pub fn recompute(out: &Path, results: &mut BenchResults) -> anyhow::Result<usize
 /// The headroom filter's settings for `contender` on a simulator at `time_scale`. Its
 /// durations are wall time, like the SLOs the clients send: engine time divided by the
 /// time scale.
-fn plugin(contender: &Contender, time_scale: f64) -> Map<String, serde_json::Value> {
+pub(crate) fn plugin(contender: &Contender, time_scale: f64) -> Map<String, serde_json::Value> {
     let wall_ms = |engine_ms: f64| serde_json::json!((engine_ms / time_scale).round() as u64);
     let mut plugin = Map::new();
     plugin.insert("strategy".into(), contender.strategy.into());
@@ -825,31 +931,22 @@ fn plugin(contender: &Contender, time_scale: f64) -> Map<String, serde_json::Val
 /// One workload's rate ladder as every router runs it: each rate with its step number
 /// (1.., which picks the traffic's prompt text, so no rate finds another's prompts cached),
 /// the trace window every rate replays, the fleet, the simulator's speed and the lead-in.
-struct Ladder {
-    steps: Vec<(u32, f64)>,
-    window: usize,
-    fleet: Vec<String>,
-    time_scale: f64,
-    lead_in_s: f64,
+#[derive(Debug, Clone)]
+pub struct Ladder {
+    pub steps: Vec<(u32, f64)>,
+    pub window: usize,
+    pub fleet: Vec<String>,
+    pub time_scale: f64,
+    pub lead_in_s: f64,
+    /// The CSV the `trace` workload replays ([`USER_TRACE`]).
+    pub trace: Option<std::sync::Arc<str>>,
 }
 
 impl Ladder {
     fn new(opts: &BenchOptions, rates: &[f64], fleet: Vec<String>, time_scale: f64, lead_in_s: f64) -> Ladder {
         let steps = (1..).zip(rates.iter().copied()).collect();
         let window = opts.trace_window.unwrap_or_else(|| trace_window(rates, opts.step_s));
-        Ladder { steps, window, fleet, time_scale, lead_in_s }
-    }
-
-    /// A fresh stack for `c`, warmed up at the ladder's lowest rate.
-    fn start<'a>(
-        &self,
-        opts: &'a BenchOptions,
-        c: &'a Contender,
-        name: &'a str,
-        progress: &'a Progress,
-    ) -> anyhow::Result<Bench<'a>> {
-        let lowest = self.steps.first().map_or(1.0, |s| s.1);
-        Bench::start(opts, c, name, self, lowest, progress)
+        Ladder { steps, window, fleet, time_scale, lead_in_s, trace: opts.trace.clone() }
     }
 }
 
@@ -864,19 +961,13 @@ pub fn ladder_done(s: &Summary) -> bool {
 
 /// Runs one router's rate ladder on one workload, until it falls under [`STOP_BELOW`]; the
 /// rungs it stops before leave `progress`'s plan.
-fn sweep(
-    opts: &BenchOptions,
-    c: &Contender,
-    name: &str,
-    ladder: &Ladder,
-    progress: &Progress,
-) -> anyhow::Result<RouterRun> {
-    let bench = ladder.start(opts, c, name, progress)?;
+fn sweep(lab: &dyn Lab, c: &Contender, name: &str, ladder: &Ladder, progress: &Progress) -> anyhow::Result<RouterRun> {
+    let mut fleet = lab.start(c, name, ladder, progress)?;
     let mut run =
         RouterRun { router: c.name.to_string(), baseline: c.baseline, points: Vec::new(), repeats: Vec::new() };
     // Every router gets the same requests at a rate, and new prompts at each rate.
     for &(step, rate) in &ladder.steps {
-        let s = bench.measure(rate, LADDER_SEED, step)?;
+        let s = fleet.measure(rate, LADDER_SEED, step)?;
         let stop = ladder_done(&s);
         run.points.push((rate, s));
         if stop {
@@ -884,7 +975,6 @@ fn sweep(
         }
     }
     progress.replan(run.points.len() as isize - ladder.steps.len() as isize);
-    drop(bench.stack);
     Ok(run)
 }
 
@@ -928,9 +1018,11 @@ fn repeated_rungs(ladder: &Ladder, ran: &RouterRun, cliff: &[f64]) -> Vec<(u32, 
 }
 
 /// Runs the rates of `cliff` that the router's ladder reached again, once per further
-/// seed (`opts.seeds - 1` times), on a fresh stack; the same traffic for every router.
+/// seed (`seeds - 1` times), on a fresh fleet; the same traffic for every router.
+#[allow(clippy::too_many_arguments)]
 fn repeat(
-    opts: &BenchOptions,
+    lab: &dyn Lab,
+    seeds: u32,
     c: &Contender,
     name: &str,
     ladder: &Ladder,
@@ -939,23 +1031,70 @@ fn repeat(
     progress: &Progress,
 ) -> anyhow::Result<Vec<(f64, Summary)>> {
     let todo = repeated_rungs(ladder, ran, cliff);
-    if todo.is_empty() || opts.seeds < 2 {
+    if todo.is_empty() || seeds < 2 {
         return Ok(Vec::new());
     }
-    let bench = ladder.start(opts, c, name, progress)?;
+    let mut fleet = lab.start(c, name, ladder, progress)?;
     let mut repeats = Vec::new();
-    for k in 1..opts.seeds {
+    for k in 1..seeds {
         for &(step, rate) in &todo {
-            repeats.push((rate, bench.measure(rate, repeat_seed(k), 100 * k + step)?));
+            repeats.push((rate, fleet.measure(rate, repeat_seed(k), 100 * k + step)?));
         }
     }
-    drop(bench.stack);
     Ok(repeats)
+}
+
+/// `job(i)` for every `i < n`, on up to `workers` threads, the results in order of `i`; the
+/// first error is returned once every job has ended. `each` is told of every result as it
+/// comes, with those of the jobs ended so far (in order, gaps as `None`).
+fn in_parallel<T: Send>(
+    n: usize,
+    workers: usize,
+    job: impl Fn(usize) -> anyhow::Result<T> + Sync,
+    each: impl Fn(&[Option<T>]) + Sync,
+) -> anyhow::Result<Vec<T>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: std::sync::Mutex<Vec<Option<T>>> = std::sync::Mutex::new((0..n).map(|_| None).collect());
+    let failed: std::sync::Mutex<Option<anyhow::Error>> = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..workers.clamp(1, n.max(1)) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= n || failed.lock().map_or(true, |f| f.is_some()) {
+                    return;
+                }
+                match job(i) {
+                    Ok(t) => {
+                        if let Ok(mut done) = done.lock() {
+                            done[i] = Some(t);
+                            each(&done);
+                        }
+                    }
+                    Err(e) => {
+                        if let Ok(mut f) = failed.lock() {
+                            f.get_or_insert(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    let done = done.into_inner().map_err(|_| anyhow::anyhow!("a ladder's thread panicked"))?;
+    done.into_iter().collect::<Option<Vec<T>>>().ok_or_else(|| anyhow::anyhow!("a ladder's thread panicked"))
 }
 
 /// Runs the whole benchmark and writes `report.md`, `results.json`, one SVG per workload
 /// and the per-request JSON lines under `opts.out`.
 pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
+    run_on(&StackLab { opts }, opts, command)
+}
+
+/// [`run`] in `lab`: every workload's ladders, their cliffs measured again with more seeds,
+/// and the outputs written as the run goes.
+pub fn run_on(lab: &dyn Lab, opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     anyhow::ensure!(opts.step_s > 0.0, "--step must be > 0");
     anyhow::ensure!(opts.lead_in_s.is_none_or(|l| l >= 0.0 && l.is_finite()), "--lead-in must be >= 0");
     anyhow::ensure!(opts.time_scale.is_none_or(|t| t > 0.0 && t <= 1.0), "--time-scale must be within (0, 1]");
@@ -968,8 +1107,8 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     // A window given where no workload replays the trace would be dropped without a word, and
     // the run would not be the one asked for.
     anyhow::ensure!(
-        opts.trace_window.is_none() || opts.workloads.iter().any(|w| w == TRACE),
-        "--trace-window: only the {TRACE} workload replays a trace; --workloads does not name it"
+        opts.trace_window.is_none() || opts.workloads.iter().any(|w| w == TRACE || w == USER_TRACE),
+        "--trace-window: only the {TRACE} and {USER_TRACE} workloads replay a trace; --workloads names neither"
     );
     std::fs::create_dir_all(opts.out.join("requests"))?;
     std::fs::create_dir_all(opts.out.join("observations"))?;
@@ -986,7 +1125,8 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         let rates =
             opts.rates.clone().unwrap_or_else(|| if real { default_rates_vllm(name) } else { default_rates(name) });
         anyhow::ensure!(!rates.is_empty() && rates.iter().all(|r| *r > 0.0), "rates must be > 0");
-        requests(name, 11, rates[0], 1.0, 1)?; // an unknown workload fails before any stack starts
+        // An unknown workload (or a trace that does not parse) fails before any fleet starts.
+        requests(name, 11, rates[0], 1.0, 1, opts.trace.as_deref())?;
         ladders.push((name, rates));
     }
     // Every rung of every ladder, and a guess at the repeats (about three rungs near the cliffs
@@ -998,31 +1138,39 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         let time_scale = if real { 1.0 } else { opts.time_scale.unwrap_or_else(|| default_time_scale(name)) };
         let lead_in_s = opts.lead_in_s.unwrap_or_else(|| if real { VLLM_LEAD_IN_S } else { default_lead_in(name) });
         let lead = if lead_in_s > 0.0 { format!(" after {lead_in_s} s not counted") } else { String::new() };
-        let speed = if real { "real vLLM".to_string() } else { format!("simulator at {time_scale}x") };
+        let speed = match lab.engine() {
+            Some(engine) if real => engine,
+            Some(engine) => format!("{engine}, simulator at {time_scale}x"),
+            None => format!("simulator at {time_scale}x"),
+        };
         println!("workload {name}: rates {rates:?} req/s, {} s per rate{lead}, {speed}", opts.step_s);
         let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet_on(opts.engine, name));
         let ladder = Ladder::new(opts, &rates, fleet.clone(), time_scale, lead_in_s);
+        let replays = name == TRACE || name == USER_TRACE;
         let mut w = WorkloadRun {
             workload: name.clone(),
             step_s: opts.step_s,
             lead_in_s,
             load_held_after: lead_in_s > 0.0,
             servers: fleet.len(),
-            engine: real.then(|| "vllm".to_string()),
+            engine: lab.engine(),
             profiles: fleet,
-            trace_window: (name == TRACE).then_some(ladder.window),
+            trace_window: replays.then_some(ladder.window),
             time_scale: Some(time_scale),
             command: Some(command.to_string()),
             runs: Vec::new(),
             ratios: None,
         };
-        for c in &contenders {
-            w.runs.push(sweep(opts, c, name, &ladder, &progress)?);
-            // A long run keeps what it has so far, and its report can be read while it goes on.
+        // A long run keeps what it has so far, and its report can be read while it goes on.
+        let keep = |ran: &[Option<RouterRun>]| {
             let mut so_far = results.clone();
-            so_far.workloads.push(w.clone());
-            write_outputs(&opts.out, &so_far)?;
-        }
+            so_far.workloads.push(WorkloadRun { runs: ran.iter().flatten().cloned().collect(), ..w.clone() });
+            if let Err(e) = write_outputs(&opts.out, &so_far) {
+                eprintln!("could not write the outputs so far: {e}");
+            }
+        };
+        let sweep_one = |i: usize| sweep(lab, &contenders[i], name, &ladder, &progress);
+        w.runs = in_parallel(contenders.len(), lab.workers(), sweep_one, keep)?;
         let cliff = cliff_rates(&w);
         let repeats: usize = w.runs.iter().map(|r| repeated_rungs(&ladder, r, &cliff).len()).sum();
         progress.replan(
@@ -1030,8 +1178,11 @@ pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
         );
         if opts.seeds > 1 {
             println!("  repeating {cliff:?} req/s with {} more seeds", opts.seeds - 1);
-            for (c, run) in contenders.iter().zip(w.runs.iter_mut()) {
-                run.repeats = repeat(opts, c, name, &ladder, run, &cliff, &progress)?;
+            let runs = &w.runs;
+            let repeat_one = |i: usize| repeat(lab, opts.seeds, &contenders[i], name, &ladder, &runs[i], &cliff, &progress);
+            let repeats = in_parallel(contenders.len(), lab.workers(), repeat_one, |_| {})?;
+            for (run, repeats) in w.runs.iter_mut().zip(repeats) {
+                run.repeats = repeats;
             }
         }
         results.workloads.push(w);
@@ -1117,15 +1268,15 @@ mod tests {
 
     #[test]
     fn after_a_lead_in_the_traffic_goes_on_past_the_step_and_the_step_is_unchanged() {
-        let step = |lead_in: f64| step_traffic("short-long", 1, 100.0, (lead_in, 15.0), 1).unwrap();
+        let step = |lead_in: f64| step_traffic("short-long", 1, 100.0, (lead_in, 15.0), 1, None).unwrap();
         let (held, measured) = step(20.0);
-        let plain = requests("short-long", 1, 100.0, 35.0, 1).unwrap();
+        let plain = requests("short-long", 1, 100.0, 35.0, 1, None).unwrap();
         assert_eq!(held[..measured], plain[..], "the lead-in's and the step's requests, as without the tail");
         assert!(held[measured..].iter().all(|s| s.at_s >= 35.0), "the rest come after the step");
         let after = held.last().map_or(0.0, |s| s.at_s) - 35.0;
         assert!(after > LONGEST_REQUEST_S - 1.0, "as long as a request may last: {after:.1} s");
         let (alone, measured) = step(0.0);
-        assert_eq!((alone.len(), measured), (requests("short-long", 1, 100.0, 15.0, 1).unwrap().len(), alone.len()));
+        assert_eq!((alone.len(), measured), (requests("short-long", 1, 100.0, 15.0, 1, None).unwrap().len(), alone.len()));
     }
 
     #[test]
@@ -1143,11 +1294,12 @@ mod tests {
             time_scale: None,
             routers: Vec::new(),
             seeds: 1,
+            trace: None,
             run_dir: dir.join("run"),
             out: dir.join("out"),
         };
         let refused = |o: BenchOptions| run(&o, "test").unwrap_err().to_string();
-        assert!(refused(opts(&["mixed"], Some(1200))).contains("only the azure workload"));
+        assert!(refused(opts(&["mixed"], Some(1200))).contains("only the azure and trace workloads"));
         assert!(refused(opts(&["mixed", TRACE], Some(0))).contains("at least 1 request"));
         let slowed_vllm = BenchOptions { engine: Engine::Vllm, time_scale: Some(0.5), ..opts(&["mixed-small"], None) };
         assert!(refused(slowed_vllm).contains("real vLLM servers run in real time"));

@@ -73,6 +73,10 @@ enum Cmd {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
     },
+    /// The same ladders in simulated time, in one process: the load generator's requests, the
+    /// filter's and the predictor's own decision code and the simulated engines on one clock,
+    /// Envoy and the network modelled as delays (docs/benchmark.md, "The simulated-time bench").
+    Sim(SimArgs),
     /// The gateway's own cost: added latency at low load, closed-loop throughput and Envoy's CPU
     /// per streamed token, plain Envoy against Envoy + headroom, in front of fast servers.
     Gateway(headroom_bench::gateway::GatewayOptions),
@@ -127,6 +131,111 @@ enum Cmd {
         #[arg(long, default_value = "")]
         routers: String,
     },
+}
+
+#[derive(clap::Args)]
+struct SimArgs {
+    /// Comma-separated workloads (as `run`; `trace` replays --trace FILE). Default: the six of
+    /// the reference run, or `trace` with --trace.
+    #[arg(long)]
+    workloads: Option<String>,
+    /// Comma-separated rate ladder in requests/s (default: each workload's, as `run`; for a
+    /// trace, 0.5x to 3x its own mean rate).
+    #[arg(long)]
+    rates: Option<String>,
+    /// How many of a trace's requests every rate replays (default: the lowest rate's step).
+    #[arg(long)]
+    trace_window: Option<usize>,
+    /// Seconds of measured traffic per router and rate.
+    #[arg(long, default_value_t = 15.0)]
+    step: f64,
+    /// Seconds of each rate's traffic before its step, not counted (default: as `run`; 20 for a trace).
+    #[arg(long)]
+    lead_in: Option<f64>,
+    /// Seconds of warm-up traffic before headroom's ladder.
+    #[arg(long, default_value_t = 20.0)]
+    warmup: f64,
+    /// The fleet for every workload: `h100:6,a100:2` (default: each workload's, as `run`).
+    #[arg(long)]
+    fleet: Option<String>,
+    /// Simulator speed for every workload (default: each workload's, as `run`, so the
+    /// gateway's and the predictor's intervals fall in engine time where the real bench's did).
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// Comma-separated routers (default: all).
+    #[arg(long, default_value = "")]
+    routers: String,
+    /// Measurements of each rate near the cliffs, each with its own seed's traffic.
+    #[arg(long, default_value_t = 10)]
+    seeds: u32,
+    /// Your own trace (CSV `arrived_at,num_prefill_tokens,num_decode_tokens`, the format of
+    /// `loadgen/workloads/azure-conv-2023.csv`), replayed as workload `trace`: how each router
+    /// would do on your traffic and --fleet.
+    #[arg(long)]
+    trace: Option<std::path::PathBuf>,
+    /// Ladders measured side by side (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Write each measurement's per-request outcomes under OUT/requests (for `analyze`).
+    #[arg(long)]
+    keep_requests: bool,
+    #[arg(long, default_value = "results/sim")]
+    out: std::path::PathBuf,
+}
+
+/// Comma-separated rates from `--rates`.
+fn parse_rates(text: &str) -> anyhow::Result<Vec<f64>> {
+    text.split(',')
+        .map(|x| x.trim().parse::<f64>().map_err(|_| anyhow::anyhow!("--rates: not a number: {x:?}")))
+        .collect()
+}
+
+/// `headroom-bench sim`.
+fn sim(args: SimArgs, run_dir: std::path::PathBuf) -> anyhow::Result<()> {
+    let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect::<Vec<_>>();
+    let trace = match &args.trace {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("--trace {}: {e}", path.display()))?;
+            Some(std::sync::Arc::<str>::from(text))
+        }
+        None => None,
+    };
+    let default_workloads = if trace.is_some() { headroom_bench::USER_TRACE } else { SIM_WORKLOADS };
+    let workloads = list(args.workloads.as_deref().unwrap_or(default_workloads));
+    let rates = match (&args.rates, &trace) {
+        (Some(r), _) => Some(parse_rates(r)?),
+        // A user's trace: its own rate and around it, up to where most fleets fall.
+        (None, Some(csv)) if workloads.iter().all(|w| w == headroom_bench::USER_TRACE) => {
+            let native = headroom_loadgen::workload::trace_rate(csv)
+                .map_err(|e| anyhow::anyhow!("--trace: {e}"))?;
+            Some([0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0].iter().map(|k| (k * native * 100.0).round() / 100.0).collect())
+        }
+        _ => None,
+    };
+    let lead_in = args.lead_in.or((trace.is_some()).then_some(20.0));
+    let opts = BenchOptions {
+        engine: headroom_stack::Engine::Simulator,
+        workloads,
+        rates,
+        trace_window: args.trace_window,
+        step_s: args.step,
+        lead_in_s: lead_in,
+        warmup_s: args.warmup,
+        profiles: args.fleet.as_deref().map(headroom_bench::sim::parse_fleet).transpose()?,
+        time_scale: args.time_scale,
+        routers: headroom_bench::parse_routers(&args.routers)?,
+        seeds: args.seeds,
+        trace,
+        run_dir,
+        out: args.out.clone(),
+    };
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let lab = headroom_bench::sim::SimLab { opts: &opts, threads, keep_requests: args.keep_requests };
+    let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+    let started = std::time::Instant::now();
+    headroom_bench::run_on(&lab, &opts, command.trim())?;
+    println!("\nreport: {} ({:.0} s)", args.out.join("report.md").display(), started.elapsed().as_secs_f64());
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -184,6 +293,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Callouts(opts) => headroom_bench::callouts::run(&opts)?,
+        Cmd::Sim(args) => sim(args, run_dir)?,
         Cmd::Gateway(mut opts) => {
             opts.run_dir = run_dir;
             let command = format!("headroom-bench {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
@@ -205,13 +315,7 @@ fn main() -> anyhow::Result<()> {
             out,
         } => {
             let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
-            let rates = rates
-                .map(|r| {
-                    r.split(',')
-                        .map(|x| x.trim().parse::<f64>().map_err(|_| anyhow::anyhow!("--rates: not a number: {x:?}")))
-                        .collect::<anyhow::Result<Vec<f64>>>()
-                })
-                .transpose()?;
+            let rates = rates.as_deref().map(parse_rates).transpose()?;
             let engine = headroom_stack::Engine::parse(&engine)?;
             let workloads = workloads.unwrap_or_else(|| match engine {
                 headroom_stack::Engine::Simulator => SIM_WORKLOADS.to_string(),
@@ -232,6 +336,7 @@ fn main() -> anyhow::Result<()> {
                 time_scale,
                 routers: headroom_bench::parse_routers(&routers)?,
                 seeds,
+                trace: None,
                 run_dir,
                 out: out.clone(),
             };

@@ -1,34 +1,37 @@
 //! How far a long run is: the measured steps done out of those planned, the time spent and
 //! an estimate of the rest, printed beside every measurement (`make bench` runs for hours).
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A run's count of measured steps. The plan is revised as the run learns it: a ladder that
 /// stops early drops its remaining rungs, and the repeats are known once a workload's
-/// ladders have found their cliffs.
+/// ladders have found their cliffs. Shared by ladders measured side by side (`Lab::workers`).
 pub struct Progress {
     started: Instant,
-    done: Cell<usize>,
-    planned: Cell<usize>,
+    done: AtomicUsize,
+    planned: AtomicUsize,
 }
 
 impl Progress {
     pub fn new(planned: usize) -> Progress {
-        Progress { started: Instant::now(), done: Cell::new(0), planned: Cell::new(planned) }
+        Progress { started: Instant::now(), done: AtomicUsize::new(0), planned: AtomicUsize::new(planned) }
     }
 
     /// Changes the plan by `by` steps (more, or fewer when negative).
     pub fn replan(&self, by: isize) {
-        self.planned.set(self.planned.get().saturating_add_signed(by).max(self.done.get()));
+        let done = self.done.load(Ordering::Relaxed);
+        let _ = self.planned.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+            Some(p.saturating_add_signed(by).max(done))
+        });
     }
 
     /// Counts one more step done and says where the run stands.
     pub fn step(&self) -> String {
-        self.done.set(self.done.get() + 1);
-        self.planned.set(self.planned.get().max(self.done.get()));
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let planned = self.planned.fetch_max(done, Ordering::Relaxed).max(done);
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        line(self.done.get(), self.planned.get(), self.started.elapsed().as_secs_f64(), now)
+        line(done, planned, self.started.elapsed().as_secs_f64(), now)
     }
 }
 

@@ -185,7 +185,11 @@ pub async fn run_with_trailing(
     Ok(out)
 }
 
-async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec: &RequestSpec) -> Outcome {
+/// What a client sends for request `index` of a workload: the body (an OpenAI completion,
+/// its prompt [`RequestSpec::prompt`]) and the headers beside `content-type` (the SLOs, the
+/// priority, the prediction-based hint, as `target` says). The simulated-time benchmark sends
+/// the same (`headroom-bench sim`).
+pub fn request_parts(target: &Target, index: usize, spec: &RequestSpec) -> (String, Vec<(&'static str, String)>) {
     let mut body = serde_json::json!({
         "model": target.model,
         "prompt": spec.prompt(index),
@@ -195,46 +199,62 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
     if spec.stream {
         body["stream_options"] = serde_json::json!({"include_usage": true});
     }
-    let mut req = client.post(format!("{}/v1/completions", target.url)).header("content-type", "application/json");
+    let mut headers = Vec::new();
     if target.slo_headers {
         if let Some(t) = spec.class.ttft_ms {
-            req = req.header(headers::SLO_TTFT[1], t.to_string());
+            headers.push((headers::SLO_TTFT[1], t.to_string()));
         }
         if let Some(t) = spec.class.tpot_ms {
-            req = req.header(headers::SLO_TPOT[1], t.to_string());
+            headers.push((headers::SLO_TPOT[1], t.to_string()));
         }
-        req = req.header(headers::PRIORITY, spec.class.priority.to_string());
+        headers.push((headers::PRIORITY, spec.class.priority.to_string()));
     }
     if let Some(p) = target.prediction_based {
-        req = req.header(headers::PREDICTION_BASED, p.to_string());
+        headers.push((headers::PREDICTION_BASED, p.to_string()));
     }
-    let mut outcome = Outcome {
-        index,
-        class: spec.class.name.clone(),
-        at_s: spec.at_s,
-        stream: spec.stream,
-        prompt_tokens: spec.prompt_tokens,
-        max_tokens: spec.max_tokens,
-        slo_ttft_ms: spec.class.ttft_ms,
-        slo_tpot_ms: spec.class.tpot_ms,
-        priority: spec.class.priority,
-        status: 0,
-        ttft_ms: None,
-        tpot_ms: None,
-        e2e_ms: 0.0,
-        output_tokens: None,
-        served_by: None,
-        chosen: None,
-        tier: None,
-        predicted_ttft_ms: None,
-        predicted_tpot_ms: None,
-        flow: None,
-        queued_ms: None,
-        error: None,
-    };
+    (body.to_string(), headers)
+}
+
+impl Outcome {
+    /// Request `index` as sent, before anything came back.
+    pub fn sent(index: usize, spec: &RequestSpec) -> Outcome {
+        Outcome {
+            index,
+            class: spec.class.name.clone(),
+            at_s: spec.at_s,
+            stream: spec.stream,
+            prompt_tokens: spec.prompt_tokens,
+            max_tokens: spec.max_tokens,
+            slo_ttft_ms: spec.class.ttft_ms,
+            slo_tpot_ms: spec.class.tpot_ms,
+            priority: spec.class.priority,
+            ..Default::default()
+        }
+    }
+
+    /// Fills what the gateway's debug headers say of the request (`header` reads them): the
+    /// chosen endpoint, its tier and predictions, flow control's outcome and the wait.
+    pub fn read_debug_headers(&mut self, header: impl Fn(&str) -> Option<String>) {
+        self.chosen = header(headers::DEBUG_ENDPOINT);
+        self.tier = header(headers::DEBUG_TIER);
+        let number = |name: &str| header(name).and_then(|v| v.parse::<f64>().ok());
+        self.predicted_ttft_ms = number(headers::DEBUG_PREDICTED_TTFT);
+        self.predicted_tpot_ms = number(headers::DEBUG_PREDICTED_TPOT);
+        self.flow = header(headers::DEBUG_FLOW);
+        self.queued_ms = number(headers::DEBUG_QUEUED);
+    }
+}
+
+async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec: &RequestSpec) -> Outcome {
+    let (body, sent_headers) = request_parts(target, index, spec);
+    let mut req = client.post(format!("{}/v1/completions", target.url)).header("content-type", "application/json");
+    for (name, value) in sent_headers {
+        req = req.header(name, value);
+    }
+    let mut outcome = Outcome::sent(index, spec);
     let started = Instant::now();
     let since_start = |at: Instant| at.duration_since(started).as_nanos() as u64;
-    let response = match req.body(body.to_string()).send().await {
+    let response = match req.body(body).send().await {
         Ok(r) => r,
         Err(e) => {
             outcome.error = Some(e.to_string());
@@ -245,13 +265,7 @@ async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec:
     outcome.status = response.status().as_u16();
     let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
     outcome.served_by = header(headers::SERVED_BY);
-    outcome.chosen = header(headers::DEBUG_ENDPOINT);
-    outcome.tier = header(headers::DEBUG_TIER);
-    let number = |name: &str| header(name).and_then(|v| v.parse::<f64>().ok());
-    outcome.predicted_ttft_ms = number(headers::DEBUG_PREDICTED_TTFT);
-    outcome.predicted_tpot_ms = number(headers::DEBUG_PREDICTED_TPOT);
-    outcome.flow = header(headers::DEBUG_FLOW);
-    outcome.queued_ms = number(headers::DEBUG_QUEUED);
+    outcome.read_debug_headers(header);
     let streaming = header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
     let mut meter = ResponseMeter::new(streaming, 0, 4 << 20);
     let mut stream = response.bytes_stream();

@@ -310,6 +310,18 @@ pub fn trace_window(
     Ok(out)
 }
 
+/// A trace's own mean rate (requests per second over its span), in the format of
+/// [`trace_window`]: where a ladder over it starts from.
+pub fn trace_rate(csv: &str) -> Result<f64, String> {
+    let rows = parse_trace(csv)?;
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Err("empty trace".into()) };
+    let span = last.0 - first.0;
+    if rows.len() < 2 || span <= 0.0 {
+        return Err("a trace needs at least two requests at different times".into());
+    }
+    Ok((rows.len() - 1) as f64 / span)
+}
+
 /// The bundled Azure conversation trace (see `loadgen/workloads/README.md`).
 pub const AZURE_CONV_2023: &str = include_str!("../workloads/azure-conv-2023.csv");
 

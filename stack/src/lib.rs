@@ -270,7 +270,7 @@ impl EnvoyLaunch {
 }
 
 /// The filter configuration of the local stack, before the caller's fields.
-fn default_plugin_config() -> Map<String, Value> {
+pub fn default_plugin_config() -> Map<String, Value> {
     let v = json!({"pool": "default", "predictor_cluster": "headroom_predictor", "debug_headers": true});
     v.as_object().cloned().unwrap_or_default()
 }
@@ -296,6 +296,27 @@ pub fn plugin_fields(text: &str) -> anyhow::Result<Map<String, Value>> {
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// The predictor's configuration for a stack's pool: scraped every 100 ms, models considered
+/// for retraining every 2 s, tiers judged on `objective`; on simulated servers (`simulated`:
+/// their time scale) the prior scaled to each profile as an operator would set it. What the
+/// stack writes for predictor-svc, and what the simulated-time benchmark builds its predictor
+/// from (`headroom-bench sim`).
+pub fn predictor_config(
+    pool: PoolConfig,
+    objective: &str,
+    profiles: &[String],
+    simulated: Option<f64>,
+) -> PredictorConfig {
+    let mut config = PredictorConfig::new(vec![pool]);
+    config.scrape_interval_ms = 100;
+    config.model.retrain_interval_ms = 2000;
+    config.model.objective = objective.to_string();
+    if let Some(time_scale) = simulated {
+        prior_scale_as_an_operator_would(&mut config, profiles, time_scale);
+    }
+    config
 }
 
 /// Writes `text` to a file only the current user can read.
@@ -611,16 +632,11 @@ impl Stack {
         let token_file = run_dir.join("predictor-token");
         write_private(&token_file, &token)?;
         for (i, listen) in stack.state.predictors.clone().into_iter().enumerate() {
-            let mut config = PredictorConfig::new(vec![pool.clone()]);
+            let simulated = (stack.engine == Some(Engine::Simulator)).then_some(opts.time_scale);
+            let mut config = predictor_config(pool.clone(), &opts.objective, &opts.profiles, simulated);
             config.listen = listen;
-            config.scrape_interval_ms = 100;
             config.auth_token_file = Some(token_file.clone());
             config.model.data_dir = Some(run_dir.join(Self::replica_name("predictor-data", i)));
-            config.model.retrain_interval_ms = 2000;
-            config.model.objective = opts.objective.clone();
-            if stack.engine == Some(Engine::Simulator) {
-                prior_scale_as_an_operator_would(&mut config, &opts.profiles, opts.time_scale);
-            }
             config.model.prior_profiles = profiles.clone();
             (opts.predictor_tweak)(&mut config);
             std::fs::write(stack.predictor_config(i), config.to_toml()?)?;

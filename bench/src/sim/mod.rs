@@ -1,0 +1,179 @@
+//! `headroom-bench sim`: the benchmark's ladders in simulated time. Each router's fleet is
+//! a [`world::World`]: the load generator's requests, the filter's decisions
+//! (`filter/core`), the predictor's (`predictor-core`, flow control and training included)
+//! and the simulator's engines, composed in one process on one clock, with what Envoy and
+//! the network add modelled as delays ([`world::DELAYS`]). The ladder, the repeats, the
+//! cliffs, the report and the charts are the real benchmark's ([`crate::run_on`]); only
+//! where a fleet runs differs ([`SimLab`] against [`crate::StackLab`]). docs/benchmark.md
+//! says what it does not model and how far it agrees with the real bench.
+
+pub mod envoy;
+pub mod servers;
+pub mod world;
+
+use headroom_filter_core::FilterConfig;
+use headroom_loadgen::runner;
+use headroom_predictor_config::PoolConfig;
+use headroom_predictor_core::config::Config;
+use headroom_stack::{Engine, Router};
+
+use crate::progress::Progress;
+use crate::summary::Summary;
+use crate::{
+    measured_step, print_step, requests_file, step_work, warm_up, write_requests, BenchOptions, Contender, Ladder,
+    Measure, LONGEST_REQUEST_S,
+};
+use world::{Balancer, Gateway, Setup, World};
+
+/// What `results.json` records as a simulated-time workload's engine.
+pub const ENGINE: &str = "simulated time";
+
+/// Envoy's worker threads on the real stack (`EnvoyLaunch::new`): one filter VM each.
+const ENVOY_WORKERS: usize = 2;
+
+/// The seed of a world's own random picks (plain Envoy's balancers, the filter VMs'):
+/// fixed, so a run is the same for the same traffic.
+const WORLD_SEED: u64 = 0x5eed;
+
+/// The simulated-time lab.
+pub struct SimLab<'a> {
+    pub opts: &'a BenchOptions,
+    /// Ladders measured side by side.
+    pub threads: usize,
+    /// Write every measurement's per-request outcomes under `requests/` (`analyze` reads
+    /// them): off by default, a full run makes thousands.
+    pub keep_requests: bool,
+}
+
+impl crate::Lab for SimLab<'_> {
+    fn start<'a>(
+        &'a self,
+        c: &'a Contender,
+        workload: &'a str,
+        ladder: &'a Ladder,
+        progress: &'a Progress,
+    ) -> anyhow::Result<Box<dyn Measure + 'a>> {
+        let mut world = World::new(setup(c, ladder)?)?;
+        if let Some(warm) = warm_up(self.opts, c, workload, ladder)? {
+            world.run(&warm, warm.len())?;
+        }
+        Ok(Box::new(SimFleet { lab: self, contender: c, workload, ladder, progress, world }))
+    }
+
+    fn workers(&self) -> usize {
+        self.threads
+    }
+
+    fn engine(&self) -> Option<String> {
+        Some(ENGINE.to_string())
+    }
+}
+
+/// What a world is built from for `c` on the ladder's fleet: plain Envoy's balancer, or the
+/// filter configured as the real bench configures it (the stack's defaults and
+/// `crate::plugin`) and the predictor as the stack writes its configuration.
+pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
+    let time_scale = ladder.time_scale;
+    let gateway = match c.router {
+        Router::RoundRobin => Gateway::Envoy(Balancer::RoundRobin),
+        Router::LeastRequest => Gateway::Envoy(Balancer::LeastRequest),
+        Router::Headroom | Router::HeadroomFilterSkipped => {
+            let mut plugin = headroom_stack::default_plugin_config();
+            plugin.extend(crate::plugin(c, time_scale));
+            let filter = FilterConfig::parse(&serde_json::to_vec(&plugin)?).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let addresses: Vec<String> = (0..ladder.fleet.len()).map(world::address).collect();
+            let pool = PoolConfig {
+                name: "default".into(),
+                endpoints: addresses.clone(),
+                kubernetes: Vec::new(),
+                hardware: addresses.into_iter().zip(ladder.fleet.iter().cloned()).collect(),
+            };
+            let mut predictor = headroom_stack::predictor_config(pool, c.objective, &ladder.fleet, Some(time_scale));
+            if !c.train {
+                predictor.model.train = false;
+            }
+            // Through its file format, as predictor-svc reads it: the same checks and defaults.
+            let predictor = Config::parse(&predictor.to_toml()?)?;
+            Gateway::Headroom { filter: Box::new(filter), predictor: Box::new(predictor), workers: ENVOY_WORKERS }
+        }
+    };
+    Ok(Setup {
+        profiles: ladder.fleet.clone(),
+        time_scale,
+        model: Engine::Simulator.model().to_string(),
+        timeout_s: LONGEST_REQUEST_S / time_scale,
+        target: runner::Target {
+            url: String::new(),
+            model: Engine::Simulator.model().to_string(),
+            slo_headers: true,
+            prediction_based: c.prediction_based,
+            timeout: std::time::Duration::from_secs_f64(LONGEST_REQUEST_S / time_scale),
+        },
+        gateway,
+        seed: WORLD_SEED,
+    })
+}
+
+/// One router's world on one workload, as the ladder measures it.
+struct SimFleet<'a> {
+    lab: &'a SimLab<'a>,
+    contender: &'a Contender,
+    workload: &'a str,
+    ladder: &'a Ladder,
+    progress: &'a Progress,
+    world: World,
+}
+
+impl Measure for SimFleet<'_> {
+    fn measure(&mut self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
+        let step_s = self.lab.opts.step_s;
+        let (work, measured) = step_work(self.workload, seed, rate, run, step_s, self.ladder)?;
+        let outcomes = self.world.run(&work, measured)?;
+        let (outcomes, s) = measured_step(outcomes, self.ladder, step_s);
+        print_step(self.contender.name, rate, seed, &s, self.progress);
+        if self.lab.keep_requests {
+            let file = requests_file(self.workload, self.contender.name, rate, seed);
+            write_requests(&self.lab.opts.out, &file, &outcomes)?;
+        }
+        Ok(s)
+    }
+}
+
+/// A fleet given as `h100:6,a100:2` (or one profile per entry, `h100,h100,a100`): one
+/// profile name per server.
+pub fn parse_fleet(text: &str) -> anyhow::Result<Vec<String>> {
+    let mut fleet = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, count) = match part.split_once(':') {
+            Some((name, n)) => {
+                let n: usize =
+                    n.trim().parse().map_err(|_| anyhow::anyhow!("--fleet: {part:?}: the count must be a number"))?;
+                (name.trim(), n)
+            }
+            None => (part, 1),
+        };
+        anyhow::ensure!(
+            headroom_sim::profile::Profile::by_name(name).is_some(),
+            "--fleet: unknown GPU profile {name:?} (h100 or a100)"
+        );
+        fleet.extend(std::iter::repeat_n(name.to_ascii_lowercase(), count));
+    }
+    anyhow::ensure!(!fleet.is_empty(), "--fleet: no servers in {text:?}");
+    Ok(fleet)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_fleet_reads_as_counts_or_one_by_one_and_refuses_what_it_cannot_simulate() {
+        assert_eq!(parse_fleet("h100:2,a100:1").unwrap(), ["h100", "h100", "a100"]);
+        assert_eq!(parse_fleet("H100, a100").unwrap(), ["h100", "a100"]);
+        assert!(parse_fleet("b200:4").unwrap_err().to_string().contains("unknown GPU profile"));
+        assert!(parse_fleet("h100:x").unwrap_err().to_string().contains("count must be a number"));
+        assert!(parse_fleet("h100:0").is_err());
+    }
+}
