@@ -264,6 +264,7 @@ impl World {
                 let clock = Arc::new(ManualClock::new());
                 let runtime = Arc::new(headroom_predictor_core::model::native::Native);
                 let predictor = Arc::new(Predictor::new(*predictor, runtime, clock.clone())?);
+                predictor.models.key_holdout(setup.seed);
                 let woken = Arc::new(AtomicBool::new(false));
                 let flag = woken.clone();
                 predictor.flows.on_wake(move || flag.store(true, Ordering::SeqCst));
@@ -419,7 +420,9 @@ impl World {
             Ev::Train => {
                 let Some(h) = self.headroom.as_mut() else { return };
                 h.sync_clock(self.now);
+                let t = std::time::Instant::now();
                 let outcome = h.predictor.models.train_if_due();
+                if std::env::var("SIM_TRAIN_DEBUG").is_ok() { eprintln!("train {:?} {:.0} ms at {:.1} s", outcome, t.elapsed().as_secs_f64()*1000.0, self.now as f64/1e9); }
                 h.predictor.metrics.trained(&outcome);
                 let every = ms(h.predictor.config.model.retrain_interval_ms);
                 self.after(every, Ev::Train);

@@ -224,7 +224,9 @@ fn grow<const F: usize>(
     me
 }
 
-/// The (feature, bin) split with the best gain, if any improves on none.
+/// The (feature, bin) split with the best gain, if any improves on none. Every feature's
+/// histogram fills in one pass over the samples (each sample's bins lie together), and each
+/// bin's sum adds its samples in their order, as a pass per feature would.
 fn best_split<const F: usize>(
     samples: &[usize],
     bins: &[[u8; F]],
@@ -236,24 +238,21 @@ fn best_split<const F: usize>(
     let total: f64 = samples.iter().map(|&s| gradient[s]).sum();
     let parent = total * total / (n + params.lambda);
     let mut best: Option<(f64, usize, usize)> = None;
-    let mut sum = [0f64; MAX_BINS + 1];
-    let mut count = [0usize; MAX_BINS + 1];
+    let mut sum = [[0f64; MAX_BINS + 1]; F];
+    let mut count = [[0u32; MAX_BINS + 1]; F];
+    for &s in samples {
+        let g = gradient[s];
+        for (f, &b) in bins[s].iter().enumerate() {
+            sum[f][usize::from(b)] += g;
+            count[f][usize::from(b)] += 1;
+        }
+    }
     for f in 0..F {
         let k = thresholds[f].len();
-        if k == 0 {
-            continue;
-        }
-        sum[..=k].fill(0.0);
-        count[..=k].fill(0);
-        for &s in samples {
-            let b = usize::from(bins[s][f]);
-            sum[b] += gradient[s];
-            count[b] += 1;
-        }
         let (mut gl, mut nl) = (0.0, 0usize);
         for b in 0..k {
-            gl += sum[b];
-            nl += count[b];
+            gl += sum[f][b];
+            nl += count[f][b] as usize;
             let nr = samples.len() - nl;
             if nl < params.min_samples_leaf || nr < params.min_samples_leaf {
                 continue;

@@ -242,6 +242,15 @@ impl ModelStore {
         Ok(store)
     }
 
+    /// Splits requests between training and holdout by `key` from now on, dropping the
+    /// samples filed so far: a simulation keys it so the same traffic trains the same
+    /// models (`headroom-bench sim`); the service draws a random key at each start, so no
+    /// client can aim its request ids at one side.
+    pub fn key_holdout(&self, key: u64) {
+        let keyed = Samples::keyed(self.config.bucket_cap, self.config.holdout_percent, key);
+        *self.samples.lock().unwrap_or_else(|p| p.into_inner()) = keyed;
+    }
+
     /// Replaces the analytic prior (e.g. with `Config::prior`'s hardware scales).
     pub fn with_prior(mut self, prior: AnalyticPrior) -> Self {
         self.prior = prior;

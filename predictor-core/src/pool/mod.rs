@@ -10,6 +10,9 @@ use headroom_protocol::{Dispatch, EndpointState, RequestFeatures};
 use crate::config::Config;
 use headroom_protocol::prefix::PrefixCache;
 
+mod books;
+use books::Books;
+
 /// Engine metrics read from an endpoint's `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineMetrics {
@@ -337,7 +340,7 @@ pub struct Pool {
     /// Endpoints from each discovery source (by source index), as last seen.
     discovered: BTreeMap<usize, Vec<(String, u32)>>,
     prefix_blocks: usize,
-    in_flight: HashMap<String, InFlight>,
+    in_flight: Books,
     /// Most requests tracked in flight; beyond it a dispatch is refused.
     max_in_flight: usize,
     /// Requests reported recently; a late dispatch for one of them is ignored.
@@ -468,7 +471,7 @@ impl Pool {
             static_endpoints: endpoints,
             discovered: BTreeMap::new(),
             prefix_blocks,
-            in_flight: HashMap::new(),
+            in_flight: Books::default(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             overdue: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
@@ -763,13 +766,33 @@ impl Pool {
         self.in_flight.values().filter(|f| f.endpoint == i && !f.reserved).count()
     }
 
-    /// The feature state of every endpoint for `request`, in endpoint order.
-    pub fn states_for(&self, request: &RequestFeatures, now: Instant) -> Vec<EndpointState> {
-        let mut states: Vec<EndpointState> = self
+    /// The feature state of every endpoint for `request`, in endpoint order. What the
+    /// requests in flight add is summed once per moment and change of the books
+    /// (`books::Books::booked`), so a round judging many waiting requests pays it once.
+    pub fn states_for(&mut self, request: &RequestFeatures, now: Instant) -> Vec<EndpointState> {
+        let events = self.first_token_events(now);
+        let costs: Vec<Option<f64>> = self
             .endpoints
             .iter()
             .map(|e| {
+                let class = self.prefill_ms_per_token.get(e.hardware_class as usize);
+                class.or(self.prefill_ms_per_token.first()).copied()
+            })
+            .collect();
+        let booked = self.in_flight.booked(
+            self.endpoints.len(),
+            now,
+            |f| Self::in_prefill(f, now, events),
+            |i, prompts| costs.get(i).copied().flatten().map(|ms| prefill_backlog(prompts, ms, now)),
+        );
+        let own_tpot_slo = request.streamed_tpot_slo_ms();
+        self.endpoints
+            .iter()
+            .zip(booked)
+            .map(|(e, b)| {
                 let m = e.metrics.unwrap_or_default();
+                // Only a running request of the asker's band or a higher one tightens its target.
+                let (tightest_tpot_slo_ms, tighter_tpot_in_flight) = b.slos_for(request.priority, own_tpot_slo);
                 EndpointState {
                     running: m.running,
                     waiting: m.waiting,
@@ -780,40 +803,19 @@ impl Pool {
                     recent_tpot_ms: e.recent_tpot_ms,
                     prefill_tokens_per_s: e.prefill_rate(now),
                     max_context_tokens: e.max_context_tokens,
+                    in_flight: b.in_flight,
+                    tokens_in_flight: b.tokens_in_flight,
+                    uncached_tokens_in_flight: b.uncached_tokens_in_flight,
+                    prefill_backlog_tokens: Some(b.prefill_backlog_tokens.unwrap_or(b.uncached_tokens_in_flight)),
+                    tightest_tpot_slo_ms,
+                    tighter_tpot_in_flight,
                     ..Default::default()
                 }
+                // Held to the contract's bounds here, at the source: a filter leaves out an
+                // endpoint whose state breaks them.
+                .bounded()
             })
-            .collect();
-        let events = self.first_token_events(now);
-        let own_tpot_slo = request.streamed_tpot_slo_ms();
-        let mut prefilling: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); states.len()];
-        for f in self.in_flight.values() {
-            let Some(s) = states.get_mut(f.endpoint) else { continue };
-            s.in_flight = s.in_flight.saturating_add(1);
-            s.tokens_in_flight =
-                s.tokens_in_flight.saturating_add(u64::from(f.input_tokens) + u64::from(f.expected_output));
-            if Self::in_prefill(f, now, events) {
-                s.uncached_tokens_in_flight = s.uncached_tokens_in_flight.saturating_add(f.uncached_tokens);
-                prefilling[f.endpoint].push((f.dispatched_at, f.uncached_tokens));
-            }
-            // Only a running request of the asker's band or a higher one tightens its target.
-            if let Some(slo) = f.tpot_slo_ms.filter(|_| f.priority >= request.priority) {
-                s.tightest_tpot_slo_ms = Some(s.tightest_tpot_slo_ms.map_or(slo, |t: f64| t.min(slo)));
-                if own_tpot_slo.is_some_and(|own| slo < own) {
-                    s.tighter_tpot_in_flight = s.tighter_tpot_in_flight.saturating_add(1);
-                }
-            }
-        }
-        for ((s, e), prompts) in states.iter_mut().zip(&self.endpoints).zip(&mut prefilling) {
-            let cost = self.prefill_ms_per_token.get(e.hardware_class as usize).or(self.prefill_ms_per_token.first());
-            s.prefill_backlog_tokens = Some(match cost {
-                Some(&ms) => prefill_backlog(prompts, ms, now),
-                None => s.uncached_tokens_in_flight,
-            });
-        }
-        // Held to the contract's bounds here, at the source: a filter leaves out an endpoint
-        // whose state breaks them.
-        states.into_iter().map(EndpointState::bounded).collect()
+            .collect()
     }
 }
 
@@ -830,7 +832,9 @@ fn prefill_backlog(prompts: &mut [(Instant, u64)], ms_per_token: f64, now: Insta
     if !(ms_per_token.is_finite() && ms_per_token > 0.0) {
         return prompts.iter().map(|p| p.1).sum();
     }
-    prompts.sort_by_key(|p| p.0);
+    // Prompts dispatched in the same instant (one dispatch batch) in a fixed order: the
+    // books' order is a hash map's.
+    prompts.sort_unstable();
     let mut free_at: Option<Instant> = None;
     let mut left = 0u64;
     for (i, &(dispatched, tokens)) in prompts.iter().enumerate() {
@@ -1002,7 +1006,7 @@ mod tests {
         // Counted against the asking request's own TPOT SLO: the decodes it would slow past theirs.
         let asking =
             |tpot| RequestFeatures { streaming: true, slo: Slo { ttft_ms: None, tpot_ms: tpot }, ..Default::default() };
-        let tighter = |tpot| p.states_for(&asking(tpot), now)[0].tighter_tpot_in_flight;
+        let mut tighter = |tpot| p.states_for(&asking(tpot), now)[0].tighter_tpot_in_flight;
         assert_eq!((tighter(Some(150.0)), tighter(Some(15.0)), tighter(Some(10.0)), tighter(None)), (2, 1, 0, 0));
         assert_eq!(p.finish("r1", now), Finished::Tracked("a:1".into(), None));
         p.finish("r2", now);
@@ -1131,20 +1135,20 @@ mod tests {
         p.dispatch(&d("r1", "a:1", 1000, 11), t0); // prefills over 0-100 ms
         p.dispatch(&d("r2", "a:1", 500, 12), ms(20)); // behind it: 100-150 ms
         p.dispatch(&d("r3", "b:2", 1000, 13), t0); // 0-200 ms on the slower class
-        let at = |p: &Pool, n: u64| {
+        let at = |p: &mut Pool, n: u64| {
             let s = p.states_for(&RequestFeatures::default(), ms(n));
             [0, 1].map(|i| (s[i].prefill_backlog_tokens, s[i].uncached_tokens_in_flight))
         };
-        assert_eq!(at(&p, 20), [(Some(800 + 500), 1500), (Some(900), 1000)]);
-        assert_eq!(at(&p, 120), [(Some(300), 1500), (Some(400), 1000)], "r1 done, r2 20 ms into its turn");
-        assert_eq!(at(&p, 250), [(Some(0), 1500), (Some(0), 1000)], "done, though no first token came yet");
+        assert_eq!(at(&mut p, 20), [(Some(800 + 500), 1500), (Some(900), 1000)]);
+        assert_eq!(at(&mut p, 120), [(Some(300), 1500), (Some(400), 1000)], "r1 done, r2 20 ms into its turn");
+        assert_eq!(at(&mut p, 250), [(Some(0), 1500), (Some(0), 1000)], "done, though no first token came yet");
         // A first token seen takes the prompt out of both.
         assert!(p.first_token("r2", "a:1", ms(130)));
-        assert_eq!(at(&p, 130)[0], (Some(0), 1000));
+        assert_eq!(at(&mut p, 130)[0], (Some(0), 1000));
         // Without costs the backlog is every prompt in prefill, counted whole.
         let mut whole = pool();
         whole.dispatch(&d("w", "a:1", 1000, 14), t0);
-        assert_eq!(at(&whole, 250)[0], (Some(1000), 1000));
+        assert_eq!(at(&mut whole, 250)[0], (Some(1000), 1000));
     }
 
     #[test]
@@ -1186,21 +1190,21 @@ mod tests {
         p.dispatch(&own("slow", 100, 50.0), now);
         p.dispatch(&own("fast", 300, 100.0), now);
         let uncached =
-            |p: &Pool, at: Instant| p.states_for(&RequestFeatures::default(), at)[0].uncached_tokens_in_flight;
+            |p: &mut Pool, at: Instant| p.states_for(&RequestFeatures::default(), at)[0].uncached_tokens_in_flight;
         // An event for another endpoint, or an unknown request, changes nothing.
         assert!(!p.first_token("fast", "b:1", now) && !p.first_token("nope", "a:1", now));
         assert!(p.first_token("fast", "a:1", now + Duration::from_millis(5)));
         let at = now + Duration::from_millis(10);
-        assert_eq!(uncached(&p, at), 100, "fast is past prefill, slow still in it");
+        assert_eq!(uncached(&mut p, at), 100, "fast is past prefill, slow still in it");
         // With first tokens reported, a prompt whose predicted TTFT passed still counts
         // until its own first token (within the grace period)...
         let late = now + Duration::from_millis(500);
-        assert_eq!(uncached(&p, late), 100);
+        assert_eq!(uncached(&mut p, late), 100);
         assert!(p.first_token("slow", "a:1", late));
-        assert_eq!(uncached(&p, late), 0);
+        assert_eq!(uncached(&mut p, late), 0);
         // ...and a lost event is forgotten after the grace period.
         p.dispatch(&own("lost", 100, 50.0), late);
-        assert_eq!(uncached(&p, late + FIRST_TOKEN_GRACE + Duration::from_millis(100)), 0);
+        assert_eq!(uncached(&mut p, late + FIRST_TOKEN_GRACE + Duration::from_millis(100)), 0);
     }
 
     /// A dispatch to `a:1` with a prefix of its own (nothing cached from the others).
@@ -1246,7 +1250,7 @@ mod tests {
         p.endpoints[0].scraped(EngineMetrics { decode, ..Default::default() }, at);
     }
 
-    fn recent_tpot(p: &Pool, at: Instant) -> Option<f64> {
+    fn recent_tpot(p: &mut Pool, at: Instant) -> Option<f64> {
         p.states_for(&RequestFeatures::default(), at)[0].recent_tpot_ms
     }
 
@@ -1256,18 +1260,18 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         p.observed_tpot("a:1", 40.0, t0);
-        assert_eq!(recent_tpot(&p, t0), Some(40.0), "reports serve a server without the histogram");
+        assert_eq!(recent_tpot(&mut p, t0), Some(40.0), "reports serve a server without the histogram");
         scrape(&mut p, 100.0, 10_000.0, at(0));
-        assert_eq!(recent_tpot(&p, at(0)), Some(40.0), "one reading is no window");
+        assert_eq!(recent_tpot(&mut p, at(0)), Some(40.0), "one reading is no window");
         // 200 tokens at 20 ms each: the first reading replaces what reports said.
         scrape(&mut p, 104.0, 10_200.0, at(200));
-        assert_eq!(recent_tpot(&p, at(200)), Some(20.0));
+        assert_eq!(recent_tpot(&mut p, at(200)), Some(20.0));
         // A report of a request that decoded long ago does not move it while the histogram does.
         p.observed_tpot("a:1", 80.0, at(250));
-        assert_eq!(recent_tpot(&p, at(250)), Some(20.0));
+        assert_eq!(recent_tpot(&mut p, at(250)), Some(20.0));
         // Too few tokens say nothing yet; the window grows until they are enough.
         scrape(&mut p, 104.3, 10_210.0, at(400));
-        assert_eq!(recent_tpot(&p, at(400)), Some(20.0));
+        assert_eq!(recent_tpot(&mut p, at(400)), Some(20.0));
         // The batch slowed to 50 ms a token: the estimate follows within a few seconds
         // (time constant DECODE_TAU, 1 s).
         let mut t = 400;
@@ -1277,18 +1281,18 @@ mod tests {
             (sum, tokens) = (sum + 5.0, tokens + 100.0);
             scrape(&mut p, sum, tokens, at(t));
         }
-        let now = recent_tpot(&p, at(t)).unwrap();
+        let now = recent_tpot(&mut p, at(t)).unwrap();
         assert!((now - 50.0).abs() < 2.0, "{now}");
         // A restarted server's histogram starts over: a new window, not a negative one.
         scrape(&mut p, 1.0, 50.0, at(t + 200));
         scrape(&mut p, 1.6, 80.0, at(t + 400));
-        assert_eq!(recent_tpot(&p, at(t + 400)), Some(now), "30 tokens: nothing yet");
+        assert_eq!(recent_tpot(&mut p, at(t + 400)), Some(now), "30 tokens: nothing yet");
         scrape(&mut p, 2.0, 100.0, at(t + 600));
-        let restarted = recent_tpot(&p, at(t + 600)).unwrap();
+        let restarted = recent_tpot(&mut p, at(t + 600)).unwrap();
         assert!(restarted < now && restarted > 20.0, "{restarted}");
         // Once the histogram has been quiet for a while, reports move it again.
         p.observed_tpot("a:1", 30.0, at(t + 600) + DECODE_FRESH);
-        let reported = recent_tpot(&p, at(t + 600) + DECODE_FRESH).unwrap();
+        let reported = recent_tpot(&mut p, at(t + 600) + DECODE_FRESH).unwrap();
         assert!((reported - (0.8 * restarted + 0.2 * 30.0)).abs() < 1e-9, "{reported}");
     }
 
@@ -1348,5 +1352,61 @@ mod tests {
             expiry.ttl,
             "no max_tokens: the output is unbounded"
         );
+    }
+}
+
+#[cfg(test)]
+mod books_tests {
+    // Test code: a failed unwrap is a failed test.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn dispatch(id: &str, endpoint: &str, tokens: u32, tpot_slo: f64) -> Dispatch {
+        let mut request = RequestFeatures { input_tokens: tokens, streaming: true, ..Default::default() };
+        request.slo.tpot_ms = Some(tpot_slo);
+        Dispatch {
+            pool: "p".into(),
+            request_id: id.into(),
+            endpoint: endpoint.into(),
+            request,
+            predicted_ttft_ms: Some(100.0),
+            predicted_tpot_ms: Some(10.0),
+        }
+    }
+
+    /// The sums of one moment are kept while the books stand still, and every change of
+    /// the books at that same moment is seen by the next question: a dispatch, a first
+    /// token, a report, a reservation and its cancelling.
+    #[test]
+    fn a_moment_is_summed_once_and_every_change_at_that_moment_is_seen() {
+        let mut p = Pool::new("p", &["a:1".into(), "b:1".into()], 64);
+        let now = Instant::now();
+        let state = |p: &mut Pool| {
+            let s = p.states_for(&RequestFeatures::default(), now);
+            (s[0].in_flight, s[0].uncached_tokens_in_flight, s[0].tightest_tpot_slo_ms)
+        };
+        assert_eq!(state(&mut p), (0, 0, None));
+        p.dispatch(&dispatch("r1", "a:1", 400, 50.0), now);
+        assert_eq!(state(&mut p), (1, 400, Some(50.0)));
+        assert_eq!(state(&mut p), (1, 400, Some(50.0)), "asked again: the same");
+        p.dispatch(&dispatch("r2", "a:1", 100, 20.0), now);
+        assert_eq!(state(&mut p), (2, 500, Some(20.0)));
+        assert!(p.first_token("r1", "a:1", now));
+        assert_eq!(state(&mut p), (2, 100, Some(20.0)), "r1 past prefill");
+        p.reserve("r3", "a:1", &RequestFeatures { input_tokens: 7, ..Default::default() }, (10.0, None), now);
+        assert_eq!(state(&mut p).0, 3);
+        p.cancel_reservation("r3");
+        assert_eq!(state(&mut p).0, 2);
+        assert!(matches!(p.finish("r2", now), Finished::Tracked(..)));
+        assert_eq!(state(&mut p), (1, 0, Some(50.0)));
+        // The asker's band and own SLO are read per question, not summed.
+        let mut asking = RequestFeatures { streaming: true, priority: 1, ..Default::default() };
+        asking.slo.tpot_ms = Some(100.0);
+        let s = p.states_for(&asking, now);
+        assert_eq!((s[0].tightest_tpot_slo_ms, s[0].tighter_tpot_in_flight), (None, 0), "a higher band is not held");
+        asking.priority = 0;
+        let s = p.states_for(&asking, now);
+        assert_eq!((s[0].tightest_tpot_slo_ms, s[0].tighter_tpot_in_flight), (Some(50.0), 1));
     }
 }
