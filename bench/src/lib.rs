@@ -15,6 +15,7 @@
 //! at `rate * time_scale` per wall second with SLOs divided by `time_scale`, and measured
 //! latencies are multiplied by it.
 
+pub mod agreement;
 pub mod analyze;
 pub mod callouts;
 pub mod gateway;
@@ -826,11 +827,11 @@ pub fn write_requests(out: &Path, file: &str, outcomes: &[runner::Outcome]) -> a
 
 impl Measure for Bench<'_> {
     fn measure(&mut self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
-        let (work, measured) = step_work(self.workload, seed, rate, run, self.opts.step_s, &self.ladder)?;
+        let (work, measured) = step_work(self.workload, seed, rate, run, self.opts.step_s, self.ladder)?;
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
         let observed_before = self.observations_since(0, 1).map(|(total, _)| total);
         let outcomes = self.runtime.block_on(runner::run_with_trailing(&self.target, &work, measured))?;
-        let (outcomes, mut s) = measured_step(outcomes, &self.ladder, self.opts.step_s);
+        let (outcomes, mut s) = measured_step(outcomes, self.ladder, self.opts.step_s);
         s.gateway_overflow = overflow_before.zip(self.stack.gateway_overflow()).map(|(a, b)| b.saturating_sub(a));
         s.host_cpu_busy = cpu_before.zip(host::CpuTimes::now()).and_then(|(a, b)| b.busy_since(&a));
         let file = requests_file(self.workload, self.contender.name, rate, seed);
@@ -1179,7 +1180,8 @@ pub fn run_on(lab: &dyn Lab, opts: &BenchOptions, command: &str) -> anyhow::Resu
         if opts.seeds > 1 {
             println!("  repeating {cliff:?} req/s with {} more seeds", opts.seeds - 1);
             let runs = &w.runs;
-            let repeat_one = |i: usize| repeat(lab, opts.seeds, &contenders[i], name, &ladder, &runs[i], &cliff, &progress);
+            let repeat_one =
+                |i: usize| repeat(lab, opts.seeds, &contenders[i], name, &ladder, &runs[i], &cliff, &progress);
             let repeats = in_parallel(contenders.len(), lab.workers(), repeat_one, |_| {})?;
             for (run, repeats) in w.runs.iter_mut().zip(repeats) {
                 run.repeats = repeats;
@@ -1276,7 +1278,10 @@ mod tests {
         let after = held.last().map_or(0.0, |s| s.at_s) - 35.0;
         assert!(after > LONGEST_REQUEST_S - 1.0, "as long as a request may last: {after:.1} s");
         let (alone, measured) = step(0.0);
-        assert_eq!((alone.len(), measured), (requests("short-long", 1, 100.0, 15.0, 1, None).unwrap().len(), alone.len()));
+        assert_eq!(
+            (alone.len(), measured),
+            (requests("short-long", 1, 100.0, 15.0, 1, None).unwrap().len(), alone.len())
+        );
     }
 
     #[test]

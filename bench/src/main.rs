@@ -112,6 +112,16 @@ enum Cmd {
         #[arg(required = true)]
         dirs: Vec<std::path::PathBuf>,
     },
+    /// How far `sim` agrees with `run` on the same traffic: three rungs per workload near the
+    /// real run's cliffs, each class's attainment both ways, and each workload's verdict.
+    Agreement {
+        /// The real bench's results.json (the judge of record).
+        #[arg(long)]
+        real: std::path::PathBuf,
+        /// `sim`'s results.json.
+        #[arg(long)]
+        sim: std::path::PathBuf,
+    },
     /// Re-render report.md and the charts from a results.json of an earlier `run`.
     Report {
         #[arg(long, default_value = "results")]
@@ -206,9 +216,13 @@ fn sim(args: SimArgs, run_dir: std::path::PathBuf) -> anyhow::Result<()> {
         (Some(r), _) => Some(parse_rates(r)?),
         // A user's trace: its own rate and around it, up to where most fleets fall.
         (None, Some(csv)) if workloads.iter().all(|w| w == headroom_bench::USER_TRACE) => {
-            let native = headroom_loadgen::workload::trace_rate(csv)
-                .map_err(|e| anyhow::anyhow!("--trace: {e}"))?;
-            Some([0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0].iter().map(|k| (k * native * 100.0).round() / 100.0).collect())
+            let native = headroom_loadgen::workload::trace_rate(csv).map_err(|e| anyhow::anyhow!("--trace: {e}"))?;
+            Some(
+                [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0]
+                    .iter()
+                    .map(|k| (k * native * 100.0).round() / 100.0)
+                    .collect(),
+            )
         }
         _ => None,
     };
@@ -293,6 +307,9 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Callouts(opts) => headroom_bench::callouts::run(&opts)?,
+        Cmd::Agreement { real, sim } => {
+            print!("{}", headroom_bench::agreement::table(&read_results(&real)?, &read_results(&sim)?));
+        }
         Cmd::Sim(args) => sim(args, run_dir)?,
         Cmd::Gateway(mut opts) => {
             opts.run_dir = run_dir;

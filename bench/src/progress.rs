@@ -21,9 +21,9 @@ impl Progress {
     /// Changes the plan by `by` steps (more, or fewer when negative).
     pub fn replan(&self, by: isize) {
         let done = self.done.load(Ordering::Relaxed);
-        let _ = self.planned.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
-            Some(p.saturating_add_signed(by).max(done))
-        });
+        let _ = self
+            .planned
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some(p.saturating_add_signed(by).max(done)));
     }
 
     /// Counts one more step done and says where the run stands.

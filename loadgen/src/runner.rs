@@ -185,11 +185,10 @@ pub async fn run_with_trailing(
     Ok(out)
 }
 
-/// What a client sends for request `index` of a workload: the body (an OpenAI completion,
-/// its prompt [`RequestSpec::prompt`]) and the headers beside `content-type` (the SLOs, the
-/// priority, the prediction-based hint, as `target` says). The simulated-time benchmark sends
-/// the same (`headroom-bench sim`).
-pub fn request_parts(target: &Target, index: usize, spec: &RequestSpec) -> (String, Vec<(&'static str, String)>) {
+/// The body a client sends for request `index` of a workload: an OpenAI completion, its
+/// prompt [`RequestSpec::prompt`]. The simulated-time benchmark sends the same
+/// (`headroom-bench sim`).
+pub fn request_body(target: &Target, index: usize, spec: &RequestSpec) -> String {
     let mut body = serde_json::json!({
         "model": target.model,
         "prompt": spec.prompt(index),
@@ -199,6 +198,12 @@ pub fn request_parts(target: &Target, index: usize, spec: &RequestSpec) -> (Stri
     if spec.stream {
         body["stream_options"] = serde_json::json!({"include_usage": true});
     }
+    body.to_string()
+}
+
+/// The headers a client sends beside `content-type`: the SLOs, the priority and the
+/// prediction-based hint, as `target` says.
+pub fn request_headers(target: &Target, spec: &RequestSpec) -> Vec<(&'static str, String)> {
     let mut headers = Vec::new();
     if target.slo_headers {
         if let Some(t) = spec.class.ttft_ms {
@@ -212,7 +217,7 @@ pub fn request_parts(target: &Target, index: usize, spec: &RequestSpec) -> (Stri
     if let Some(p) = target.prediction_based {
         headers.push((headers::PREDICTION_BASED, p.to_string()));
     }
-    (body.to_string(), headers)
+    headers
 }
 
 impl Outcome {
@@ -246,9 +251,9 @@ impl Outcome {
 }
 
 async fn send_one(client: &reqwest::Client, target: &Target, index: usize, spec: &RequestSpec) -> Outcome {
-    let (body, sent_headers) = request_parts(target, index, spec);
+    let body = request_body(target, index, spec);
     let mut req = client.post(format!("{}/v1/completions", target.url)).header("content-type", "application/json");
-    for (name, value) in sent_headers {
+    for (name, value) in request_headers(target, spec) {
         req = req.header(name, value);
     }
     let mut outcome = Outcome::sent(index, spec);

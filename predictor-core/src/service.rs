@@ -15,8 +15,23 @@ use crate::pool::{Applied, EngineMetrics, Finished, Kept};
 use crate::predictor::Predictor;
 
 /// Predictions and state for every endpoint of `req.pool`; `None` when there is no such pool.
+/// The answer is remembered for the request's dispatch.
 pub fn predict(state: &Predictor, req: PredictRequest, now: Instant) -> Option<PredictResponse> {
     predict_batch(state, vec![req], now).ok().and_then(|mut answers| answers.pop())
+}
+
+/// [`predict`] without remembering the answer: what flow control judges a waiting request
+/// on, round after round, until one answer goes back ([`remember`] keeps that one). Each
+/// record it replaced would have cost a copy of every endpoint's state.
+pub fn judge(state: &Predictor, req: PredictRequest, now: Instant) -> Option<PredictResponse> {
+    predicted(state, vec![req], now, false).ok().and_then(|mut answers| answers.pop())
+}
+
+/// Keeps `answer`, sent for `req`, as the record its dispatch and report are read against.
+pub fn remember(state: &Predictor, req: &PredictRequest, answer: &PredictResponse, now: Instant) {
+    let states: Vec<_> = answer.endpoints.iter().map(|e| e.state.clone()).collect();
+    let predicted: Vec<_> = answer.endpoints.iter().map(|e| (e.ttft_ms, e.tpot_ms)).collect();
+    state.pools.with(&req.pool, |p| p.remember(&req.request_id, &req.request, &states, &predicted, now));
 }
 
 /// [`predict`] for each request, the model run once over all their rows (one call into
@@ -25,6 +40,16 @@ pub fn predict_batch(
     state: &Predictor,
     reqs: Vec<PredictRequest>,
     now: Instant,
+) -> Result<Vec<PredictResponse>, (usize, String)> {
+    predicted(state, reqs, now, true)
+}
+
+/// Each request's answer, remembered for its dispatch when `keep`.
+fn predicted(
+    state: &Predictor,
+    reqs: Vec<PredictRequest>,
+    now: Instant,
+    keep: bool,
 ) -> Result<Vec<PredictResponse>, (usize, String)> {
     let stale_ms = state.config.stale_after_ms;
     let mut pending = Vec::with_capacity(reqs.len());
@@ -55,7 +80,9 @@ pub fn predict_batch(
             answered[i] = (limits::ms_or_none(Some(ttft)), limits::ms_or_none(Some(tpot)));
         }
         // The record a dispatch and a report of this request will be read against.
-        state.pools.with(&req.pool, |p| p.remember(&req.request_id, &req.request, &states, &answered, now));
+        if keep {
+            state.pools.with(&req.pool, |p| p.remember(&req.request_id, &req.request, &states, &answered, now));
+        }
         let endpoints = addresses
             .into_iter()
             .zip(states)

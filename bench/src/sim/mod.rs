@@ -167,6 +167,91 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::{Lab, CONTENDERS};
+    use headroom_loadgen::runner::Outcome;
+
+    fn contender(name: &str) -> &'static Contender {
+        CONTENDERS.iter().find(|c| c.name == name).unwrap()
+    }
+
+    fn opts() -> BenchOptions {
+        BenchOptions {
+            engine: Engine::Simulator,
+            workloads: vec!["mixed".into()],
+            rates: None,
+            trace_window: None,
+            step_s: 6.0,
+            lead_in_s: Some(2.0),
+            warmup_s: 4.0,
+            profiles: None,
+            time_scale: Some(1.0),
+            routers: Vec::new(),
+            seeds: 1,
+            trace: None,
+            run_dir: std::env::temp_dir(),
+            out: std::env::temp_dir(),
+        }
+    }
+
+    /// One overloaded step of `mixed` on an H100 and an A100 (about twice what they hold),
+    /// after the warm-up, as the ladder measures it: the outcomes, and the world.
+    fn overloaded(c: &Contender) -> (Vec<Outcome>, World) {
+        let opts = opts();
+        let ladder = Ladder {
+            steps: vec![(1, 40.0)],
+            window: 1,
+            fleet: vec!["h100".into(), "a100".into()],
+            time_scale: 1.0,
+            lead_in_s: 2.0,
+            trace: None,
+        };
+        let mut world = World::new(setup(c, &ladder).unwrap()).unwrap();
+        if let Some(warm) = warm_up(&opts, c, "mixed", &ladder).unwrap() {
+            world.run(&warm, warm.len()).unwrap();
+        }
+        let (work, measured) = step_work("mixed", 11, 40.0, 1, opts.step_s, &ladder).unwrap();
+        let outcomes = world.run(&work, measured).unwrap();
+        assert_eq!(outcomes.len(), measured, "every measured request has an outcome");
+        (outcomes, world)
+    }
+
+    /// The reduced simulated bench `make test` runs: each decision comes from the product's
+    /// own code, and a run is the same for the same traffic. It fails when a path is
+    /// bypassed: flow control's queue (nothing waits and is released), the filter's tiers
+    /// or shedding (no tier on a placement, no 429), the destination header (a request
+    /// served where the filter did not send it), or the predictor's answers (a fallback).
+    #[test]
+    fn the_simulated_fleet_decides_with_the_products_own_code() {
+        let flow = contender("headroom flow control p90 prior");
+        let (outcomes, world) = overloaded(flow);
+        let count = |f: &dyn Fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
+        let released = count(&|o| o.flow.as_deref() == Some("released") && o.queued_ms.is_some_and(|q| q > 0.0));
+        assert!(released > 10, "the flow queue held requests and released them: {released}");
+        let shed = count(&|o| o.status == 429 && o.priority < 0);
+        assert!(shed > 0 && count(&|o| o.status == 429 && o.priority >= 0) == 0, "only sheddable requests are shed");
+        let served = count(&|o| o.status == 200);
+        assert!(served > outcomes.len() / 2, "{served} of {} served", outcomes.len());
+        let placed = count(&|o| o.status == 200 && o.tier.is_some() && o.chosen.is_some() && o.chosen == o.served_by);
+        assert_eq!(placed, served, "every request placed by the filter's tiers, where it chose");
+        assert_eq!(world.fallbacks(), 0, "the predictor answered every call in time");
+        assert!(outcomes.iter().all(|o| o.ttft_ms.is_some() || o.status != 200 || !o.stream), "streams metered");
+        let (again, _) = overloaded(flow);
+        assert_eq!(serde_json::to_string(&outcomes).unwrap(), serde_json::to_string(&again).unwrap(), "deterministic");
+
+        // Plain Envoy places without the filter: no tier, nothing shed, nothing queued.
+        let (plain, _) = overloaded(contender("envoy least request"));
+        assert!(plain.iter().all(|o| o.tier.is_none() && o.status == 200 && o.flow.is_none()));
+        let (composite, _) = overloaded(contender("headroom composite"));
+        assert!(composite.iter().all(|o| o.tier.as_deref() == Some("composite")), "prediction off: the composite");
+    }
+
+    #[test]
+    fn the_simulated_lab_names_its_engine() {
+        let opts = opts();
+        let lab = SimLab { opts: &opts, threads: 1, keep_requests: false };
+        assert_eq!(lab.engine().as_deref(), Some(ENGINE));
+        assert_eq!(lab.workers(), 1);
+    }
 
     #[test]
     fn a_fleet_reads_as_counts_or_one_by_one_and_refuses_what_it_cannot_simulate() {

@@ -88,7 +88,7 @@ pub struct Setup {
     pub model: String,
     /// The client's timeout (wall seconds).
     pub timeout_s: f64,
-    /// The clients' headers and hints (`runner::request_parts`).
+    /// The clients' headers and hints (`runner::request_headers`).
     pub target: runner::Target,
     pub gateway: Gateway,
     /// Seeds the balancers' random picks and the VMs' (deterministic for a seed).
@@ -99,11 +99,15 @@ pub struct Setup {
 pub enum Gateway {
     Envoy(Balancer),
     /// Envoy with the headroom filter (`workers` VMs), and the predictor.
-    Headroom { filter: Box<FilterConfig>, predictor: Box<Config>, workers: usize },
+    Headroom {
+        filter: Box<FilterConfig>,
+        predictor: Box<Config>,
+        workers: usize,
+    },
 }
 
 enum Ev {
-    Send(u64),
+    Send,
     AtGateway(u64),
     AtServer(u64),
     Submit(u64),
@@ -221,8 +225,19 @@ pub struct World {
     timeout_ns: u64,
     target: runner::Target,
     model: String,
+    sending: Sending,
     measured_left: usize,
     done: Vec<Outcome>,
+}
+
+/// The traffic of the current measurement: its requests (wall time from `start`), the next
+/// to send, and how many of the first are measured.
+#[derive(Default)]
+struct Sending {
+    work: Vec<RequestSpec>,
+    next: usize,
+    start: u64,
+    measured: usize,
 }
 
 /// The addresses the simulated servers go by (no socket is opened on them).
@@ -255,6 +270,7 @@ impl World {
             timeout_ns: (setup.timeout_s * 1e9) as u64,
             target: setup.target,
             model: setup.model,
+            sending: Sending::default(),
             measured_left: 0,
             done: Vec::new(),
         };
@@ -269,12 +285,11 @@ impl World {
                 let flag = woken.clone();
                 predictor.flows.on_wake(move || flag.store(true, Ordering::SeqCst));
                 let flush = Duration::from_millis(filter.flush_interval_ms);
-                let vms = (0..workers.max(1)).map(|w| Vm::new((*filter).clone(), setup.seed ^ (w as u64 + 1))).collect();
+                let vms =
+                    (0..workers.max(1)).map(|w| Vm::new((*filter).clone(), setup.seed ^ (w as u64 + 1))).collect();
                 let hosts = (0..workers.max(1)).map(|_| SimEnvoy::default()).collect();
-                let (recheck, retrain) = (
-                    predictor.config.flow.recheck_interval_ms,
-                    predictor.config.model.retrain_interval_ms,
-                );
+                let (recheck, retrain) =
+                    (predictor.config.flow.recheck_interval_ms, predictor.config.model.retrain_interval_ms);
                 world.headroom = Some(Headroom {
                     vms,
                     hosts,
@@ -315,28 +330,10 @@ impl World {
     /// requests have ended; the rest only hold the load meanwhile and are then dropped, as
     /// `runner::run_with_trailing` does. The measured requests' outcomes, in order.
     pub fn run(&mut self, work: &[RequestSpec], measured: usize) -> anyhow::Result<Vec<Outcome>> {
-        let start = self.now;
+        self.sending = Sending { work: work.to_vec(), next: 0, start: self.now, measured };
         self.measured_left = measured.min(work.len());
-        for (index, spec) in work.iter().enumerate() {
-            let id = self.next_id;
-            self.next_id += 1;
-            let (body, _) = runner::request_parts(&self.target, index, spec);
-            let sent_ns = start + (spec.at_s * 1e9) as u64;
-            let req = Req {
-                spec: spec.clone(),
-                measured: index < measured,
-                sent_ns,
-                vm: (id % self.vm_count() as u64) as usize,
-                body,
-                parsed: None,
-                flow: None,
-                stream: Stream::default(),
-                server: None,
-                outcome: Outcome::sent(index, spec),
-                meter: None,
-            };
-            self.reqs.insert(id, req);
-            self.at(sent_ns, Ev::Send(id));
+        if let Some(first) = work.first() {
+            self.at(self.now + (first.at_s * 1e9) as u64, Ev::Send);
         }
         while self.measured_left > 0 {
             let Some(Reverse(Timed { at, ev, .. })) = self.queue.pop() else {
@@ -345,7 +342,8 @@ impl World {
             self.now = self.now.max(at);
             self.handle(ev);
         }
-        // The trailing traffic's clients leave.
+        // The trailing traffic stops, and the clients of what it sent leave.
+        self.sending.work.clear();
         let open: Vec<u64> = self.reqs.keys().copied().collect();
         for id in open {
             self.abort(id);
@@ -355,18 +353,45 @@ impl World {
         Ok(out)
     }
 
+    /// The client sends the next request of the traffic (its body made now: most of a
+    /// step's trailing traffic is never sent), and the one after is due at its time.
+    fn send(&mut self) {
+        let Sending { work, next, start, measured } = &mut self.sending;
+        let index = *next;
+        let Some(spec) = work.get(index).cloned() else { return };
+        *next += 1;
+        let (start, measured) = (*start, index < *measured);
+        if let Some(after) = work.get(index + 1) {
+            let at = start + (after.at_s * 1e9) as u64;
+            self.at(at, Ev::Send);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let req = Req {
+            body: runner::request_body(&self.target, index, &spec),
+            outcome: Outcome::sent(index, &spec),
+            spec,
+            measured,
+            sent_ns: self.now,
+            vm: (id % self.vm_count() as u64) as usize,
+            parsed: None,
+            flow: None,
+            stream: Stream::default(),
+            server: None,
+            meter: None,
+        };
+        self.reqs.insert(id, req);
+        self.after(DELAYS.client_ns, Ev::AtGateway(id));
+        self.after(self.timeout_ns, Ev::ClientTimeout(id));
+    }
+
     fn vm_count(&self) -> usize {
         self.headroom.as_ref().map_or(1, |h| h.vms.len())
     }
 
     fn handle(&mut self, ev: Ev) {
         match ev {
-            Ev::Send(id) => {
-                if self.reqs.contains_key(&id) {
-                    self.after(DELAYS.client_ns, Ev::AtGateway(id));
-                    self.after(self.timeout_ns, Ev::ClientTimeout(id));
-                }
-            }
+            Ev::Send => self.send(),
             Ev::AtGateway(id) => self.at_gateway(id),
             Ev::AtServer(id) => self.at_server(id),
             Ev::Submit(id) => self.submit(id),
@@ -420,9 +445,7 @@ impl World {
             Ev::Train => {
                 let Some(h) = self.headroom.as_mut() else { return };
                 h.sync_clock(self.now);
-                let t = std::time::Instant::now();
                 let outcome = h.predictor.models.train_if_due();
-                if std::env::var("SIM_TRAIN_DEBUG").is_ok() { eprintln!("train {:?} {:.0} ms at {:.1} s", outcome, t.elapsed().as_secs_f64()*1000.0, self.now as f64/1e9); }
                 h.predictor.metrics.trained(&outcome);
                 let every = ms(h.predictor.config.model.retrain_interval_ms);
                 self.after(every, Ev::Train);
@@ -445,7 +468,7 @@ impl World {
             return;
         }
         let Some(req) = self.reqs.get_mut(&id) else { return };
-        let (_, sent_headers) = runner::request_parts(&self.target, req.outcome.index, &req.spec);
+        let sent_headers = runner::request_headers(&self.target, &req.spec);
         let mut request_headers: Vec<(String, String)> = vec![
             (":method".into(), "POST".into()),
             (":path".into(), "/v1/completions".into()),

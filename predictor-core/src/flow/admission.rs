@@ -228,7 +228,8 @@ pub fn serve_pool(state: &Predictor, pool: &str, now: Instant) {
             break;
         }
         let Some(terms) = req.flow.as_ref() else { continue };
-        let Some(mut a) = service::predict(state, req.clone(), now) else { continue };
+        // Judged without a record: only the answer sent back is remembered.
+        let Some(mut a) = service::judge(state, req.clone(), now) else { continue };
         let waited = waited_ms(arrived, now);
         let service = |i: usize| service_ms(state, &req, &a.endpoints[i]);
         let Some(best) = ready(&req, terms, &a.endpoints, service, waited, &state.config.flow) else {
@@ -244,6 +245,7 @@ pub fn serve_pool(state: &Predictor, pool: &str, now: Instant) {
         // Counted at the endpoint it most likely goes to until its dispatch arrives, so the
         // next waiter judged does not see the same room.
         reserve(state, &req, &a.endpoints[best], now);
+        service::remember(state, &req, &a, now);
         a.flow = Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: waited });
         state.metrics.flow_outcome(pool, FlowOutcome::Released, waited / 1000.0);
         if let Some(reply) = w.reply.take() {

@@ -113,10 +113,8 @@ impl Books {
         in_prefill: impl Fn(&InFlight) -> bool,
         backlog: impl Fn(usize, &mut [(Instant, u64)]) -> Option<u64>,
     ) -> &[Booked] {
-        let fresh = self
-            .sums
-            .as_ref()
-            .is_some_and(|s| s.at == now && s.version == self.version && s.booked.len() == endpoints);
+        let fresh =
+            self.sums.as_ref().is_some_and(|s| s.at == now && s.version == self.version && s.booked.len() == endpoints);
         if !fresh {
             let mut booked = vec![Booked::default(); endpoints];
             let mut prefilling: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); endpoints];

@@ -809,7 +809,6 @@ impl Pool {
                     prefill_backlog_tokens: Some(b.prefill_backlog_tokens.unwrap_or(b.uncached_tokens_in_flight)),
                     tightest_tpot_slo_ms,
                     tighter_tpot_in_flight,
-                    ..Default::default()
                 }
                 // Held to the contract's bounds here, at the source: a filter leaves out an
                 // endpoint whose state breaks them.

@@ -1,0 +1,161 @@
+//! `headroom-bench agreement REAL SIM`: how far the simulated-time bench (`sim`) agrees with
+//! the real one (`run`, the judge of record) on the same traffic. Per workload, three rungs
+//! near the real run's cliffs that both measured for the same routers, each class's
+//! attainment side by side, and each workload's verdict (the best headroom router against
+//! the best baseline, by capacity and critical capacity) both ways.
+
+use std::fmt::Write;
+
+use crate::report::ratios;
+use crate::summary::Summary;
+use crate::{cliff_rates, BenchResults, RouterRun, WorkloadRun};
+
+/// How far apart (in points of attainment) a class may be measured both ways and agree.
+pub const AGREE_POINTS: f64 = 3.0;
+
+/// The ladder point of `run` at `rate` (the ladder's seed: both benches send it the same traffic).
+fn point(run: &RouterRun, rate: f64) -> Option<&Summary> {
+    run.points.iter().find(|(r, _)| *r == rate).map(|(_, s)| s)
+}
+
+/// The routers both runs measured on a workload, in the real run's order.
+fn common<'a>(real: &'a WorkloadRun, sim: &'a WorkloadRun) -> Vec<(&'a RouterRun, &'a RouterRun)> {
+    real.runs.iter().filter_map(|r| Some((r, sim.runs.iter().find(|s| s.router == r.router)?))).collect()
+}
+
+/// Three rungs of a workload to compare: of the rates every common router measured both
+/// ways, those nearest the real run's cliffs (`cliff_rates`), lowest, middle and highest.
+pub fn rungs(real: &WorkloadRun, sim: &WorkloadRun) -> Vec<f64> {
+    let pairs = common(real, sim);
+    let both = |rate: f64| !pairs.is_empty() && pairs.iter().all(|(r, s)| point(r, rate).and(point(s, rate)).is_some());
+    let mut candidates: Vec<f64> = real.runs.iter().flat_map(|r| r.points.iter().map(|p| p.0)).collect();
+    candidates.sort_by(f64::total_cmp);
+    candidates.dedup();
+    candidates.retain(|&r| both(r));
+    let mut cliff: Vec<f64> = cliff_rates(real).into_iter().filter(|&r| both(r)).collect();
+    if cliff.is_empty() {
+        cliff = candidates.clone();
+    }
+    let mid = cliff.iter().sum::<f64>() / cliff.len().max(1) as f64;
+    let mut chosen: Vec<f64> = match cliff.len() {
+        0..=3 => cliff.clone(),
+        n => vec![cliff[0], cliff[n / 2], cliff[n - 1]],
+    };
+    // Fewer than three at the cliffs: the nearest other rungs.
+    let mut others: Vec<f64> = candidates.into_iter().filter(|r| !chosen.contains(r)).collect();
+    others.sort_by(|a, b| (a - mid).abs().total_cmp(&(b - mid).abs()));
+    chosen.extend(others.into_iter().take(3usize.saturating_sub(chosen.len())));
+    chosen.sort_by(f64::total_cmp);
+    chosen
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+/// The agreement tables of every workload both runs measured, as markdown.
+pub fn table(real: &BenchResults, sim: &BenchResults) -> String {
+    let mut out = String::new();
+    let mut compared = (0usize, 0usize);
+    for rw in &real.workloads {
+        let Some(sw) = sim.workloads.iter().find(|s| s.workload == rw.workload) else { continue };
+        let rates = rungs(rw, sw);
+        let _ = writeln!(out, "### {}\n", rw.workload);
+        let _ = writeln!(out, "| router | rate (req/s) | class | real | sim | difference |");
+        let _ = writeln!(out, "| --- | ---: | --- | ---: | ---: | ---: |");
+        let (mut within, mut total, mut widest) = (0usize, 0usize, 0f64);
+        for (r, s) in common(rw, sw) {
+            for &rate in &rates {
+                let (Some(a), Some(b)) = (point(r, rate), point(s, rate)) else { continue };
+                for (class, ca) in &a.per_class {
+                    let Some(cb) = b.per_class.get(class) else { continue };
+                    let diff = 100.0 * (cb.attainment - ca.attainment);
+                    let mark = if diff.abs() > AGREE_POINTS { " **" } else { "" };
+                    let _ = writeln!(
+                        out,
+                        "| {} | {rate} | {class} | {} | {} | {diff:+.1}{mark} |",
+                        r.router,
+                        pct(ca.attainment),
+                        pct(cb.attainment)
+                    );
+                    total += 1;
+                    within += usize::from(diff.abs() <= AGREE_POINTS);
+                    widest = widest.max(diff.abs());
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\n{within} of {total} class attainments within {AGREE_POINTS} points (widest {widest:.1}; ** marks the others).\n"
+        );
+        let verdict = |w: &WorkloadRun| {
+            ratios(w).map_or("-".to_string(), |v| {
+                let critical = v.critical_capacity_ratio.map_or("-".to_string(), |c| format!("{c:.2}x"));
+                format!("{:.2}x / {critical} ({})", v.capacity_ratio, v.best_headroom)
+            })
+        };
+        let _ = writeln!(
+            out,
+            "Verdict, best headroom router against the best baseline (capacity / critical capacity): real {}, sim {}.\n",
+            verdict(rw),
+            verdict(sw)
+        );
+        compared = (compared.0 + within, compared.1 + total);
+    }
+    let _ = writeln!(
+        out,
+        "All workloads: {} of {} class attainments within {AGREE_POINTS} points.",
+        compared.0, compared.1
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::summary::ClassSummary;
+
+    fn summary(attainment: f64) -> Summary {
+        let mut s: Summary = serde_json::from_value(serde_json::json!({
+            "requests": 10, "offered_rps": 1.0, "attainment": attainment, "goodput_rps": 1.0,
+            "ttft_ms": [null, null, null], "tpot_ms": [null, null, null], "shed": 0.0, "failed": 0.0,
+            "per_server": {}
+        }))
+        .unwrap();
+        s.critical_attainment = Some(attainment);
+        s.per_class.insert("interactive".into(), ClassSummary { requests: 10, attainment, shed: 0.0 });
+        s
+    }
+
+    fn workload(points: &[(f64, f64)]) -> WorkloadRun {
+        let run = RouterRun {
+            router: "envoy least request".into(),
+            baseline: true,
+            points: points.iter().map(|&(rate, a)| (rate, summary(a))).collect(),
+            repeats: Vec::new(),
+        };
+        serde_json::from_value(serde_json::json!({
+            "workload": "w", "step_s": 15.0, "servers": 8, "runs": [run]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn three_rungs_at_the_real_cliff_are_compared_class_by_class() {
+        let real = workload(&[(10.0, 1.0), (20.0, 0.95), (30.0, 0.8), (40.0, 0.5), (50.0, 0.2)]);
+        let sim = workload(&[(10.0, 1.0), (20.0, 0.96), (30.0, 0.7), (40.0, 0.51), (50.0, 0.3)]);
+        // The cliff is 20-30; the nearest other rung joins them.
+        assert_eq!(rungs(&real, &sim), [10.0, 20.0, 30.0]);
+        let results = |w: WorkloadRun| BenchResults {
+            command: String::new(),
+            profiles: vec![],
+            time_scale: 1.0,
+            workloads: vec![w],
+        };
+        let text = table(&results(real), &results(sim));
+        assert!(text.contains("| envoy least request | 30 | interactive | 80.0% | 70.0% | -10.0 ** |"), "{text}");
+        assert!(text.contains("2 of 3 class attainments within 3 points"), "{text}");
+    }
+}
