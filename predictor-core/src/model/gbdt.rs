@@ -126,7 +126,9 @@ pub fn fit_residual<const F: usize>(
         .map(|r| {
             let mut b = [0u8; F];
             for f in 0..F {
-                b[f] = thresholds[f].partition_point(|t| *t < r[f]) as u8;
+                // NaN past every threshold: right at every split, as `x <= t` sends it.
+                let k = thresholds[f].len();
+                b[f] = if r[f].is_nan() { k } else { thresholds[f].partition_point(|t| *t < r[f]) } as u8;
             }
             b
         })
@@ -137,6 +139,10 @@ pub fn fit_residual<const F: usize>(
     };
     let mut pred = vec![base; y.len()];
     let mut trees = Vec::with_capacity(params.trees);
+    // One buffer of sample indices, split in place node by node (each node's samples a
+    // contiguous run, in their original order), and one scratch buffer beside it.
+    let mut order: Vec<usize> = Vec::with_capacity(y.len());
+    let mut scratch = vec![0usize; y.len()];
     for _ in 0..params.trees {
         let residual: Vec<f64> = y.iter().zip(&pred).map(|(y, p)| y - p).collect();
         let gradient: Vec<f64> = match params.objective {
@@ -145,11 +151,12 @@ pub fn fit_residual<const F: usize>(
             Objective::Quantile { q } => residual.iter().map(|r| if *r > 0.0 { q } else { q - 1.0 }).collect(),
         };
         let mut tree = Vec::new();
-        let all: Vec<usize> = (0..y.len()).collect();
-        grow(&mut tree, &all, 0, &bins, &thresholds, &gradient, &residual, params);
-        for (i, p) in pred.iter_mut().enumerate() {
-            *p += leaf_value(&tree, rows[i]);
-        }
+        order.clear();
+        order.extend(0..y.len());
+        let data = Data { bins: &bins, thresholds: &thresholds, gradient: &gradient, residual: &residual, params };
+        let root = (params.max_depth > 0 && y.len() >= 2 * params.min_samples_leaf)
+            .then(|| Histogram::of(&order, &bins, &gradient));
+        grow(&mut tree, &mut order, &mut scratch, 0, &data, &mut pred, root.as_ref());
         trees.push(tree);
     }
     Some(Ensemble { base, trees, offset_feature: offset })
@@ -173,87 +180,139 @@ fn thresholds_of(values: impl Iterator<Item = f32>) -> Vec<f32> {
     out
 }
 
-fn leaf_value(tree: &[Node], row: &[f32]) -> f64 {
-    let mut i = 0;
-    loop {
-        match tree.get(i) {
-            Some(Node::Split { feature, threshold, left, right }) => {
-                i = if row[*feature] <= *threshold { *left } else { *right };
-            }
-            Some(Node::Leaf { value }) => return *value,
-            None => return 0.0,
-        }
-    }
+/// What a tree is grown from: the samples' bins, the thresholds the bins stand for, and
+/// this round's gradient (what splits are judged on) and residual (what leaves hold).
+struct Data<'a, const F: usize> {
+    bins: &'a [[u8; F]],
+    thresholds: &'a [Vec<f32>],
+    gradient: &'a [f64],
+    residual: &'a [f64],
+    params: &'a Params,
 }
 
-/// Grows the subtree for `samples` and returns its root index.
-#[allow(clippy::too_many_arguments)]
+/// Grows the subtree for `samples` and returns its root index. `samples` is reordered (left
+/// child's first, each side in its original order); each sample's leaf value is added to
+/// its `pred`, as predicting it through the finished tree would. `hist` is the samples'
+/// histogram where the node may split (`None` where it may not: too deep or too few).
 fn grow<const F: usize>(
     tree: &mut Vec<Node>,
-    samples: &[usize],
+    samples: &mut [usize],
+    scratch: &mut [usize],
     depth: usize,
-    bins: &[[u8; F]],
-    thresholds: &[Vec<f32>],
-    gradient: &[f64],
-    residual: &[f64],
-    params: &Params,
+    d: &Data<F>,
+    pred: &mut [f64],
+    hist: Option<&Histogram<F>>,
 ) -> usize {
     let me = tree.len();
     tree.push(Node::Leaf { value: 0.0 });
-    let split = if depth < params.max_depth && samples.len() >= 2 * params.min_samples_leaf {
-        best_split(samples, bins, thresholds, gradient, params)
-    } else {
-        None
-    };
-    match split {
+    let params = d.params;
+    match hist.and_then(|h| best_split(h, samples.len(), d.thresholds, params)) {
         Some((feature, bin)) => {
-            let (l, r): (Vec<usize>, Vec<usize>) = samples.iter().partition(|&&s| usize::from(bins[s][feature]) <= bin);
-            let left = grow(tree, &l, depth + 1, bins, thresholds, gradient, residual, params);
-            let right = grow(tree, &r, depth + 1, bins, thresholds, gradient, residual, params);
-            tree[me] = Node::Split { feature, threshold: thresholds[feature][bin], left, right };
+            let n = split_in_place(samples, scratch, |s| usize::from(d.bins[s][feature]) <= bin);
+            let (l, r) = samples.split_at_mut(n);
+            let (ls, rs) = scratch.split_at_mut(n);
+            // Only the smaller side is counted; the larger side's histogram is the parent's
+            // less it, which roughly halves the counting a tree costs.
+            let splits = |side: &[usize]| depth + 1 < params.max_depth && side.len() >= 2 * params.min_samples_leaf;
+            let (mut left_hist, mut right_hist) = (None, None);
+            if let Some(parent) = hist.filter(|_| splits(l) || splits(r)) {
+                let small = Histogram::of(if l.len() <= r.len() { &*l } else { &*r }, d.bins, d.gradient);
+                let large = parent.less(&small);
+                (left_hist, right_hist) =
+                    if l.len() <= r.len() { (Some(small), Some(large)) } else { (Some(large), Some(small)) };
+            }
+            let left = grow(tree, l, ls, depth + 1, d, pred, left_hist.as_ref().filter(|_| splits(l)));
+            let right = grow(tree, r, rs, depth + 1, d, pred, right_hist.as_ref().filter(|_| splits(r)));
+            tree[me] = Node::Split { feature, threshold: d.thresholds[feature][bin], left, right };
         }
         None => {
-            let mut rs: Vec<f64> = samples.iter().map(|&s| residual[s]).collect();
+            let mut rs: Vec<f64> = samples.iter().map(|&s| d.residual[s]).collect();
             let value = match params.objective {
                 Objective::Mean => rs.iter().sum::<f64>() / rs.len().max(1) as f64,
                 Objective::Quantile { q } => quantile(&mut rs, q),
             };
-            tree[me] = Node::Leaf { value: value * params.learning_rate };
+            let value = value * params.learning_rate;
+            tree[me] = Node::Leaf { value };
+            for &s in samples.iter() {
+                pred[s] += value;
+            }
         }
     }
     me
 }
 
-/// The (feature, bin) split with the best gain, if any improves on none. Every feature's
-/// histogram fills in one pass over the samples (each sample's bins lie together), and each
-/// bin's sum adds its samples in their order, as a pass per feature would.
-fn best_split<const F: usize>(
-    samples: &[usize],
-    bins: &[[u8; F]],
-    thresholds: &[Vec<f32>],
-    gradient: &[f64],
-    params: &Params,
-) -> Option<(usize, usize)> {
-    let n = samples.len() as f64;
-    let total: f64 = samples.iter().map(|&s| gradient[s]).sum();
-    let parent = total * total / (n + params.lambda);
-    let mut best: Option<(f64, usize, usize)> = None;
-    let mut sum = [[0f64; MAX_BINS + 1]; F];
-    let mut count = [[0u32; MAX_BINS + 1]; F];
-    for &s in samples {
-        let g = gradient[s];
-        for (f, &b) in bins[s].iter().enumerate() {
-            sum[f][usize::from(b)] += g;
-            count[f][usize::from(b)] += 1;
+/// Per feature and bin, the gradient sum and the sample count of a node's samples.
+struct Histogram<const F: usize> {
+    sum: [[f64; MAX_BINS + 1]; F],
+    count: [[u32; MAX_BINS + 1]; F],
+    total: f64,
+}
+
+impl<const F: usize> Histogram<F> {
+    /// Every feature's histogram in one pass over the samples (each sample's bins lie together).
+    fn of(samples: &[usize], bins: &[[u8; F]], gradient: &[f64]) -> Self {
+        let mut h = Histogram { sum: [[0.0; MAX_BINS + 1]; F], count: [[0; MAX_BINS + 1]; F], total: 0.0 };
+        for &s in samples {
+            let g = gradient[s];
+            h.total += g;
+            for (f, &b) in bins[s].iter().enumerate() {
+                h.sum[f][usize::from(b)] += g;
+                h.count[f][usize::from(b)] += 1;
+            }
+        }
+        h
+    }
+
+    /// This histogram less `part` (a histogram of some of its samples).
+    fn less(&self, part: &Self) -> Self {
+        let mut h = Histogram { sum: self.sum, count: self.count, total: self.total - part.total };
+        for f in 0..F {
+            for b in 0..=MAX_BINS {
+                h.sum[f][b] -= part.sum[f][b];
+                h.count[f][b] -= part.count[f][b];
+            }
+        }
+        h
+    }
+}
+
+/// Moves the samples that `goes_left` to the front of `samples`, the rest after them, each
+/// side in its original order; returns how many went left. `scratch` holds the right side
+/// meanwhile (at least as long as `samples`).
+fn split_in_place(samples: &mut [usize], scratch: &mut [usize], goes_left: impl Fn(usize) -> bool) -> usize {
+    let (mut l, mut r) = (0, 0);
+    for i in 0..samples.len() {
+        let s = samples[i];
+        if goes_left(s) {
+            samples[l] = s;
+            l += 1;
+        } else {
+            scratch[r] = s;
+            r += 1;
         }
     }
-    for f in 0..F {
+    samples[l..].copy_from_slice(&scratch[..r]);
+    l
+}
+
+/// The (feature, bin) split of a node of `n` samples with the best gain, if any improves
+/// on none, read from the node's histogram.
+fn best_split<const F: usize>(
+    h: &Histogram<F>,
+    n: usize,
+    thresholds: &[Vec<f32>],
+    params: &Params,
+) -> Option<(usize, usize)> {
+    let total = h.total;
+    let parent = total * total / (n as f64 + params.lambda);
+    let mut best: Option<(f64, usize, usize)> = None;
+    for (f, (sums, counts)) in h.sum.iter().zip(&h.count).enumerate() {
         let k = thresholds[f].len();
         let (mut gl, mut nl) = (0.0, 0usize);
-        for b in 0..k {
-            gl += sum[f][b];
-            nl += count[f][b] as usize;
-            let nr = samples.len() - nl;
+        for (b, (sum, count)) in sums.iter().zip(counts).take(k).enumerate() {
+            gl += sum;
+            nl += *count as usize;
+            let nr = n - nl;
             if nl < params.min_samples_leaf || nr < params.min_samples_leaf {
                 continue;
             }
