@@ -798,7 +798,9 @@ pub fn measured_step(outcomes: Vec<runner::Outcome>, ladder: &Ladder, step_s: f6
 }
 
 /// Prints a measurement's line, with where the run stands.
-pub fn print_step(name: &str, rate: f64, seed: u64, s: &Summary, progress: &Progress) {
+/// Prints a measurement's line: the workload leads, since a run with more than one worker
+/// measures workloads side by side.
+pub fn print_step(workload: &str, name: &str, rate: f64, seed: u64, s: &Summary, progress: &Progress) {
     let seed_note = if seed == LADDER_SEED { String::new() } else { format!(" (seed {seed})") };
     let capped = match s.gateway_overflow {
         Some(n) if n > 0 => format!(", GATEWAY CAPPED ({n} circuit-breaker overflows)"),
@@ -810,7 +812,7 @@ pub fn print_step(name: &str, rate: f64, seed: u64, s: &Summary, progress: &Prog
         _ => String::new(),
     };
     println!(
-        "  {name:<26} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}{late} {}",
+        "  {workload:<13} {name:<31} {rate:>6.1} req/s: attainment {:5.1}%, goodput {:6.2} req/s, shed {:4.1}%{cpu}{seed_note}{capped}{late} {}",
         100.0 * s.attainment,
         s.goodput_rps,
         100.0 * s.shed,
@@ -835,7 +837,7 @@ impl Measure for Bench<'_> {
         s.gateway_overflow = overflow_before.zip(self.stack.gateway_overflow()).map(|(a, b)| b.saturating_sub(a));
         s.host_cpu_busy = cpu_before.zip(host::CpuTimes::now()).and_then(|(a, b)| b.busy_since(&a));
         let file = requests_file(self.workload, self.contender.name, rate, seed);
-        print_step(self.contender.name, rate, seed, &s, self.progress);
+        print_step(self.workload, self.contender.name, rate, seed, &s, self.progress);
         write_requests(&self.opts.out, &file, &outcomes)?;
         // The step's observations (its lead-in's too): those reported since it began.
         if let Some((_, log)) = observed_before.and_then(|before| self.observations_since(before, OBSERVATIONS_MAX)) {
@@ -1045,46 +1047,87 @@ fn repeat(
     Ok(repeats)
 }
 
-/// `job(i)` for every `i < n`, on up to `workers` threads, the results in order of `i`; the
-/// first error is returned once every job has ended. `each` is told of every result as it
-/// comes, with those of the jobs ended so far (in order, gaps as `None`).
-fn in_parallel<T: Send>(
-    n: usize,
-    workers: usize,
-    job: impl Fn(usize) -> anyhow::Result<T> + Sync,
-    each: impl Fn(&[Option<T>]) + Sync,
-) -> anyhow::Result<Vec<T>> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done: std::sync::Mutex<Vec<Option<T>>> = std::sync::Mutex::new((0..n).map(|_| None).collect());
-    let failed: std::sync::Mutex<Option<anyhow::Error>> = std::sync::Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..workers.clamp(1, n.max(1)) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if i >= n || failed.lock().map_or(true, |f| f.is_some()) {
-                    return;
-                }
-                match job(i) {
-                    Ok(t) => {
-                        if let Ok(mut done) = done.lock() {
-                            done[i] = Some(t);
-                            each(&done);
-                        }
-                    }
-                    Err(e) => {
-                        if let Ok(mut f) = failed.lock() {
-                            f.get_or_insert(e);
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failed.into_inner().ok().flatten() {
-        return Err(e);
+/// One workload of a run, as the workers fill it in: its routers' ladders, then (once every
+/// ladder has ended and the cliffs are known) their repeats.
+struct Part {
+    ladder: Ladder,
+    /// The workload's record without its runs.
+    header: WorkloadRun,
+    runs: Vec<Option<RouterRun>>,
+    swept: usize,
+    cliff: Option<Vec<f64>>,
+    repeats: Vec<Option<Vec<(f64, Summary)>>>,
+    repeated: usize,
+    /// Jobs handed out: ladders, then repeats.
+    started: (usize, usize),
+}
+
+impl Part {
+    /// The workload with the runs ended so far, their repeats attached where they have ended.
+    fn so_far(&self) -> WorkloadRun {
+        let runs = self
+            .runs
+            .iter()
+            .zip(&self.repeats)
+            .filter_map(|(run, repeats)| {
+                let mut run = run.clone()?;
+                run.repeats = repeats.clone().unwrap_or_default();
+                Some(run)
+            })
+            .collect();
+        WorkloadRun { runs, ..self.header.clone() }
     }
-    let done = done.into_inner().map_err(|_| anyhow::anyhow!("a ladder's thread panicked"))?;
-    done.into_iter().collect::<Option<Vec<T>>>().ok_or_else(|| anyhow::anyhow!("a ladder's thread panicked"))
+}
+
+/// A unit of work: contender `.1`'s ladder, or its repeats, on workload `.0`.
+#[derive(Clone, Copy)]
+enum Job {
+    Sweep(usize, usize),
+    Repeat(usize, usize),
+}
+
+/// What the workers share: the parts, the order they are taken in, and the first error.
+struct Board {
+    parts: Vec<Part>,
+    order: Vec<usize>,
+    failed: Option<anyhow::Error>,
+}
+
+impl Board {
+    /// With one worker the workloads go in the order given, as a run made by hand would.
+    /// With more, the slowest first (the most wall seconds of traffic: rungs, each its
+    /// lead-in and step, at the simulator's speed), so that the last jobs, run with workers
+    /// idle beside them, are short ones.
+    fn new(parts: Vec<Part>, workers: usize) -> Board {
+        let mut order: Vec<usize> = (0..parts.len()).collect();
+        if workers > 1 {
+            let cost =
+                |p: &Part| p.ladder.steps.len() as f64 * (p.ladder.lead_in_s + p.header.step_s) / p.ladder.time_scale;
+            order.sort_by(|&a, &b| cost(&parts[b]).total_cmp(&cost(&parts[a])));
+        }
+        Board { parts, order, failed: None }
+    }
+
+    /// The next job: the workloads in turn, each its ladders and then its repeats; a worker
+    /// that would wait for a workload's last ladder takes the next workload's.
+    fn next_job(&mut self, routers: usize) -> Option<Job> {
+        for &i in &self.order {
+            let p = &mut self.parts[i];
+            if p.started.0 < routers {
+                p.started.0 += 1;
+                return Some(Job::Sweep(i, p.started.0 - 1));
+            }
+            if p.cliff.is_some() && p.started.1 < routers {
+                p.started.1 += 1;
+                return Some(Job::Repeat(i, p.started.1 - 1));
+            }
+        }
+        None
+    }
+
+    fn done(&self, routers: usize) -> bool {
+        self.parts.iter().all(|p| p.repeated == routers)
+    }
 }
 
 /// Runs the whole benchmark and writes `report.md`, `results.json`, one SVG per workload
@@ -1135,6 +1178,7 @@ pub fn run_on(lab: &dyn Lab, opts: &BenchOptions, command: &str) -> anyhow::Resu
     let repeats_guess = |rates: &[f64]| (opts.seeds.max(1) as usize - 1) * rates.len().min(3);
     let planned = ladders.iter().map(|(_, rates)| contenders.len() * (rates.len() + repeats_guess(rates))).sum();
     let progress = Progress::new(planned);
+    let mut parts = Vec::new();
     for (name, rates) in ladders {
         let time_scale = if real { 1.0 } else { opts.time_scale.unwrap_or_else(|| default_time_scale(name)) };
         let lead_in_s = opts.lead_in_s.unwrap_or_else(|| if real { VLLM_LEAD_IN_S } else { default_lead_in(name) });
@@ -1148,7 +1192,7 @@ pub fn run_on(lab: &dyn Lab, opts: &BenchOptions, command: &str) -> anyhow::Resu
         let fleet = opts.profiles.clone().unwrap_or_else(|| default_fleet_on(opts.engine, name));
         let ladder = Ladder::new(opts, &rates, fleet.clone(), time_scale, lead_in_s);
         let replays = name == TRACE || name == USER_TRACE;
-        let mut w = WorkloadRun {
+        let header = WorkloadRun {
             workload: name.clone(),
             step_s: opts.step_s,
             lead_in_s,
@@ -1162,34 +1206,121 @@ pub fn run_on(lab: &dyn Lab, opts: &BenchOptions, command: &str) -> anyhow::Resu
             runs: Vec::new(),
             ratios: None,
         };
-        // A long run keeps what it has so far, and its report can be read while it goes on.
-        let keep = |ran: &[Option<RouterRun>]| {
-            let mut so_far = results.clone();
-            so_far.workloads.push(WorkloadRun { runs: ran.iter().flatten().cloned().collect(), ..w.clone() });
-            if let Err(e) = write_outputs(&opts.out, &so_far) {
-                eprintln!("could not write the outputs so far: {e}");
-            }
-        };
-        let sweep_one = |i: usize| sweep(lab, &contenders[i], name, &ladder, &progress);
-        w.runs = in_parallel(contenders.len(), lab.workers(), sweep_one, keep)?;
-        let cliff = cliff_rates(&w);
-        let repeats: usize = w.runs.iter().map(|r| repeated_rungs(&ladder, r, &cliff).len()).sum();
-        progress.replan(
-            (repeats * (opts.seeds.max(1) as usize - 1)) as isize - (contenders.len() * repeats_guess(&rates)) as isize,
-        );
-        if opts.seeds > 1 {
-            println!("  repeating {cliff:?} req/s with {} more seeds", opts.seeds - 1);
-            let runs = &w.runs;
-            let repeat_one =
-                |i: usize| repeat(lab, opts.seeds, &contenders[i], name, &ladder, &runs[i], &cliff, &progress);
-            let repeats = in_parallel(contenders.len(), lab.workers(), repeat_one, |_| {})?;
-            for (run, repeats) in w.runs.iter_mut().zip(repeats) {
-                run.repeats = repeats;
-            }
-        }
-        results.workloads.push(w);
-        write_outputs(&opts.out, &results)?;
+        parts.push(Part {
+            ladder,
+            header,
+            runs: (0..contenders.len()).map(|_| None).collect(),
+            swept: 0,
+            cliff: None,
+            repeats: (0..contenders.len()).map(|_| None).collect(),
+            repeated: 0,
+            started: (0, 0),
+        });
     }
+    let n = contenders.len();
+    let board = std::sync::Mutex::new(Board::new(parts, lab.workers()));
+    let changed = std::sync::Condvar::new();
+    let lock = || board.lock().unwrap_or_else(|p| p.into_inner());
+    std::thread::scope(|scope| {
+        for _ in 0..lab.workers().max(1) {
+            scope.spawn(|| loop {
+                let job = {
+                    let mut b = lock();
+                    loop {
+                        if b.failed.is_some() || b.done(n) {
+                            return;
+                        }
+                        if let Some(job) = b.next_job(n) {
+                            break job;
+                        }
+                        b = changed.wait(b).unwrap_or_else(|p| p.into_inner());
+                    }
+                };
+                let (i, c) = match job {
+                    Job::Sweep(i, c) | Job::Repeat(i, c) => (i, c),
+                };
+                // The part's ladder and (for a repeat) its router's run, read under the lock
+                // and measured outside it.
+                let (ladder, name, ran, cliff) = {
+                    let b = lock();
+                    let p = &b.parts[i];
+                    (p.ladder.clone(), p.header.workload.clone(), p.runs[c].clone(), p.cliff.clone())
+                };
+                // A panic is an error like any other: a worker waiting for this job's ladder
+                // would otherwise wait for ever.
+                let measured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job {
+                    Job::Sweep(..) => sweep(lab, &contenders[c], &name, &ladder, &progress).map(|r| (Some(r), None)),
+                    Job::Repeat(..) => match (ran, cliff) {
+                        (Some(ran), Some(cliff)) => {
+                            repeat(lab, opts.seeds, &contenders[c], &name, &ladder, &ran, &cliff, &progress)
+                                .map(|r| (None, Some(r)))
+                        }
+                        _ => Err(anyhow::anyhow!("{name}: a repeat was handed out before its ladder ended")),
+                    },
+                }));
+                let outcome = measured
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("{name}: {}'s ladder panicked", contenders[c].name)));
+                let mut b = lock();
+                match outcome {
+                    Err(e) => {
+                        b.failed.get_or_insert(e);
+                    }
+                    Ok((run, repeats)) => {
+                        let p = &mut b.parts[i];
+                        if let Some(run) = run {
+                            p.runs[c] = Some(run);
+                            p.swept += 1;
+                        }
+                        if let Some(repeats) = repeats {
+                            p.repeats[c] = Some(repeats);
+                            p.repeated += 1;
+                        }
+                        if p.swept == n && p.cliff.is_none() {
+                            let cliff = cliff_rates(&p.so_far());
+                            let w = p.so_far();
+                            let repeats: usize =
+                                w.runs.iter().map(|r| repeated_rungs(&p.ladder, r, &cliff).len()).sum();
+                            let rates: Vec<f64> = p.ladder.steps.iter().map(|s| s.1).collect();
+                            progress.replan(
+                                (repeats * (opts.seeds.max(1) as usize - 1)) as isize
+                                    - (n * repeats_guess(&rates)) as isize,
+                            );
+                            if opts.seeds > 1 {
+                                println!(
+                                    "  {}: repeating {cliff:?} req/s with {} more seeds",
+                                    w.workload,
+                                    opts.seeds - 1
+                                );
+                            }
+                            p.cliff = Some(cliff);
+                        }
+                        // A long run keeps what it has so far, and its report can be read
+                        // while it goes on.
+                        let so_far = BenchResults {
+                            workloads: b
+                                .parts
+                                .iter()
+                                .filter(|p| p.runs.iter().any(Option::is_some))
+                                .map(Part::so_far)
+                                .collect(),
+                            ..results.clone()
+                        };
+                        if let Err(e) = write_outputs(&opts.out, &so_far) {
+                            eprintln!("could not write the outputs so far: {e}");
+                        }
+                    }
+                }
+                changed.notify_all();
+            });
+        }
+    });
+    let b = board.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = b.failed {
+        return Err(e);
+    }
+    anyhow::ensure!(b.done(n), "a ladder's thread panicked");
+    results.workloads = b.parts.iter().map(Part::so_far).collect();
+    write_outputs(&opts.out, &results)?;
     Ok(results)
 }
 
@@ -1242,6 +1373,59 @@ impl BenchResults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A workload of two routers: `rungs` rates at `time_scale`.
+    fn part(name: &str, rungs: usize, time_scale: f64) -> Part {
+        let steps = (1..).zip((1..=rungs).map(|r| r as f64 * 10.0)).collect();
+        let ladder = Ladder { steps, window: 1, fleet: Vec::new(), time_scale, lead_in_s: 0.0, trace: None };
+        let header = WorkloadRun {
+            workload: name.into(),
+            step_s: 15.0,
+            lead_in_s: 0.0,
+            load_held_after: false,
+            servers: 0,
+            engine: None,
+            profiles: Vec::new(),
+            trace_window: None,
+            time_scale: Some(time_scale),
+            command: None,
+            runs: Vec::new(),
+            ratios: None,
+        };
+        let (runs, repeats) = (vec![None, None], vec![None, None]);
+        Part { ladder, header, runs, swept: 0, cliff: None, repeats, repeated: 0, started: (0, 0) }
+    }
+
+    fn job(b: &mut Board) -> Option<(&'static str, usize, usize)> {
+        b.next_job(2).map(|j| match j {
+            Job::Sweep(w, c) => ("sweep", w, c),
+            Job::Repeat(w, c) => ("repeat", w, c),
+        })
+    }
+
+    #[test]
+    fn workers_take_a_workloads_ladders_then_its_repeats_and_with_company_the_slowest_first() {
+        // One worker: the order given, as a run made by hand.
+        let mut one = Board::new(vec![part("fast", 3, 1.0), part("slow", 3, 0.25)], 1);
+        assert_eq!(job(&mut one), Some(("sweep", 0, 0)));
+        assert_eq!(job(&mut one), Some(("sweep", 0, 1)));
+        // The repeats wait for the cliffs, which wait for every ladder: the next workload's.
+        assert_eq!(job(&mut one), Some(("sweep", 1, 0)));
+        one.parts[0].cliff = Some(vec![10.0]);
+        assert_eq!(job(&mut one), Some(("repeat", 0, 0)));
+
+        // Two: the slowest workload (most wall seconds of traffic) first.
+        let mut two = Board::new(vec![part("fast", 3, 1.0), part("slow", 3, 0.25), part("long", 8, 1.0)], 2);
+        assert_eq!(two.order, vec![1, 2, 0]);
+        assert_eq!(job(&mut two), Some(("sweep", 1, 0)));
+        assert_eq!(job(&mut two), Some(("sweep", 1, 1)));
+        assert_eq!(job(&mut two), Some(("sweep", 2, 0)));
+        assert!(!two.done(2));
+        for p in &mut two.parts {
+            p.repeated = 2;
+        }
+        assert!(two.done(2));
+    }
 
     /// The committed references (`docs/bench/`, and the real-engine one under `docs/bench/vllm/`)
     /// are what `headroom-bench report` renders from their own `results.json`: nobody edits a

@@ -620,15 +620,33 @@ fn servers_kind(engine: Option<&str>) -> &'static str {
     }
 }
 
+/// Where the routing ran: behind the real Envoy, or in `headroom-bench sim`'s simulated time.
+fn gateway_kind(engine: Option<&str>) -> &'static str {
+    match engine {
+        Some(crate::sim::ENGINE) => {
+            "routed in simulated time (`headroom-bench sim`: the filter's and the predictor's own code on one clock, Envoy and the network modelled as delays)"
+        }
+        _ => "behind the real Envoy",
+    }
+}
+
 pub fn markdown(results: &BenchResults) -> String {
     // The header speaks for the whole run: real vLLM only when every workload ran on it.
-    let real = !results.workloads.is_empty() && results.workloads.iter().all(|w| w.engine.as_deref() == Some("vllm"));
-    let engine = real.then_some("vllm");
+    let all =
+        |e: &str| !results.workloads.is_empty() && results.workloads.iter().all(|w| w.engine.as_deref() == Some(e));
+    let engine = if all("vllm") {
+        Some("vllm")
+    } else if all(crate::sim::ENGINE) {
+        Some(crate::sim::ENGINE)
+    } else {
+        None
+    };
     let mut s = format!(
-        "# Benchmark: SLO attainment by router\n\n{} {} ({}, unless a workload names its own fleet) behind the real Envoy; at each rate every router gets the identical request sequence. {}\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, llm-d's default scheduler (prefix-cache affinity + token load), and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, with the default `most` (spreading) strategy for the positive tier, or `least` (bin-packing, llm-d's default), or with flow control (`flow_control`: requests wait at the gateway by priority and deadline), or with the predictor's `p90` objective (tiers judged on 90th-percentile predictions).\n\nEach verdict below says whether predicted routing reached the target (at least {CAPACITY_TARGET_RATIO}x the best baseline's capacity); `docs/benchmark.md` explains the reference run's results, including why the target is missed where it is.\n",
+        "# Benchmark: SLO attainment by router\n\n{} {} ({}, unless a workload names its own fleet) {}; at each rate every router gets the identical request sequence. {}\n\nCommand: `{}`\n\nSLO attainment: share of requests meeting both their TTFT and TPOT SLO (shed and failed requests count as misses); goodput: such requests per second. Capacity: the offered rate at which attainment crosses {}, interpolated between the two rates around the crossing. Baselines: plain Envoy round robin and least request, llm-d's default scheduler (prefix-cache affinity + token load), and headroom with prediction off (composite of queue, KV cache and prefix). Predicted: headroom with `x-prediction-based-scheduling: true`, with the default `most` (spreading) strategy for the positive tier, or `least` (bin-packing, llm-d's default), or with flow control (`flow_control`: requests wait at the gateway by priority and deadline), or with the predictor's `p90` objective (tiers judged on 90th-percentile predictions).\n\nEach verdict below says whether predicted routing reached the target (at least {CAPACITY_TARGET_RATIO}x the best baseline's capacity); `docs/benchmark.md` explains the reference run's results, including why the target is missed where it is.\n",
         results.profiles.len(),
         servers_kind(engine),
         fleet(&results.profiles),
+        gateway_kind(engine),
         match engine {
             Some("vllm") => "Real time: rates and latencies as the clients measured them.".to_string(),
             _ => format!(
@@ -1108,6 +1126,13 @@ mod tests {
         assert!(md.contains("![SLO attainment against load: mixed](mixed.svg)"));
         assert!(md.contains("| pred | 200 | 20.0 | 99.0% |"), "{md}");
         assert!(!md.contains("another run"), "one run: the header says it all: {md}");
+        assert!(md.contains("behind the real Envoy"), "{md}");
+
+        let mut sim = r.clone();
+        sim.workloads[0].engine = Some(crate::sim::ENGINE.into());
+        let md = markdown(&sim);
+        assert!(md.contains("routed in simulated time"), "{md}");
+        assert!(!md.contains("behind the real Envoy"), "a simulated run never claims the real gateway: {md}");
     }
 
     #[test]

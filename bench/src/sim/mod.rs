@@ -89,6 +89,9 @@ pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
                 hardware: addresses.into_iter().zip(ladder.fleet.iter().cloned()).collect(),
             };
             let mut predictor = headroom_stack::predictor_config(pool, c.objective, &ladder.fleet, Some(time_scale));
+            // Trained for every router that runs the predictor, as on the real stack: even a
+            // router that does not route on predictions (llm-d's default) reads the books,
+            // whose prompt tokens leave at each request's predicted TTFT.
             if !c.train {
                 predictor.model.train = false;
             }
@@ -130,7 +133,7 @@ impl Measure for SimFleet<'_> {
         let (work, measured) = step_work(self.workload, seed, rate, run, step_s, self.ladder)?;
         let outcomes = self.world.run(&work, measured)?;
         let (outcomes, s) = measured_step(outcomes, self.ladder, step_s);
-        print_step(self.contender.name, rate, seed, &s, self.progress);
+        print_step(self.workload, self.contender.name, rate, seed, &s, self.progress);
         if self.lab.keep_requests {
             let file = requests_file(self.workload, self.contender.name, rate, seed);
             write_requests(&self.lab.opts.out, &file, &outcomes)?;
