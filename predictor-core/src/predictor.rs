@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::model::prior::AnalyticPrior;
 use crate::model::runtime::Runtime;
 use crate::model::store::ModelStore;
-use crate::pool::Pools;
+use crate::pool::{ClassCost, Pools};
 
 pub struct Predictor {
     pub config: Config,
@@ -37,12 +37,18 @@ impl Predictor {
             profiles: config.prior_profiles()?,
             ..AnalyticPrior::default()
         };
-        // The pools drain their prefill backlogs at the cost the prior charges per token.
-        let classes = prior.hardware_scale.len().max(1) as u32;
-        let prefill_cost: Vec<f64> = (0..classes).map(|c| prior.prefill_ms_per_token(c)).collect();
+        // The pools drain their prefill backlogs at the cost the prior charges per token, and
+        // know each class's fastest decode as the prior does.
+        let classes = prior.hardware_scale.len().max(prior.profiles.len()).max(1) as u32;
+        let costs: Vec<ClassCost> = (0..classes)
+            .map(|c| ClassCost {
+                prefill_ms_per_token: prior.prefill_ms_per_token(c),
+                fastest_tpot_ms: prior.fastest_tpot_ms(c),
+            })
+            .collect();
         let models = ModelStore::open_with_clock(config.model.clone(), runtime, clock.clone())?.with_prior(prior);
         Ok(Predictor {
-            pools: Pools::from_config(&config, &prefill_cost),
+            pools: Pools::from_config(&config, &costs),
             metrics: Metrics::new(models.persist_failures.clone(), models.substituted.clone()),
             models,
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),

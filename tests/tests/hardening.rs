@@ -164,7 +164,8 @@ fn a_client_cannot_raise_its_own_priority_and_a_trusted_header_can() {
 /// One long stream per endpoint asking 5 ms a token (the floor; an idle simulated H100 steps
 /// in about 7) used to become the TPOT target of every later request on its endpoint, so
 /// every TPOT-SLO request was negative everywhere. A running SLO now tightens others only
-/// where it was predicted to be met (`predictor-core/src/pool.rs`, `InFlight::tpot_slo_ms`).
+/// where the endpoint could keep it, no tighter than its fastest decode step
+/// (`predictor-core/src/pool/mod.rs`, `InFlight::tpot_slo_ms`).
 #[test]
 fn streams_asking_an_unmeetable_tpot_do_not_make_everyone_negative() {
     let h = harness(json!({}));

@@ -86,8 +86,8 @@ fn service_ms(state: &Predictor, req: &PredictRequest, endpoint: &EndpointPredic
 
 /// Counts `req` as in flight at `endpoint` until the filter's dispatch replaces it.
 fn reserve(state: &Predictor, req: &PredictRequest, endpoint: &EndpointPrediction, now: Instant) {
-    let predicted = (endpoint.ttft_ms.unwrap_or(0.0), endpoint.tpot_ms);
-    state.pools.with(&req.pool, |p| p.reserve(&req.request_id, &endpoint.address, &req.request, predicted, now));
+    let ttft_ms = endpoint.ttft_ms.unwrap_or(0.0);
+    state.pools.with(&req.pool, |p| p.reserve(&req.request_id, &endpoint.address, &req.request, ttft_ms, now));
 }
 
 fn waited_ms(arrived: Instant, now: Instant) -> f64 {

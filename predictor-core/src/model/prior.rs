@@ -147,11 +147,20 @@ impl AnalyticPrior {
 
     /// What one uncached prompt token costs hardware class `class` to prefill (ms): the
     /// rate the prior's TTFT charges (its profile's, where it has one), which the pool drains
-    /// its prefill backlog at (`pool::Pool::with_prefill_cost`), so the two cannot disagree.
+    /// its prefill backlog at (`pool::Pool::with_class_costs`), so the two cannot disagree.
     pub fn prefill_ms_per_token(&self, class: u32) -> f64 {
         match self.profile(class as usize) {
             Some(profile) => profile.prefill_ms_per_token(),
             None => self.class_scale(class as usize) * self.prefill_per_token_ms,
+        }
+    }
+
+    /// Hardware class `class`'s fastest decode step (ms): one request alone on an idle
+    /// engine, no prompts arriving. No TPOT can be kept under it there.
+    pub fn fastest_tpot_ms(&self, class: u32) -> f64 {
+        match self.profile(class as usize) {
+            Some(profile) => profile.tpot_ms(1.0, 0.0),
+            None => self.class_scale(class as usize) * (self.step_fixed_ms + self.weight_floor_ms),
         }
     }
 
