@@ -28,6 +28,30 @@ pub const DEBUG_PREDICTED_TPOT: &str = "x-headroom-predicted-tpot-ms";
 pub const DEBUG_QUEUED: &str = "x-headroom-queued-ms";
 /// Debug response header: how it left that queue (`released` or `expired`), when it waited.
 pub const DEBUG_FLOW: &str = "x-headroom-flow";
+/// Response header on every `429` the gateway answers itself: why the request was dropped
+/// before it reached a model server, in llm-d's words ([`DroppedReason`]), so a client or a
+/// dashboard written for an llm-d gateway reads headroom's refusals the same way.
+pub const DROPPED_REASON: &str = "x-llm-d-request-dropped-reason";
+
+/// The values of [`DROPPED_REASON`] headroom sends (a subset of llm-d's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DroppedReason {
+    /// The fleet has no room for it within its SLO now: refused at admission by a saturated
+    /// fleet, or shed because no endpoint can meet its SLO (`rejected-saturated`).
+    Saturated,
+    /// Its deadline passed while it waited in the flow-control queue (`rejected-ttl-expired`).
+    TtlExpired,
+}
+
+impl DroppedReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            DroppedReason::Saturated => "rejected-saturated",
+            DroppedReason::TtlExpired => "rejected-ttl-expired",
+        }
+    }
+}
+
 /// Response header of the simulated model server: its own address.
 pub const SERVED_BY: &str = "x-served-by";
 

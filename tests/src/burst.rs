@@ -5,7 +5,7 @@ use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use headroom_protocol::headers::{DEBUG_FLOW, DEBUG_QUEUED};
+use headroom_protocol::headers::{DEBUG_FLOW, DEBUG_QUEUED, DROPPED_REASON};
 use serde_json::json;
 
 /// What one request saw, timed from its send.
@@ -19,6 +19,8 @@ pub struct Seen {
     pub queued_ms: Option<f64>,
     /// `x-headroom-flow`: how it left the queue (`released`, `expired`).
     pub flow: Option<String>,
+    /// `x-llm-d-request-dropped-reason`, on the gateway's own 429s.
+    pub dropped_reason: Option<String>,
     pub sent: Instant,
 }
 
@@ -58,12 +60,13 @@ pub fn send(gateway: &str, prompt_tokens: usize, max_tokens: u32, slo: Option<(u
             let retry_after = header("retry-after");
             let queued_ms = header(DEBUG_QUEUED).and_then(|v| v.parse().ok());
             let flow = header(DEBUG_FLOW);
+            let dropped_reason = header(DROPPED_REASON);
             let mut first = [0u8; 1];
             let _ = r.read(&mut first);
             let first_byte = started.elapsed();
             let mut rest = Vec::new();
             let _ = r.read_to_end(&mut rest);
-            Seen { status, first_byte, retry_after, queued_ms, flow, sent: started }
+            Seen { status, first_byte, retry_after, queued_ms, flow, dropped_reason, sent: started }
         }
         Err(_) => Seen {
             status: 0,
@@ -71,6 +74,7 @@ pub fn send(gateway: &str, prompt_tokens: usize, max_tokens: u32, slo: Option<(u
             retry_after: None,
             queued_ms: None,
             flow: None,
+            dropped_reason: None,
             sent: started,
         },
     }

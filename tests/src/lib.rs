@@ -32,6 +32,8 @@ pub struct Reply {
     pub tier: Option<String>,
     pub content_type: Option<String>,
     pub retry_after: Option<String>,
+    /// `x-llm-d-request-dropped-reason`, on the gateway's own 429s.
+    pub dropped_reason: Option<String>,
     pub body: String,
 }
 
@@ -117,8 +119,9 @@ impl Harness {
         let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         let (served_by, chosen, tier, content_type, retry_after) =
             (h(names::SERVED_BY), h(names::DEBUG_ENDPOINT), h(names::DEBUG_TIER), h("content-type"), h("retry-after"));
+        let dropped_reason = h(names::DROPPED_REASON);
         let status = r.status().as_u16();
-        Ok(Reply { status, served_by, chosen, tier, content_type, retry_after, body: r.text()? })
+        Ok(Reply { status, served_by, chosen, tier, content_type, retry_after, dropped_reason, body: r.text()? })
     }
 
     /// A completion through the gateway with SLO headers (`stream` adds include_usage).

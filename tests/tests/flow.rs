@@ -52,6 +52,8 @@ fn an_overloaded_server_serves_interactive_first_batch_within_its_slo_and_sheds_
         assert!(s.retry_after.is_some());
         // Through the real Envoy's local reply: a 429 after the queue says how the request left it.
         assert!(s.flow.is_some() && s.queued_ms.is_some(), "the 429 names its flow outcome: {s:?}");
+        let reason = if s.flow.as_deref() == Some("expired") { "rejected-ttl-expired" } else { "rejected-saturated" };
+        assert_eq!(s.dropped_reason.as_deref(), Some(reason), "and why it was dropped, in llm-d's words: {s:?}");
     }
     let released: Vec<&Seen> = batch.iter().filter(|s| s.released()).collect();
     assert!(released.len() >= 4, "batch requests waited, then went when capacity freed: {}", released.len());

@@ -51,6 +51,7 @@ fn sheddable_request_nobody_can_serve_gets_429_and_others_are_served() {
     assert_eq!(shed.status, 429, "{}", shed.body);
     assert_eq!(shed.json()["error"]["field"], "x-request-priority", "{}", shed.body);
     assert_eq!(shed.retry_after.as_deref(), Some("1"));
+    assert_eq!(shed.dropped_reason.as_deref(), Some("rejected-saturated"), "every 429 says why, in llm-d's words");
     assert!(shed.served_by.is_none(), "a shed request never reaches a model server");
 
     let served = h.completion(5, true, &impossible).unwrap();

@@ -15,7 +15,8 @@
 use std::time::Duration;
 
 use headroom_protocol::headers::{
-    DEBUG_ENDPOINT, DEBUG_FLOW, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_QUEUED, DEBUG_TIER,
+    DroppedReason, DEBUG_ENDPOINT, DEBUG_FLOW, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_QUEUED, DEBUG_TIER,
+    DROPPED_REASON,
 };
 use headroom_protocol::headroom::after_waiting;
 use headroom_protocol::meter::{Measurement, ResponseMeter};
@@ -324,7 +325,8 @@ impl Flow {
         }
     }
 
-    /// Answers a sheddable request `429` with `retry-after`. After flow control's answer
+    /// Answers a sheddable request `429` with `retry-after` and why it was dropped
+    /// ([`headers::DROPPED_REASON`]: expired in the queue, else no room). After flow control's answer
     /// `flow`, with debug headers, the reply says how the request left the queue
     /// (`x-headroom-flow`: `saturated` at admission, `expired` after waiting, or
     /// `immediate`/`released` when the tiers shed it after) and how long it waited, so a
@@ -336,6 +338,11 @@ impl Flow {
             ("content-type", "application/json".to_string()),
             ("retry-after", config.shed_retry_after_s.to_string()),
         ];
+        let reason = match flow.map(|f| f.outcome) {
+            Some(FlowOutcome::Expired) => DroppedReason::TtlExpired,
+            _ => DroppedReason::Saturated,
+        };
+        headers.push((DROPPED_REASON, reason.name().to_string()));
         if let Some(flow) = flow.filter(|_| config.debug_headers) {
             headers.push((DEBUG_FLOW, flow.outcome.name().to_string()));
             headers.push((DEBUG_QUEUED, format!("{:.0}", flow.waited_ms)));

@@ -602,6 +602,7 @@ fn a_sheddable_request_no_endpoint_can_serve_gets_429() {
     };
     assert_eq!(status, 429);
     assert!(headers.contains(&("retry-after", "1".to_string())));
+    assert!(headers.contains(&(headers::DROPPED_REASON, "rejected-saturated".to_string())), "{headers:?}");
     assert!(String::from_utf8_lossy(&body).contains("x-request-priority"));
     assert!(host.has(Event::Shed));
     // A shed request is not a routed one: nothing dispatched or reported.
@@ -677,7 +678,9 @@ fn a_sheddable_request_expired_or_refused_by_a_saturated_fleet_gets_429_even_wit
             predictions_after(&[("10.0.0.1:8000", Some(100.0))], Some(FlowAnswer { outcome, waited_ms: 480.0 }));
         let token = host.answer(200, &answer);
         let step = flow.on_callout_answer(&mut host, &mut vm, token, answer.len());
-        assert!(matches!(step, Step::Reply { status: 429, .. }), "{outcome:?}: {step:?}");
+        let Step::Reply { status: 429, headers, .. } = step else { panic!("{outcome:?}: {step:?}") };
+        let reason = if outcome == FlowOutcome::Expired { "rejected-ttl-expired" } else { "rejected-saturated" };
+        assert!(headers.contains(&(headers::DROPPED_REASON, reason.to_string())), "{outcome:?}: {headers:?}");
         assert!(host.has(Event::Shed));
     }
 }
@@ -712,6 +715,8 @@ fn a_429_after_the_queue_names_how_the_request_left_it_when_debug_headers_are_on
     }
     let quiet = reply(r#"{"flow_control":true,"debug_headers":false}"#, FlowOutcome::Saturated);
     assert!(quiet.iter().all(|(h, _)| !h.starts_with("x-headroom-")), "debug headers off: {quiet:?}");
+    // Why it was dropped is no debug header: every 429 says it.
+    assert!(quiet.contains(&(headers::DROPPED_REASON, "rejected-saturated".to_string())), "{quiet:?}");
 }
 
 #[test]
