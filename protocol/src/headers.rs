@@ -12,6 +12,9 @@ pub const PRIORITY: &str = "x-request-priority";
 /// The tenant a request belongs to (the filter's default `fairness_header`, llm-d's
 /// name): within a priority band of the flow-control queue, tenants take turns.
 pub const FAIRNESS_ID: &str = "x-llm-d-inference-fairness-id";
+/// The Gateway API Inference Extension's older name for [`FAIRNESS_ID`], read when the
+/// default header is configured and absent, as llm-d's router reads it.
+pub const FAIRNESS_ID_ALIAS: &str = "x-gateway-inference-fairness-id";
 /// Where the gateway sends the request (the filter's default `destination_header`),
 /// read by Envoy's override_host load balancer. Never accepted from a client.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";

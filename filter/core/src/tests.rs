@@ -648,6 +648,40 @@ fn a_trusted_tenant_header_is_the_only_source_of_the_tenant() {
     let unauthenticated = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", "team-b")];
     assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &unauthenticated, BODY), Step::Pause);
     assert_eq!(tenant_of(&host, 1), "", "a client's own header names no tenant");
+    let alias = [SLO[0], SLO[1], (headers::FAIRNESS_ID_ALIAS, "team-a")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &alias, BODY), Step::Pause);
+    assert_eq!(tenant_of(&host, 2), "", "nor does its alias");
+    // Trusted under the llm-d name itself: the client's alias still names nothing.
+    let mut trusted = self::vm(r#"{"flow_control":true,"trusted_fairness_header":"x-llm-d-inference-fairness-id"}"#);
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut trusted, &alias, BODY), Step::Pause);
+    assert_eq!(tenant_of(&host, 3), "", "a trusted header has no alias");
+}
+
+#[test]
+fn the_tenant_header_has_the_gateway_api_alias() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true}"#);
+    let tenant_of = |host: &FakeHost, call: usize| {
+        let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[call].body).unwrap();
+        asked.flow.map(|f| f.fairness_id).unwrap_or_default()
+    };
+    let alias = [SLO[0], SLO[1], (headers::FAIRNESS_ID_ALIAS, "team-a")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &alias, BODY), Step::Pause);
+    assert_eq!(tenant_of(&host, 0), "team-a");
+    let both = [SLO[0], SLO[1], (headers::FAIRNESS_ID, "team-b"), (headers::FAIRNESS_ID_ALIAS, "team-a")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &both, BODY), Step::Pause);
+    assert_eq!(tenant_of(&host, 1), "team-b", "the llm-d name wins");
+    let long = "t".repeat(headroom_protocol::limits::MAX_NAME_BYTES + 1);
+    let too_long = [SLO[0], SLO[1], (headers::FAIRNESS_ID_ALIAS, long.as_str())];
+    let Step::Reply { status: 400, body, .. } = send_request(&mut Flow::new(), &mut host, &mut vm, &too_long, BODY)
+    else {
+        panic!("a tenant too long is refused")
+    };
+    assert!(String::from_utf8_lossy(&body).contains(headers::FAIRNESS_ID_ALIAS), "the 400 names the header it read");
+    // Another configured header has no alias.
+    let mut other = self::vm(r#"{"flow_control":true,"fairness_header":"x-tenant"}"#);
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut other, &alias, BODY), Step::Pause);
+    assert_eq!(tenant_of(&host, 2), "");
 }
 
 #[test]
