@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use headroom_protocol::headers::{
     DroppedReason, DEBUG_ENDPOINT, DEBUG_FLOW, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_QUEUED, DEBUG_TIER,
-    DROPPED_REASON, FAIRNESS_ID, FAIRNESS_ID_ALIAS,
+    DROPPED_REASON,
 };
 use headroom_protocol::headroom::after_waiting;
 use headroom_protocol::meter::{Measurement, ResponseMeter};
@@ -156,20 +156,10 @@ impl Flow {
         }
         self.prediction_based = parsed.prediction_based.unwrap_or(false);
         if config.flow_control {
-            // A configured trusted header is the only source: a client cannot name a tenant then.
-            let header = config.trusted_fairness_header.as_deref().unwrap_or(&config.fairness_header);
-            // The default client header has the GIE's older name as its alias (a trusted one has none).
-            let client_default = config.trusted_fairness_header.is_none() && header == FAIRNESS_ID;
-            let (header, tenant) = match headers.get(header) {
-                None if client_default => (FAIRNESS_ID_ALIAS, headers.get(FAIRNESS_ID_ALIAS)),
-                found => (header, found),
-            };
-            let tenant = tenant.unwrap_or_default().to_string();
-            if tenant.len() > limits::MAX_NAME_BYTES {
-                let message = format!("must be at most {} bytes", limits::MAX_NAME_BYTES);
-                return self.reject(host, 400, header, &message);
+            match hints::parse_tenant(|name| headers.get(name).map(str::to_string), &config) {
+                Ok(tenant) => self.fairness_id = tenant,
+                Err(e) => return self.reject(host, 400, &e.header, &e.message),
             }
-            self.fairness_id = tenant;
         }
         // Tracked by the filter's own id; the client's `x-request-id` stays a log field upstream.
         self.request_id = vm.new_request_id();

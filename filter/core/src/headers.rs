@@ -1,6 +1,6 @@
 //! Reading a caller's routing hints from request headers.
 
-use headroom_protocol::headers::{PREDICTION_BASED, SLO_TPOT, SLO_TTFT};
+use headroom_protocol::headers::{FAIRNESS_ID, FAIRNESS_ID_ALIAS, PREDICTION_BASED, SLO_TPOT, SLO_TTFT};
 use headroom_protocol::{limits, Slo};
 
 use crate::config::{FilterConfig, SloFloorAction};
@@ -65,6 +65,37 @@ pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) 
     Ok(RoutingHints { slo, priority, priority_clamped, prediction_based })
 }
 
+/// The tenant a request names for flow control's turns (empty: the shared anonymous one),
+/// at most `limits::MAX_NAME_BYTES`. A configured trusted header is the only source: a
+/// client cannot name a tenant then. The default client header has the GIE's older name
+/// as its alias; a configured or trusted one has none.
+pub fn parse_tenant(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) -> Result<String, HeaderError> {
+    let (header, alias) = match config.trusted_fairness_header.as_deref() {
+        Some(trusted) => (trusted, None),
+        None => {
+            let header = config.fairness_header.as_str();
+            (header, (header == FAIRNESS_ID).then_some(FAIRNESS_ID_ALIAS))
+        }
+    };
+    let Some((name, tenant)) = first_present(&get, [Some(header), alias].into_iter().flatten()) else {
+        return Ok(String::new());
+    };
+    if tenant.len() > limits::MAX_NAME_BYTES {
+        let message = format!("must be at most {} bytes", limits::MAX_NAME_BYTES);
+        return Err(HeaderError { header: name.to_string(), message });
+    }
+    Ok(tenant)
+}
+
+/// The first of `names` the request carries, with its value: a header and its aliases,
+/// preferred first.
+fn first_present<'a>(
+    get: &impl Fn(&str) -> Option<String>,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Option<(&'a str, String)> {
+    names.into_iter().find_map(|n| get(n).map(|v| (n, v)))
+}
+
 /// The first present header of `names`, as milliseconds within `(0, MAX_MS]`, then
 /// held to `floor` (clamped or refused).
 fn parse_slo(
@@ -72,7 +103,7 @@ fn parse_slo(
     names: &[&str],
     (floor, action): (f64, SloFloorAction),
 ) -> Result<Option<f64>, HeaderError> {
-    let Some((name, value)) = names.iter().find_map(|n| get(n).map(|v| (*n, v))) else { return Ok(None) };
+    let Some((name, value)) = first_present(get, names.iter().copied()) else { return Ok(None) };
     let error = |message: String| HeaderError { header: name.to_string(), message };
     let ms = match value.trim().parse::<f64>() {
         Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= limits::MAX_MS => ms,
