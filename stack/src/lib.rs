@@ -37,6 +37,10 @@ pub enum Router {
     /// The headroom bootstrap with its Wasm filter left out, as Envoy runs it when the
     /// VM failed and `FAIL_OPEN` skips the filter (tests what Envoy enforces alone).
     HeadroomFilterSkipped,
+    /// Envoy's ext_proc filter in front of headroom-epp, the endpoint picker, in place of
+    /// the Wasm filter (`envoy/ext-proc-filter.yaml.tmpl`): the Gateway API Inference
+    /// Extension's way to plug routing in.
+    Epp,
 }
 
 impl Router {
@@ -47,6 +51,7 @@ impl Router {
             Router::RoundRobin => "envoy round robin",
             Router::LeastRequest => "envoy least request",
             Router::HeadroomFilterSkipped => "headroom, filter skipped",
+            Router::Epp => "headroom epp",
         }
     }
 }
@@ -139,6 +144,9 @@ pub struct StackOptions {
     /// Start Envoy for hot restart (epoch 0), so [`Stack::hot_restart_envoy`] can hand its
     /// listeners to a new process; otherwise `--disable-hot-restart`.
     pub envoy_hot_restart: bool,
+    /// With [`Router::Epp`]: Envoy skips a picker that is down (`failure_mode_allow`) rather
+    /// than fail the request.
+    pub epp_failure_mode_allow: bool,
 }
 
 impl Default for StackOptions {
@@ -161,6 +169,7 @@ impl Default for StackOptions {
             predictor_tweak: |_| {},
             server_processes: false,
             envoy_hot_restart: false,
+            epp_failure_mode_allow: true,
         }
     }
 }
@@ -183,6 +192,9 @@ pub struct StackState {
     /// The model the servers serve: what a client puts in a request's `model`.
     #[serde(default = "sim_model")]
     pub model: String,
+    /// headroom-epp, when Envoy routes through it ([`Router::Epp`]).
+    #[serde(default)]
+    pub epp: Option<SocketAddr>,
 }
 
 fn sim_model() -> String {
@@ -244,6 +256,8 @@ pub struct Stack {
     engine: Option<Engine>,
     /// How the serving Envoy was started (the newest epoch after a hot restart).
     envoy: EnvoyLaunch,
+    /// See [`StackOptions::epp_failure_mode_allow`].
+    epp_failure_mode_allow: bool,
 }
 
 /// One Envoy to start in front of the stack's servers: the stack's own, or another beside it
@@ -443,36 +457,62 @@ const PREDICTOR_HTTP2: &str = "    typed_extension_protocol_options:\n      envo
 /// The predictor clusters: one per replica when `sharded` (the filter's `predictor_shards`),
 /// else one, `headroom_predictor`, with every replica an endpoint of it.
 fn predictor_clusters(predictors: &[SocketAddr], http2: bool, sharded: bool) -> String {
-    let protocol = if http2 { PREDICTOR_HTTP2 } else { "" };
-    let endpoint = |p: &SocketAddr| {
-        format!(
-            "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
-            p.ip(),
-            p.port()
-        )
-    };
-    let cluster = |name: &str, endpoints: String| {
-        format!(
-            "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{protocol}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
-        )
-    };
     if !sharded {
-        return cluster(&StackState::predictor_cluster(0, 1), predictors.iter().map(endpoint).collect());
+        return static_cluster(&StackState::predictor_cluster(0, 1), predictors, http2);
     }
     let n = predictors.len();
-    predictors.iter().enumerate().map(|(i, p)| cluster(&StackState::predictor_cluster(i, n), endpoint(p))).collect()
+    predictors
+        .iter()
+        .enumerate()
+        .map(|(i, p)| static_cluster(&StackState::predictor_cluster(i, n), std::slice::from_ref(p), http2))
+        .collect()
+}
+
+/// A STATIC cluster of `endpoints` without Envoy's default circuit breakers, speaking
+/// HTTP/2 (h2c) when `http2`.
+fn static_cluster(name: &str, endpoints: &[SocketAddr], http2: bool) -> String {
+    let protocol = if http2 { PREDICTOR_HTTP2 } else { "" };
+    let endpoints: String = endpoints
+        .iter()
+        .map(|p| {
+            format!(
+                "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
+                p.ip(),
+                p.port()
+            )
+        })
+        .collect();
+    format!(
+        "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{protocol}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
+    )
+}
+
+/// The Envoy cluster of headroom-epp (gRPC: HTTP/2).
+pub const EPP_CLUSTER: &str = "headroom_epp";
+
+/// The ext_proc filter in front of headroom-epp (`envoy/ext-proc-filter.yaml.tmpl`, filled):
+/// Envoy waits for the picker at most the predictor's timeout, plus flow control's longest
+/// wait when it is on, plus a second; the picker answers within that by itself.
+fn ext_proc_filter(snippet: &str, plugin: &Value, failure_mode_allow: bool) -> anyhow::Result<String> {
+    let config = headroom_filter_core::FilterConfig::parse(serde_json::to_string(plugin)?.as_bytes())
+        .map_err(|e| anyhow::anyhow!("the filter configuration: {e}"))?;
+    let wait = if config.flow_control { config.flow_max_wait_ms } else { 0 };
+    let timeout_ms = config.predictor_timeout_ms + wait + 1000;
+    Ok(snippet
+        .replace("{{EPP_FAILURE_MODE_ALLOW}}", &failure_mode_allow.to_string())
+        .replace("{{EPP_MESSAGE_TIMEOUT}}", &format!("{}.{:03}s", timeout_ms / 1000, timeout_ms % 1000)))
 }
 
 /// Marks the Wasm filter's lines in `envoy/envoy.yaml.tmpl` (for [`without_wasm_filter`]).
 const WASM_FILTER_BEGIN: &str = "# headroom-wasm-filter-begin";
 const WASM_FILTER_END: &str = "# headroom-wasm-filter-end";
 
-/// The template without the lines between the Wasm filter's markers.
-fn without_wasm_filter(template: &str) -> anyhow::Result<String> {
+/// The template with `replacement` in place of the lines between the Wasm filter's markers.
+fn replace_wasm_filter(template: &str, replacement: &str) -> anyhow::Result<String> {
     let begin = template.find(WASM_FILTER_BEGIN).ok_or_else(|| anyhow::anyhow!("no {WASM_FILTER_BEGIN} marker"))?;
     let end = template.find(WASM_FILTER_END).ok_or_else(|| anyhow::anyhow!("no {WASM_FILTER_END} marker"))?;
     anyhow::ensure!(begin < end, "Wasm filter markers out of order");
-    Ok(format!("{}{}", &template[..begin], &template[end + WASM_FILTER_END.len()..]))
+    Ok(format!("{}{}{}", &template[..begin], replacement.trim_start(), &template[end + WASM_FILTER_END.len()..]))
 }
 
 /// Renders the Envoy bootstrap template. The Wasm filter may pause on headers
@@ -484,13 +524,17 @@ pub fn render_envoy(
     plugin: &Value,
     lb_policy: &str,
 ) -> anyhow::Result<String> {
-    let StackState { admin, gateway, predictor, predictors, servers, .. } = addresses;
+    let StackState { admin, gateway, predictor, predictors, servers, epp, .. } = addresses;
     let predictors = if predictors.is_empty() { std::slice::from_ref(predictor) } else { predictors.as_slice() };
     // Unset, each takes the filter's own default: defined once, in its configuration.
     let defaults = headroom_filter_core::config::FilterConfig::default();
     let read_body = plugin.get("read_body").and_then(Value::as_bool).unwrap_or(defaults.read_body);
     let http2 = plugin.get("predict_stream").and_then(Value::as_bool).unwrap_or(defaults.predict_stream);
     let sharded = plugin.get("predictor_shards").is_some();
+    let mut clusters = predictor_clusters(predictors, http2, sharded);
+    if let Some(epp) = epp {
+        clusters.push_str(&static_cluster(EPP_CLUSTER, std::slice::from_ref(epp), true));
+    }
     let endpoints: Vec<String> = servers
         .iter()
         .map(|s| {
@@ -506,7 +550,7 @@ pub fn render_envoy(
     let out = template
         .replace("{{ADMIN_PORT}}", &admin.port().to_string())
         .replace("{{GATEWAY_PORT}}", &gateway.port().to_string())
-        .replace("{{PREDICTOR_CLUSTERS}}", predictor_clusters(predictors, http2, sharded).trim_end())
+        .replace("{{PREDICTOR_CLUSTERS}}", clusters.trim_end())
         .replace("{{ALLOW_ON_HEADERS_STOP_ITERATION}}", &read_body.to_string())
         .replace("{{WASM_PATH}}", &wasm.display().to_string())
         .replace("{{PLUGIN_CONFIG}}", &plugin_text)
@@ -555,6 +599,7 @@ impl Stack {
             procs: Vec::new(),
             token: Some(token.clone()),
             model,
+            epp: None,
         };
         let server_specs = state.servers.iter().zip(&opts.profiles).map(|(a, p)| format!("{a}={p}")).collect();
         let mut envoy = EnvoyLaunch::new("envoy", opts.router, gateway, admin);
@@ -572,6 +617,7 @@ impl Stack {
             time_scale: opts.time_scale,
             engine: (!given).then_some(opts.engine),
             envoy,
+            epp_failure_mode_allow: opts.epp_failure_mode_allow,
         };
 
         match stack.engine {
@@ -654,6 +700,9 @@ impl Stack {
         }
         plugin.extend(opts.plugin.clone());
         stack.plugin = plugin;
+        if opts.router == Router::Epp {
+            stack.start_epp()?;
+        }
         let launch = stack.envoy.clone();
         stack.start_envoy(&launch)?;
         std::fs::write(StackState::file(&run_dir), serde_json::to_string_pretty(&stack.state)?)?;
@@ -664,16 +713,22 @@ impl Stack {
     /// Its process is the stack's: stopped with it, or alone by [`Stack::stop_named`].
     pub fn start_envoy(&mut self, launch: &EnvoyLaunch) -> anyhow::Result<()> {
         let (file, lb_policy) = match launch.router {
-            Router::Headroom | Router::HeadroomFilterSkipped => ("envoy/envoy.yaml.tmpl", ""),
+            Router::Headroom | Router::HeadroomFilterSkipped | Router::Epp => ("envoy/envoy.yaml.tmpl", ""),
             Router::RoundRobin => ("envoy/baseline.yaml.tmpl", "ROUND_ROBIN"),
             Router::LeastRequest => ("envoy/baseline.yaml.tmpl", "LEAST_REQUEST"),
         };
         let mut template = std::fs::read_to_string(locate::root().join(file))?;
-        if launch.router == Router::HeadroomFilterSkipped {
-            template = without_wasm_filter(&template)?;
+        let plugin = Value::Object(self.plugin.clone());
+        match launch.router {
+            Router::HeadroomFilterSkipped => template = replace_wasm_filter(&template, "")?,
+            Router::Epp => {
+                let snippet = std::fs::read_to_string(locate::root().join("envoy/ext-proc-filter.yaml.tmpl"))?;
+                let filter = ext_proc_filter(&snippet, &plugin, self.epp_failure_mode_allow)?;
+                template = replace_wasm_filter(&template, &filter)?;
+            }
+            _ => {}
         }
         let addresses = StackState { gateway: launch.gateway, admin: launch.admin, ..self.state.clone() };
-        let plugin = Value::Object(self.plugin.clone());
         let yaml = render_envoy(&template, &addresses, &locate::wasm()?, &plugin, lb_policy)?;
         let config = self.run_dir.join(format!("{}.yaml", launch.name));
         std::fs::write(&config, yaml)?;
@@ -836,6 +891,34 @@ impl Stack {
         self.state.admin = admin;
         self.envoy = launch;
         Ok(())
+    }
+
+    /// Starts (or restarts, on its port) headroom-epp with the stack's filter configuration
+    /// and waits for `/readyz`; Envoy's ext_proc filter calls it ([`Router::Epp`]).
+    pub fn start_epp(&mut self) -> anyhow::Result<()> {
+        let addr = match self.state.epp {
+            Some(addr) => addr,
+            None => *self.state.epp.insert(local(free_ports(1)?[0])),
+        };
+        // The configuration holds the predictor's token: only its owner reads it.
+        let config = self.run_dir.join("epp.json");
+        write_private(&config, &serde_json::to_string_pretty(&Value::Object(self.plugin.clone()))?)?;
+        let mut args = vec!["--listen".to_string(), addr.to_string(), "--config".into(), config.display().to_string()];
+        let predictors =
+            if self.state.predictors.is_empty() { vec![self.state.predictor] } else { self.state.predictors.clone() };
+        // The clusters the configuration names: one per shard, or one for every replica
+        // (Envoy balances those; the picker calls the first).
+        let n = if self.plugin.contains_key("predictor_shards") { predictors.len() } else { 1 };
+        for (i, p) in predictors.iter().take(n).enumerate() {
+            args.extend(["--predictor".to_string(), format!("{}={p}", StackState::predictor_cluster(i, n))]);
+        }
+        self.spawn("epp", &locate::bin_dir()?.join("headroom-epp"), &args)?;
+        self.wait_ready("epp", || http::get(addr, "/readyz").is_ok_and(|(c, _)| c == 200))
+    }
+
+    /// Stops headroom-epp (the rest keeps running).
+    pub fn stop_epp(&mut self) {
+        self.stop_named("epp");
     }
 
     /// Stops the running predictor-svc (the rest keeps running).

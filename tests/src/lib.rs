@@ -178,6 +178,18 @@ impl Harness {
     pub fn envoy_stat(&self, name: &str) -> f64 {
         headroom_stack::http::metric_sum(&self.stack.envoy_stats(), name)
     }
+
+    /// Value of one of headroom's stats (`headroom_shed`, ...): Envoy's, or with the endpoint
+    /// picker in front its `/metrics` (the same names).
+    pub fn headroom_stat(&self, name: &str) -> f64 {
+        match self.stack.state.epp {
+            Some(epp) => {
+                let text = headroom_stack::http::get(epp, "/metrics").map(|(_, body)| body).unwrap_or_default();
+                headroom_stack::http::metric_sum(&text, name)
+            }
+            None => self.envoy_stat(name),
+        }
+    }
 }
 
 /// `plugin` with a callout budget of a second, for tests that read the routed path on a

@@ -22,6 +22,7 @@ mod proptests;
 pub mod queue;
 pub mod rng;
 pub mod shards;
+pub mod stats;
 pub mod stream;
 #[cfg(test)]
 mod tests;
