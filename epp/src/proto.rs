@@ -4,8 +4,7 @@
 //! `config/core/v3/base.proto`, `type/v3/http_status.proto`, `google/protobuf/struct.proto`).
 //!
 //! Only what the picker uses is declared: protobuf decoding skips the fields a message
-//! declares nowhere here (trailers, `observability_mode`, `metadata_context`), so Envoy may
-//! send them. Hand-written rather than generated because the protocol's closure of imports
+//! declares nowhere here (`observability_mode`, `metadata_context`), so Envoy may send them. Hand-written rather than generated because the protocol's closure of imports
 //! (validate, xds, udpa annotations) would need `protoc` and a proto tree to build, for a
 //! dozen messages that have been stable since v3.
 
@@ -20,7 +19,7 @@ pub const PROCESS_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ProcessingRequest {
-    #[prost(oneof = "processing_request::Request", tags = "2, 3, 4, 5")]
+    #[prost(oneof = "processing_request::Request", tags = "2, 3, 4, 5, 6, 7")]
     pub request: Option<processing_request::Request>,
     /// Properties Envoy was asked to send (`request_attributes` / `response_attributes`),
     /// under the filter's name (`envoy.filters.http.ext_proc`).
@@ -31,7 +30,7 @@ pub struct ProcessingRequest {
 }
 
 pub mod processing_request {
-    use super::{HttpBody, HttpHeaders};
+    use super::{HttpBody, HttpHeaders, HttpTrailers};
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Request {
@@ -43,6 +42,10 @@ pub mod processing_request {
         RequestBody(HttpBody),
         #[prost(message, tag = "5")]
         ResponseBody(HttpBody),
+        #[prost(message, tag = "6")]
+        RequestTrailers(HttpTrailers),
+        #[prost(message, tag = "7")]
+        ResponseTrailers(HttpTrailers),
     }
 }
 
@@ -84,6 +87,13 @@ pub struct HttpBody {
     pub end_of_stream: bool,
 }
 
+/// Trailers (`FULL_DUPLEX_STREAMED` needs Envoy to send them: they end the body).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HttpTrailers {
+    #[prost(message, optional, tag = "1")]
+    pub trailers: Option<HeaderMap>,
+}
+
 /// `config.core.v3.HeaderMap`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct HeaderMap {
@@ -115,7 +125,7 @@ impl HeaderValue {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ProcessingResponse {
-    #[prost(oneof = "processing_response::Response", tags = "1, 2, 3, 4, 7")]
+    #[prost(oneof = "processing_response::Response", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub response: Option<processing_response::Response>,
     /// Emitted by Envoy as dynamic metadata, one namespace per top-level field.
     #[prost(message, optional, tag = "8")]
@@ -123,7 +133,7 @@ pub struct ProcessingResponse {
 }
 
 pub mod processing_response {
-    use super::{BodyResponse, HeadersResponse, ImmediateResponse};
+    use super::{BodyResponse, HeadersResponse, ImmediateResponse, TrailersResponse};
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Response {
@@ -135,6 +145,10 @@ pub mod processing_response {
         RequestBody(BodyResponse),
         #[prost(message, tag = "4")]
         ResponseBody(BodyResponse),
+        #[prost(message, tag = "5")]
+        RequestTrailers(TrailersResponse),
+        #[prost(message, tag = "6")]
+        ResponseTrailers(TrailersResponse),
         #[prost(message, tag = "7")]
         ImmediateResponse(ImmediateResponse),
     }
@@ -150,6 +164,12 @@ pub struct HeadersResponse {
 pub struct BodyResponse {
     #[prost(message, optional, tag = "1")]
     pub response: Option<CommonResponse>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TrailersResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header_mutation: Option<HeaderMutation>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -32,7 +32,7 @@ use crate::proto::processing_response::Response;
 use crate::proto::{
     body_mutation, BodyMutation, BodyResponse, BodySendMode, CommonResponse, HeaderMutation, HeaderValue,
     HeaderValueOption, HeadersResponse, HttpStatus, ImmediateResponse, ProcessingRequest, ProcessingResponse,
-    StreamedBodyResponse, Struct, Value, OVERWRITE_IF_EXISTS_OR_ADD,
+    StreamedBodyResponse, Struct, TrailersResponse, Value, OVERWRITE_IF_EXISTS_OR_ADD,
 };
 use crate::stats::Stats;
 
@@ -46,8 +46,11 @@ pub const UPSTREAM_ADDRESS: &str = "upstream.address";
 enum Owed {
     RequestHeaders,
     RequestBody,
-    /// `FULL_DUPLEX_STREAMED`: the headers' answer, then the whole body handed back.
+    /// `FULL_DUPLEX_STREAMED`: the headers' answer, then the whole body handed back (and
+    /// the trailers', when they ended it).
     HeadersAndBody,
+    /// The request's trailers, which ended its body.
+    Trailers,
 }
 
 /// One ext_proc stream: one HTTP request.
@@ -62,6 +65,8 @@ struct Stream {
     logged: bool,
     /// The destination was given in the metadata (once per request).
     picked: bool,
+    /// Full duplex: trailers ended the held body, and their answer follows the body's.
+    trailers_owed: bool,
 }
 
 pub struct Worker {
@@ -128,7 +133,16 @@ impl Worker {
             Input::Open { stream, out } => {
                 let io = Io::new(BodySendMode::Buffered, BodySendMode::Streamed);
                 let flow = Flow::for_context(stream);
-                let s = Stream { flow, io, out, owed: None, started: false, logged: false, picked: false };
+                let s = Stream {
+                    flow,
+                    io,
+                    out,
+                    owed: None,
+                    started: false,
+                    logged: false,
+                    picked: false,
+                    trailers_owed: false,
+                };
                 self.streams.insert(stream, s);
                 self.stats.stream(true);
             }
@@ -210,6 +224,9 @@ impl Worker {
                 }
                 let size = if read_body { host.io.as_ref().map_or(0, |io| io.body.len()) } else { chunk_len };
                 let step = s.flow.on_request_body(&mut host, &mut self.vm, size, end);
+                if !read_body && !duplex {
+                    s.io.body.clear(); // counted, and passed on by Envoy: nothing to keep
+                }
                 if passing {
                     let body = std::mem::take(&mut s.io.body);
                     s.send(Response::RequestBody(streamed(body, end)), None);
@@ -224,6 +241,25 @@ impl Worker {
                     Step::Pause => {}
                     step => s.carry_out(step),
                 }
+            }
+            // Trailers end the body (a body followed by trailers has no end-of-stream of its own).
+            Request::RequestTrailers(_) => {
+                let holding = s.owed == Some(Owed::HeadersAndBody);
+                let size = if read_body { host.io.as_ref().map_or(0, |io| io.body.len()) } else { 0 };
+                let step = s.flow.on_request_body(&mut host, &mut self.vm, size, true);
+                if holding {
+                    s.trailers_owed = true;
+                    s.carry_out(step);
+                } else {
+                    s.owed = Some(Owed::Trailers);
+                    match step {
+                        Step::Pause => {}
+                        step => s.carry_out(step),
+                    }
+                }
+            }
+            Request::ResponseTrailers(_) => {
+                s.send(Response::ResponseTrailers(TrailersResponse::default()), None);
             }
             Request::ResponseHeaders(h) => {
                 let end = h.end_of_stream;
@@ -339,8 +375,13 @@ impl Stream {
             Owed::HeadersAndBody => {
                 self.send(Response::RequestHeaders(HeadersResponse { response: Some(common) }), metadata);
                 let body = std::mem::take(&mut self.io.body);
-                self.send(Response::RequestBody(streamed(body, true)), None);
+                self.send(Response::RequestBody(streamed(body, !self.trailers_owed)), None);
+                if self.trailers_owed {
+                    self.send(Response::RequestTrailers(TrailersResponse::default()), None);
+                }
             }
+            // Header changes are too late here; the pick goes in the metadata alone.
+            Owed::Trailers => self.send(Response::RequestTrailers(TrailersResponse::default()), metadata),
         }
     }
 

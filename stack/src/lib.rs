@@ -147,6 +147,9 @@ pub struct StackOptions {
     /// With [`Router::Epp`]: Envoy skips a picker that is down (`failure_mode_allow`) rather
     /// than fail the request.
     pub epp_failure_mode_allow: bool,
+    /// With [`Router::Epp`]: Envoy streams request bodies to the picker
+    /// (`FULL_DUPLEX_STREAMED`) rather than buffering each whole (`BUFFERED`).
+    pub epp_full_duplex: bool,
 }
 
 impl Default for StackOptions {
@@ -170,6 +173,7 @@ impl Default for StackOptions {
             server_processes: false,
             envoy_hot_restart: false,
             epp_failure_mode_allow: true,
+            epp_full_duplex: false,
         }
     }
 }
@@ -256,8 +260,9 @@ pub struct Stack {
     engine: Option<Engine>,
     /// How the serving Envoy was started (the newest epoch after a hot restart).
     envoy: EnvoyLaunch,
-    /// See [`StackOptions::epp_failure_mode_allow`].
+    /// See [`StackOptions::epp_failure_mode_allow`] and [`StackOptions::epp_full_duplex`].
     epp_failure_mode_allow: bool,
+    epp_full_duplex: bool,
 }
 
 /// One Envoy to start in front of the stack's servers: the stack's own, or another beside it
@@ -493,13 +498,20 @@ pub const EPP_CLUSTER: &str = "headroom_epp";
 /// The ext_proc filter in front of headroom-epp (`envoy/ext-proc-filter.yaml.tmpl`, filled):
 /// Envoy waits for the picker at most the predictor's timeout, plus flow control's longest
 /// wait when it is on, plus a second; the picker answers within that by itself.
-fn ext_proc_filter(snippet: &str, plugin: &Value, failure_mode_allow: bool) -> anyhow::Result<String> {
+fn ext_proc_filter(
+    snippet: &str,
+    plugin: &Value,
+    failure_mode_allow: bool,
+    full_duplex: bool,
+) -> anyhow::Result<String> {
     let config = headroom_filter_core::FilterConfig::parse(serde_json::to_string(plugin)?.as_bytes())
         .map_err(|e| anyhow::anyhow!("the filter configuration: {e}"))?;
     let wait = if config.flow_control { config.flow_max_wait_ms } else { 0 };
     let timeout_ms = config.predictor_timeout_ms + wait + 1000;
     Ok(snippet
         .replace("{{EPP_FAILURE_MODE_ALLOW}}", &failure_mode_allow.to_string())
+        .replace("{{EPP_REQUEST_BODY_MODE}}", if full_duplex { "FULL_DUPLEX_STREAMED" } else { "BUFFERED" })
+        .replace("{{EPP_REQUEST_TRAILER_MODE}}", if full_duplex { "SEND" } else { "SKIP" })
         .replace("{{EPP_MESSAGE_TIMEOUT}}", &format!("{}.{:03}s", timeout_ms / 1000, timeout_ms % 1000)))
 }
 
@@ -618,6 +630,7 @@ impl Stack {
             engine: (!given).then_some(opts.engine),
             envoy,
             epp_failure_mode_allow: opts.epp_failure_mode_allow,
+            epp_full_duplex: opts.epp_full_duplex,
         };
 
         match stack.engine {
@@ -723,7 +736,7 @@ impl Stack {
             Router::HeadroomFilterSkipped => template = replace_wasm_filter(&template, "")?,
             Router::Epp => {
                 let snippet = std::fs::read_to_string(locate::root().join("envoy/ext-proc-filter.yaml.tmpl"))?;
-                let filter = ext_proc_filter(&snippet, &plugin, self.epp_failure_mode_allow)?;
+                let filter = ext_proc_filter(&snippet, &plugin, self.epp_failure_mode_allow, self.epp_full_duplex)?;
                 template = replace_wasm_filter(&template, &filter)?;
             }
             _ => {}

@@ -12,8 +12,12 @@ use headroom_stack::{Router, StackOptions};
 use serde_json::{json, Value};
 
 fn harness(router: Router, plugin: Value, external_predictor: Option<SocketAddr>) -> Harness {
-    let plugin = plugin.as_object().cloned().unwrap_or_default();
-    let opts = StackOptions { router, plugin, external_predictor, ..Default::default() };
+    harness_with(StackOptions { router, external_predictor, ..Default::default() }, plugin)
+}
+
+fn harness_with(opts: StackOptions, plugin: Value) -> Harness {
+    let (router, plugin) = (opts.router, plugin.as_object().cloned().unwrap_or_default());
+    let opts = StackOptions { plugin, ..opts };
     match Harness::start_opts(opts) {
         Ok(h) => h,
         Err(e) => panic!("{} stack did not start: {e:#}", router.name()),
@@ -63,11 +67,12 @@ struct Decision {
 
 /// The same requests through `router`, with a predictor whose answers are fixed: the second
 /// server is the one predicted to meet any SLO, the third the next.
-fn decisions(router: Router) -> Vec<Decision> {
+fn decisions(router: Router, epp_full_duplex: bool) -> Vec<Decision> {
     let fake = FakePredictor::start(Misbehaviour::Ranked).unwrap();
     // No exploration: every request goes to the prediction's pick.
     let plugin = json!({"negative_tier_epsilon": 0.0, "fallback_endpoints": 1, "min_tpot_slo_ms": 0.1});
-    let h = harness(router, plugin, Some(fake.addr));
+    let opts = StackOptions { router, external_predictor: Some(fake.addr), epp_full_duplex, ..Default::default() };
+    let h = harness_with(opts, plugin);
     let servers = &h.stack.state.servers;
     let ranking: Vec<String> = [1, 2, 0].iter().map(|&i| servers[i].to_string()).collect();
     *fake.ranking.lock().unwrap() = ranking.clone();
@@ -116,8 +121,7 @@ fn decisions(router: Router) -> Vec<Decision> {
 
 #[test]
 fn the_picker_decides_as_the_wasm_filter_does_on_the_same_traffic() {
-    let wasm = decisions(Router::Headroom);
-    let epp = decisions(Router::Epp);
+    let wasm = decisions(Router::Headroom, false);
     // The Wasm filter's decisions are what the other suites pin down; a few here, so the
     // comparison is not of two mistakes.
     assert_eq!(wasm[0].chosen, Some(0), "{:?}", wasm[0]);
@@ -128,12 +132,16 @@ fn the_picker_decides_as_the_wasm_filter_does_on_the_same_traffic() {
     assert_eq!((wasm[6].status, wasm[6].error_field.as_deref()), (400, Some("x-slo-ttft-ms")));
     assert_eq!(wasm[7].status, 400);
     assert_eq!((wasm[9].status, wasm[9].chosen), (200, None));
-    for (i, (w, e)) in wasm.iter().zip(&epp).enumerate() {
-        // In the negative tier the pick is random, weighted by how far each server misses
-        // (each VM draws its own): the tier and the outcome are what must agree.
-        let random = |d: &Decision| Decision { chosen: None, served: None, ..d.clone() };
-        let (w, e) = if i == 5 { (random(w), random(e)) } else { (w.clone(), e.clone()) };
-        assert_eq!(w, e, "request {i}: the Wasm filter decided {w:?}, the picker {e:?}");
+    // The picker with Envoy buffering each request body, and streaming it.
+    for full_duplex in [false, true] {
+        let epp = decisions(Router::Epp, full_duplex);
+        for (i, (w, e)) in wasm.iter().zip(&epp).enumerate() {
+            // In the negative tier the pick is random, weighted by how far each server misses
+            // (each VM draws its own): the tier and the outcome are what must agree.
+            let random = |d: &Decision| Decision { chosen: None, served: None, ..d.clone() };
+            let (w, e) = if i == 5 { (random(w), random(e)) } else { (w.clone(), e.clone()) };
+            assert_eq!(w, e, "request {i}, full duplex {full_duplex}: the Wasm filter decided {w:?}, the picker {e:?}");
+        }
     }
 }
 
