@@ -53,13 +53,20 @@ pub struct Io {
     pub chunk: Vec<u8>,
     /// The upstream that served the request (the `upstream.address` attribute).
     pub upstream: Option<String>,
+    /// The endpoints the gateway allows the request (its subset hint), when it says.
+    pub subset: Option<Vec<String>>,
+    /// The header the flow names its pick in (`destination_header`), which the picker also
+    /// gives as `envoy.lb` metadata.
+    pub destination_header: String,
 }
 
 impl Io {
-    pub fn new(request_body_mode: BodySendMode, response_body_mode: BodySendMode) -> Io {
+    pub fn new(destination_header: &str) -> Io {
         Io {
-            request_body_mode,
-            response_body_mode,
+            destination_header: destination_header.to_string(),
+            // Until the stream's first message says: what the shipped Envoy configuration sets.
+            request_body_mode: BodySendMode::Buffered,
+            response_body_mode: BodySendMode::Streamed,
             request_headers: Vec::new(),
             response_headers: Vec::new(),
             request_mutations: Mutations::default(),
@@ -67,6 +74,7 @@ impl Io {
             body: Vec::new(),
             chunk: Vec::new(),
             upstream: None,
+            subset: None,
         }
     }
 
@@ -158,6 +166,10 @@ impl Host for EppHost<'_> {
 
     fn upstream_address(&self) -> Option<String> {
         self.io.as_ref()?.upstream.clone()
+    }
+
+    fn endpoint_subset(&self) -> Option<Vec<String>> {
+        self.io.as_ref()?.subset.clone()
     }
 
     fn http_call(

@@ -4,7 +4,7 @@
 //! `config/core/v3/base.proto`, `type/v3/http_status.proto`, `google/protobuf/struct.proto`).
 //!
 //! Only what the picker uses is declared: protobuf decoding skips the fields a message
-//! declares nowhere here (`observability_mode`, `metadata_context`), so Envoy may send them. Hand-written rather than generated because the protocol's closure of imports
+//! declares nowhere here (`observability_mode`, typed metadata), so Envoy may send them. Hand-written rather than generated because the protocol's closure of imports
 //! (validate, xds, udpa annotations) would need `protoc` and a proto tree to build, for a
 //! dozen messages that have been stable since v3.
 
@@ -25,6 +25,9 @@ pub struct ProcessingRequest {
     /// under the filter's name (`envoy.filters.http.ext_proc`).
     #[prost(btree_map = "string, message", tag = "9")]
     pub attributes: BTreeMap<String, Struct>,
+    /// The dynamic metadata Envoy forwards (`metadata_options.forwarding_namespaces`).
+    #[prost(message, optional, tag = "8")]
+    pub metadata_context: Option<Metadata>,
     #[prost(message, optional, tag = "11")]
     pub protocol_config: Option<ProtocolConfiguration>,
 }
@@ -249,6 +252,13 @@ pub struct HttpStatus {
     pub code: i32,
 }
 
+/// `config.core.v3.Metadata`: untyped metadata by namespace.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Metadata {
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub filter_metadata: BTreeMap<String, Struct>,
+}
+
 /// `google.protobuf.Struct`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Struct {
@@ -259,12 +269,12 @@ pub struct Struct {
 /// `google.protobuf.Value`, the kinds the picker reads or writes.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Value {
-    #[prost(oneof = "value::Kind", tags = "2, 3, 4, 5")]
+    #[prost(oneof = "value::Kind", tags = "2, 3, 4, 5, 6")]
     pub kind: Option<value::Kind>,
 }
 
 pub mod value {
-    use super::Struct;
+    use super::{ListValue, Struct};
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Kind {
@@ -276,12 +286,34 @@ pub mod value {
         BoolValue(bool),
         #[prost(message, tag = "5")]
         StructValue(Struct),
+        #[prost(message, tag = "6")]
+        ListValue(ListValue),
     }
+}
+
+/// `google.protobuf.ListValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListValue {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<Value>,
 }
 
 impl Value {
     pub fn string(s: impl Into<String>) -> Value {
         Value { kind: Some(value::Kind::StringValue(s.into())) }
+    }
+
+    /// The strings of a list (GIE's subset hint), or of a comma-separated string.
+    pub fn strings(&self) -> Option<Vec<String>> {
+        match &self.kind {
+            Some(value::Kind::ListValue(list)) => {
+                Some(list.values.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            }
+            Some(value::Kind::StringValue(s)) => {
+                Some(s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect())
+            }
+            _ => None,
+        }
     }
 
     pub fn as_str(&self) -> Option<&str> {

@@ -40,6 +40,10 @@ use crate::stats::Stats;
 pub const LB_NAMESPACE: &str = "envoy.lb";
 /// The attribute that names the upstream that served a request (`response_attributes`).
 pub const UPSTREAM_ADDRESS: &str = "upstream.address";
+/// The metadata namespace and key of the endpoints the gateway allows a request (GIE's
+/// subset hint), which Envoy forwards when told to (`metadata_options`).
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 
 /// The message of a stream whose answer is owed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +135,7 @@ impl Worker {
     fn handle(&mut self, input: Input) {
         match input {
             Input::Open { stream, out } => {
-                let io = Io::new(BodySendMode::Buffered, BodySendMode::Streamed);
+                let io = Io::new(&self.vm.config.destination_header);
                 let flow = Flow::for_context(stream);
                 let s = Stream {
                     flow,
@@ -186,6 +190,10 @@ impl Worker {
         let upstream = message.attributes.values().find_map(|attrs| attrs.fields.get(UPSTREAM_ADDRESS));
         if let Some(address) = upstream.and_then(Value::as_str) {
             s.io.upstream = Some(address.to_string());
+        }
+        let hint = message.metadata_context.as_ref().and_then(|m| m.filter_metadata.get(SUBSET_NAMESPACE));
+        if let Some(subset) = hint.and_then(|h| h.fields.get(SUBSET_KEY)).and_then(Value::strings) {
+            s.io.subset = Some(subset);
         }
         let Some(request) = message.request else { return };
         let duplex = s.io.request_body_mode == BodySendMode::FullDuplexStreamed;
@@ -385,16 +393,18 @@ impl Stream {
         }
     }
 
-    /// `envoy.lb` with the pick, when `mutation` sets the destination: GIE's protocol
-    /// names the endpoint and its fallbacks there, as the header does.
+    /// `envoy.lb` with the pick, when `mutation` sets the destination header: GIE's
+    /// protocol names the endpoint and its fallbacks there (under
+    /// `x-gateway-destination-endpoint`, whatever the header is called), as the header does.
     fn metadata(&mut self, mutation: Option<&HeaderMutation>) -> Option<Struct> {
         if self.picked {
             return None;
         }
-        let destination = headroom_protocol::headers::DESTINATION;
-        let value = mutation?.set_headers.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == destination)?;
+        let header = self.io.destination_header.as_str();
+        let value = mutation?.set_headers.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == header)?;
         self.picked = true;
-        let lb = Struct { fields: [(destination.to_string(), Value::string(value.text()))].into() };
+        let key = headroom_protocol::headers::DESTINATION.to_string();
+        let lb = Struct { fields: [(key, Value::string(value.text()))].into() };
         let kind = crate::proto::value::Kind::StructValue(lb);
         Some(Struct { fields: [(LB_NAMESPACE.to_string(), Value { kind: Some(kind) })].into() })
     }

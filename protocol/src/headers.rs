@@ -36,7 +36,7 @@ pub const DEBUG_FLOW: &str = "x-headroom-flow";
 /// dashboard written for an llm-d gateway reads headroom's refusals the same way.
 pub const DROPPED_REASON: &str = "x-llm-d-request-dropped-reason";
 
-/// The values of [`DROPPED_REASON`] headroom sends (a subset of llm-d's).
+/// The values of [`DROPPED_REASON`] headroom sends (a subset of llm-d's), on its 429s and 503s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DroppedReason {
     /// The fleet has no room for it within its SLO now: refused at admission by a saturated
@@ -44,6 +44,9 @@ pub enum DroppedReason {
     Saturated,
     /// Its deadline passed while it waited in the flow-control queue (`rejected-ttl-expired`).
     TtlExpired,
+    /// No endpoint it may go to is known: the gateway's subset hint names none the pool has
+    /// (`rejected-no-endpoints`, a 503).
+    NoEndpoints,
 }
 
 impl DroppedReason {
@@ -51,6 +54,7 @@ impl DroppedReason {
         match self {
             DroppedReason::Saturated => "rejected-saturated",
             DroppedReason::TtlExpired => "rejected-ttl-expired",
+            DroppedReason::NoEndpoints => "rejected-no-endpoints",
         }
     }
 }

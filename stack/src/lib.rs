@@ -150,6 +150,9 @@ pub struct StackOptions {
     /// With [`Router::Epp`]: Envoy streams request bodies to the picker
     /// (`FULL_DUPLEX_STREAMED`) rather than buffering each whole (`BUFFERED`).
     pub epp_full_duplex: bool,
+    /// With [`Router::Epp`]: every request carries the gateway's subset hint naming these
+    /// of the stack's servers (by index), as a gateway that restricts picks would send.
+    pub epp_subset_hint: Option<Vec<usize>>,
 }
 
 impl Default for StackOptions {
@@ -174,6 +177,7 @@ impl Default for StackOptions {
             envoy_hot_restart: false,
             epp_failure_mode_allow: true,
             epp_full_duplex: false,
+            epp_subset_hint: None,
         }
     }
 }
@@ -263,6 +267,7 @@ pub struct Stack {
     /// See [`StackOptions::epp_failure_mode_allow`] and [`StackOptions::epp_full_duplex`].
     epp_failure_mode_allow: bool,
     epp_full_duplex: bool,
+    epp_subset_hint: Option<Vec<usize>>,
 }
 
 /// One Envoy to start in front of the stack's servers: the stack's own, or another beside it
@@ -492,6 +497,15 @@ fn static_cluster(name: &str, endpoints: &[SocketAddr], http2: bool) -> String {
     )
 }
 
+/// A set_metadata filter giving every request the subset hint `allowed` (GIE's
+/// `envoy.lb.subset_hint`), then the indentation of the next filter.
+fn subset_hint_filter(allowed: &[SocketAddr]) -> String {
+    let list = allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
+    format!(
+        "- name: envoy.filters.http.set_metadata\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n              metadata:\n              - metadata_namespace: envoy.lb.subset_hint\n                value: {{x-gateway-destination-endpoint-subset: [{list}]}}\n          "
+    )
+}
+
 /// The Envoy cluster of headroom-epp (gRPC: HTTP/2).
 pub const EPP_CLUSTER: &str = "headroom_epp";
 
@@ -503,6 +517,7 @@ fn ext_proc_filter(
     plugin: &Value,
     failure_mode_allow: bool,
     full_duplex: bool,
+    subset: Option<&[SocketAddr]>,
 ) -> anyhow::Result<String> {
     let config = headroom_filter_core::FilterConfig::parse(serde_json::to_string(plugin)?.as_bytes())
         .map_err(|e| anyhow::anyhow!("the filter configuration: {e}"))?;
@@ -512,6 +527,7 @@ fn ext_proc_filter(
         .replace("{{EPP_FAILURE_MODE_ALLOW}}", &failure_mode_allow.to_string())
         .replace("{{EPP_REQUEST_BODY_MODE}}", if full_duplex { "FULL_DUPLEX_STREAMED" } else { "BUFFERED" })
         .replace("{{EPP_REQUEST_TRAILER_MODE}}", if full_duplex { "SEND" } else { "SKIP" })
+        .replace("{{EPP_SUBSET_HINT}}", &subset.map(subset_hint_filter).unwrap_or_default())
         .replace("{{EPP_MESSAGE_TIMEOUT}}", &format!("{}.{:03}s", timeout_ms / 1000, timeout_ms % 1000)))
 }
 
@@ -631,6 +647,7 @@ impl Stack {
             envoy,
             epp_failure_mode_allow: opts.epp_failure_mode_allow,
             epp_full_duplex: opts.epp_full_duplex,
+            epp_subset_hint: opts.epp_subset_hint.clone(),
         };
 
         match stack.engine {
@@ -736,7 +753,17 @@ impl Stack {
             Router::HeadroomFilterSkipped => template = replace_wasm_filter(&template, "")?,
             Router::Epp => {
                 let snippet = std::fs::read_to_string(locate::root().join("envoy/ext-proc-filter.yaml.tmpl"))?;
-                let filter = ext_proc_filter(&snippet, &plugin, self.epp_failure_mode_allow, self.epp_full_duplex)?;
+                let subset: Option<Vec<SocketAddr>> = self
+                    .epp_subset_hint
+                    .as_ref()
+                    .map(|indices| indices.iter().filter_map(|&i| self.state.servers.get(i).copied()).collect());
+                let filter = ext_proc_filter(
+                    &snippet,
+                    &plugin,
+                    self.epp_failure_mode_allow,
+                    self.epp_full_duplex,
+                    subset.as_deref(),
+                )?;
                 template = replace_wasm_filter(&template, &filter)?;
             }
             _ => {}

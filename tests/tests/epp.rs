@@ -168,3 +168,43 @@ fn a_picker_that_is_down_is_skipped_or_fails_requests_as_failure_mode_says() {
         assert_eq!((r.status, r.tier.as_deref()), (200, Some("positive")), "{r:?}");
     }
 }
+
+/// GIE's protocol gives the pick in `envoy.lb` metadata: with the filter's header renamed,
+/// Envoy's override_host finds it there alone.
+#[test]
+fn the_pick_in_envoy_lb_metadata_routes_without_the_header() {
+    let h = harness(Router::Epp, json!({"destination_header": "x-headroom-pick"}), None);
+    let slo = [("x-slo-ttft-ms", "5000"), ("x-prediction-based-scheduling", "true")];
+    let mut served = std::collections::HashSet::new();
+    for i in 0..8 {
+        let r = h.completion(4, i % 2 == 0, &slo).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.served_by, r.chosen, "served where the metadata said: {r:?}");
+        served.extend(r.served_by);
+    }
+    assert!(!served.is_empty());
+}
+
+/// A gateway may restrict a request to some endpoints (`envoy.lb.subset_hint`): the picker
+/// keeps to them, and answers 503 when they are none.
+#[test]
+fn the_picker_keeps_to_the_gateways_subset_hint() {
+    let opts = StackOptions { router: Router::Epp, epp_subset_hint: Some(vec![2]), ..Default::default() };
+    let h = harness_with(opts, json!({}));
+    let only = h.stack.state.servers[2].to_string();
+    let slo = [("x-slo-ttft-ms", "5000"), ("x-prediction-based-scheduling", "true")];
+    for i in 0..8 {
+        let r = h.completion(4, i % 2 == 0, &slo).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.chosen.as_deref(), Some(only.as_str()), "{r:?}");
+        assert_eq!(r.served_by.as_deref(), Some(only.as_str()));
+    }
+    drop(h);
+    let opts = StackOptions { router: Router::Epp, epp_subset_hint: Some(Vec::new()), ..Default::default() };
+    let h = harness_with(opts, json!({}));
+    let r = h.completion(4, true, &slo).unwrap();
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.dropped_reason.as_deref(), Some("rejected-no-endpoints"));
+    assert!(r.served_by.is_none());
+    assert_eq!(h.headroom_stat("headroom_no_endpoints"), 1.0);
+}

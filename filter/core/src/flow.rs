@@ -112,6 +112,8 @@ pub struct Flow {
     context: Option<u32>,
     /// Waiting for its share of a coalesced predict call (`coalesce`), since this time (ns).
     coalesced_ns: Option<u64>,
+    /// The endpoints the gateway allows it (`Host::endpoint_subset`); `None`: any.
+    subset: Option<Vec<String>>,
 }
 
 impl Flow {
@@ -160,6 +162,10 @@ impl Flow {
                 Ok(tenant) => self.fairness_id = tenant,
                 Err(e) => return self.reject(host, 400, &e.header, &e.message),
             }
+        }
+        self.subset = host.endpoint_subset();
+        if self.subset.as_ref().is_some_and(Vec::is_empty) {
+            return self.no_endpoints(host, "the gateway allows this request no endpoint (an empty subset hint)");
         }
         // Tracked by the filter's own id; the client's `x-request-id` stays a log field upstream.
         self.request_id = vm.new_request_id();
@@ -268,6 +274,14 @@ impl Flow {
         vm.contract.heard(answer.contract, host.now_ms());
         let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
         vm.states.update(states, host.now_ms());
+        // Kept in the states above for the requests the gateway allows them.
+        if let Some(subset) = &self.subset {
+            answer.endpoints.retain(|e| subset.contains(&e.address));
+            if answer.endpoints.is_empty() {
+                let why = "none of the endpoints the gateway allows this request (its subset hint) is in the pool";
+                return self.no_endpoints(host, why);
+            }
+        }
         let config = vm.config.clone();
         // Endpoints whose context the request cannot fit would answer 400 (vLLM refuses a
         // prompt and answer past its `max_model_len`): left out, and where none is left the
@@ -510,6 +524,18 @@ impl Flow {
     }
 
     /// Answers locally with a JSON error naming `field`.
+    /// Answers `503`: none of the endpoints the gateway allows this request is known
+    /// (llm-d's `rejected-no-endpoints`).
+    fn no_endpoints(&mut self, host: &mut dyn Host, why: &str) -> Step {
+        host.record(Event::NoEndpoints);
+        self.routed = false;
+        let headers = vec![
+            ("content-type", "application/json".to_string()),
+            (DROPPED_REASON, DroppedReason::NoEndpoints.name().to_string()),
+        ];
+        Step::Reply { status: 503, headers, body: crate::error_message_json(why) }
+    }
+
     fn reject(&mut self, host: &mut dyn Host, status: u32, field: &str, message: &str) -> Step {
         host.record(Event::BadRequest);
         self.routed = false;
@@ -607,7 +633,10 @@ impl Flow {
     fn fall_back(&mut self, host: &mut dyn Host, vm: &mut Vm, cause: FallbackCause, paused: bool) -> Step {
         host.record(Event::Fallback(cause));
         let max_age = vm.config.fallback_state_max_age_ms;
+        let subset = self.subset.as_deref();
         let choice = vm.states.fresh(host.now_ms(), max_age).and_then(|states| {
+            let states: Vec<&(String, EndpointState)> =
+                states.iter().filter(|(e, _)| subset.is_none_or(|allowed| allowed.contains(e))).collect();
             // A cached state's prefix match is that of the request it was predicted for, not
             // this one's: left out.
             let now: Vec<EndpointState> =
@@ -626,6 +655,21 @@ impl Flow {
                 predicted_ttft_ms: None,
                 predicted_tpot_ms: None,
                 state: Some(state.clone()),
+            })
+        });
+        // Nothing fresh is known of the endpoints the gateway allows: one of them at random
+        // (its list in turn after it), since Envoy's own balancing would not keep to them.
+        let choice = choice.or_else(|| {
+            let allowed = subset.filter(|a| !a.is_empty())?;
+            let first = (vm.rng.next_u64() % allowed.len() as u64) as usize;
+            let mut order = (0..allowed.len()).map(|k| allowed[(first + k) % allowed.len()].clone());
+            Some(Choice {
+                endpoint: order.next()?,
+                fallbacks: order.take(vm.config.fallback_endpoints).collect(),
+                source: RouteSource::Fallback,
+                predicted_ttft_ms: None,
+                predicted_tpot_ms: None,
+                state: None,
             })
         });
         self.route(host, vm, choice, paused)

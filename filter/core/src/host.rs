@@ -100,6 +100,8 @@ pub enum Event {
     Shed,
     /// A request answered 400 by the filter.
     BadRequest,
+    /// A request answered 503: none of the endpoints the gateway allows it is known.
+    NoEndpoints,
     /// A client's priority claim outside `client_priority_range`, held to it.
     PriorityClamped,
     Fallback(FallbackCause),
@@ -220,6 +222,13 @@ pub trait Host {
 
     /// The upstream address that served the request (`upstream.address`), once known.
     fn upstream_address(&self) -> Option<String>;
+
+    /// The endpoints the gateway allows this request (`ip:port`), when it restricts them:
+    /// the Gateway API Inference Extension's subset hint, which an endpoint picker's data
+    /// plane may send. `None`: any endpoint of the pool. The Wasm filter has none.
+    fn endpoint_subset(&self) -> Option<Vec<String>> {
+        None
+    }
 
     /// Starts a call to an Envoy cluster; returns its token. The answer arrives in the
     /// context's callout callback with that token.

@@ -37,3 +37,8 @@ use headroom_protocol::ErrorBody;
 pub fn error_json(field: &str, message: &str) -> Vec<u8> {
     serde_json::to_vec(&ErrorBody::field(field, message)).unwrap_or_default()
 }
+
+/// A JSON error body not tied to one field.
+pub fn error_message_json(message: &str) -> Vec<u8> {
+    serde_json::to_vec(&ErrorBody::message(message)).unwrap_or_default()
+}

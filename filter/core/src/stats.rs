@@ -16,7 +16,7 @@ pub enum Kind {
 }
 
 /// Every stat an [`Event`] records, by its name under `headroom.`.
-pub const STATS: [(&str, Kind); 30] = [
+pub const STATS: [(&str, Kind); 31] = [
     ("routed.predicted_positive", Kind::Counter),
     ("routed.predicted_negative", Kind::Counter),
     ("routed.fallback", Kind::Counter),
@@ -24,6 +24,7 @@ pub const STATS: [(&str, Kind); 30] = [
     ("routed.envoy", Kind::Counter),
     ("shed", Kind::Counter),
     ("bad_request", Kind::Counter),
+    ("no_endpoints", Kind::Counter),
     ("fallback.call_failed", Kind::Counter),
     ("fallback.timeout", Kind::Counter),
     ("fallback.unavailable", Kind::Counter),
@@ -102,6 +103,7 @@ pub fn record(event: Event, mut add: impl FnMut(&'static str, u64)) {
         Event::Routed(source) => put(routed(source), 1),
         Event::Shed => put("shed", 1),
         Event::BadRequest => put("bad_request", 1),
+        Event::NoEndpoints => put("no_endpoints", 1),
         Event::PriorityClamped => put("priority_clamped", 1),
         Event::Fallback(cause) => put(fallback(cause), 1),
         // A call answered within the millisecond is a value of 0, still recorded.
@@ -161,6 +163,7 @@ mod tests {
         let mut events = vec![
             Event::Shed,
             Event::BadRequest,
+            Event::NoEndpoints,
             Event::PriorityClamped,
             Event::PredictorCallMs(3),
             Event::PredictorEjected,

@@ -49,6 +49,8 @@ struct FakeHost {
     headers: HashMap<(Map, String), String>,
     buffers: HashMap<Buffer, Vec<u8>>,
     upstream: Option<String>,
+    /// The gateway's subset hint (`Host::endpoint_subset`).
+    subset: Option<Vec<String>>,
     /// `http_call` fails (as for a cluster Envoy does not have).
     refuse_calls: bool,
     calls: Vec<Call>,
@@ -113,6 +115,10 @@ impl Host for FakeHost {
     fn upstream_address(&self) -> Option<String> {
         self.upstream_reads.set(self.upstream_reads.get() + 1);
         self.upstream.clone()
+    }
+
+    fn endpoint_subset(&self) -> Option<Vec<String>> {
+        self.subset.clone()
     }
 
     fn http_call(
@@ -586,6 +592,59 @@ fn a_report_follows_its_dispatch_across_a_failback() {
     assert_eq!(to(paths::DISPATCH), std::slice::from_ref(&other));
     assert!(!to(paths::REPORT).is_empty());
     assert!(to(paths::REPORT).iter().all(|c| *c == other), "{:?}", to(paths::REPORT));
+}
+
+#[test]
+fn a_subset_hint_keeps_the_pick_among_the_endpoints_the_gateway_allows() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"negative_tier_epsilon": 0.0}"#);
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0)), ("10.0.0.2:8000", Some(5000.0))]);
+    assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer), Step::Resume);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.1:8000"));
+    // Only the endpoint predicted to miss is allowed: it gets the request, in the negative tier.
+    host.subset = Some(vec!["10.0.0.2:8000".into()]);
+    assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer), Step::Resume);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+    assert!(host.has(Event::Routed(RouteSource::PredictedNegative)));
+}
+
+#[test]
+fn a_subset_hint_naming_no_known_endpoint_is_a_503_saying_so() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    host.subset = Some(vec!["10.9.9.9:8000".into()]);
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    let Step::Reply { status, headers, body } = routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer) else {
+        panic!("expected a local reply");
+    };
+    assert_eq!(status, 503);
+    assert!(headers.contains(&(headers::DROPPED_REASON, "rejected-no-endpoints".to_string())), "{headers:?}");
+    assert!(String::from_utf8_lossy(&body).contains("subset"));
+    assert!(host.has(Event::NoEndpoints));
+    // An empty subset allows nothing: refused before any call.
+    host.subset = Some(Vec::new());
+    let calls = host.calls.len();
+    let step = send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, BODY);
+    assert!(matches!(step, Step::Reply { status: 503, .. }), "{step:?}");
+    assert_eq!(host.calls.len(), calls);
+}
+
+#[test]
+fn a_fallback_keeps_to_the_subset_even_without_states() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"fallback_endpoints": 1}"#);
+    let allowed = ["10.0.0.7:8000", "10.0.0.8:8000"];
+    let mut picked = Vec::new();
+    for _ in 0..20 {
+        host.subset = Some(allowed.iter().map(|a| a.to_string()).collect());
+        assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 503, b""), Step::Resume);
+        let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+        let (first, next) = destination.split_once(',').unwrap_or_default();
+        assert!(allowed.contains(&first) && allowed.contains(&next) && first != next, "{destination}");
+        picked.push(first.to_string());
+    }
+    assert!(allowed.iter().all(|a| picked.iter().any(|p| p == a)), "both picked in turn: {picked:?}");
+    assert!(host.has(Event::Routed(RouteSource::Fallback)));
 }
 
 #[test]
