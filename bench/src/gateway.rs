@@ -86,17 +86,19 @@ fn plugin_fields(text: &str) -> Result<serde_json::Map<String, serde_json::Value
 const SLO: [(&str, &str); 3] =
     [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
 
-/// The four ways a request reaches a model server.
+/// The ways a request reaches a model server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Way {
     Direct,
     PlainEnvoy,
     Headroom,
     HeadroomSlo,
+    /// Envoy's ext_proc filter and headroom-epp, the endpoint-picker mode (latency only).
+    EppSlo,
 }
 
 impl Way {
-    const ALL: [Way; 4] = [Way::Direct, Way::PlainEnvoy, Way::Headroom, Way::HeadroomSlo];
+    const ALL: [Way; 5] = [Way::Direct, Way::PlainEnvoy, Way::Headroom, Way::HeadroomSlo, Way::EppSlo];
 
     fn name(self) -> &'static str {
         match self {
@@ -104,6 +106,7 @@ impl Way {
             Way::PlainEnvoy => "plain Envoy",
             Way::Headroom => "Envoy + headroom, no SLO headers",
             Way::HeadroomSlo => "Envoy + headroom, SLO routing",
+            Way::EppSlo => "Envoy ext_proc + headroom-epp, SLO routing",
         }
     }
 }
@@ -169,6 +172,12 @@ pub struct GatewayResults {
     /// The filter's added latency (headroom with SLO routing minus plain Envoy).
     pub filter_added_p50_ms: f64,
     pub filter_added_p99_ms: f64,
+    /// The endpoint-picker mode's added latency (Envoy's ext_proc filter and headroom-epp,
+    /// SLO routing, minus plain Envoy).
+    #[serde(default)]
+    pub epp_added_p50_ms: f64,
+    #[serde(default)]
+    pub epp_added_p99_ms: f64,
     /// Headroom with SLO routing's throughput as a share of plain Envoy's: each path's highest
     /// rate at any connection count (means over rounds).
     pub throughput_share: f64,
@@ -197,6 +206,12 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
         "--stream-connections and --stream-time-scale must be > 0 (or --stream-tokens 0 to skip streaming)"
     );
     let (mut stack, plain) = start(opts, 2, opts.time_scale)?;
+    // The endpoint-picker mode beside them: headroom-epp and an Envoy with ext_proc in front of it.
+    stack.start_epp()?;
+    let ports = headroom_stack::free_ports(2)?;
+    let epp = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+    let epp_admin = SocketAddr::from(([127, 0, 0, 1], ports[1]));
+    stack.start_envoy(&EnvoyLaunch::new("envoy-epp", Router::Epp, epp, epp_admin))?;
 
     let body =
         json!({"model": "sim-llama-8b", "prompt": "Say hello to the gateway benchmark.", "max_tokens": 1}).to_string();
@@ -206,6 +221,7 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
             Way::PlainEnvoy => (plain, request_bytes("/v1/completions", &[], &body)),
             Way::Headroom => (stack.state.gateway, request_bytes("/v1/completions", &[], &body)),
             Way::HeadroomSlo => (stack.state.gateway, request_bytes("/v1/completions", &SLO, &body)),
+            Way::EppSlo => (epp, request_bytes("/v1/completions", &SLO, &body)),
         }
     };
 
@@ -293,7 +309,9 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
     let per_token = |way: Way| mean(stream.iter().filter(|t| t.path == way.name()).map(|t| t.envoy_us_per_token));
 
     let row = |way: Way| latency.iter().find(|r| r.path == way.name());
-    let (Some(plain_row), Some(slo_row)) = (row(Way::PlainEnvoy), row(Way::HeadroomSlo)) else {
+    let (Some(plain_row), Some(slo_row), Some(epp_row)) =
+        (row(Way::PlainEnvoy), row(Way::HeadroomSlo), row(Way::EppSlo))
+    else {
         anyhow::bail!("a latency row is missing");
     };
     let mean_rate = |way: Way, n: usize| {
@@ -308,6 +326,8 @@ pub fn run(opts: &GatewayOptions, command: &str) -> anyhow::Result<GatewayResult
         seconds: opts.seconds,
         filter_added_p50_ms: (slo_row.p50_us - plain_row.p50_us) / 1000.0,
         filter_added_p99_ms: (slo_row.p99_us - plain_row.p99_us) / 1000.0,
+        epp_added_p50_ms: (epp_row.p50_us - plain_row.p50_us) / 1000.0,
+        epp_added_p99_ms: (epp_row.p99_us - plain_row.p99_us) / 1000.0,
         throughput_share: highest(Way::HeadroomSlo) / highest(Way::PlainEnvoy),
         throughput_share_by_connections,
         latency,
@@ -522,6 +542,12 @@ pub fn report(r: &GatewayResults) -> String {
          (targets <= 0.5 and <= 2). predictor-svc's own time per predict call: {:.0} us.\n",
         r.filter_added_p50_ms, r.filter_added_p99_ms, r.predict_handler_us
     );
+    let _ = writeln!(
+        s,
+        "The endpoint-picker mode's cost (Envoy's ext_proc filter and headroom-epp, SLO routing, minus plain \
+         Envoy): **{:.3} ms p50, {:.3} ms p99**.\n",
+        r.epp_added_p50_ms, r.epp_added_p99_ms
+    );
     let _ = writeln!(s, "## Throughput (closed loop, {} s per run)\n", r.seconds);
     let cores = |c: f64| format!("{c:.2}");
     table(
@@ -652,6 +678,8 @@ mod tests {
             predict_handler_us: 99.0,
             filter_added_p50_ms: 0.687,
             filter_added_p99_ms: 3.911,
+            epp_added_p50_ms: 0.9,
+            epp_added_p99_ms: 2.5,
             throughput_share: 0.29,
             throughput_share_by_connections: vec![(8, 0.29)],
             stream_tokens: 64,
@@ -675,6 +703,7 @@ mod tests {
             "| plain Envoy | 8 | 0 | 6979 | 0 | 1.19 | 0.01 | 0.45 |  |  |",
             "| plain Envoy | 1 | 314 | 20114 | 0 | 0.24 | 0.01 | 12.0 |",
             "**0.687 ms p50, 3.911 ms p99**",
+            "headroom-epp, SLO routing, minus plain Envoy): **0.900 ms p50, 2.500 ms p99**",
             "sustains **29%**",
             "29% at 8 connections",
             "**15.9 us per token**",

@@ -56,11 +56,36 @@ pub struct Checker {
 
 /// The ConfigMap key holding predictor-svc's TOML (`istio/base/predictor/configmap.yaml`).
 pub const PREDICTOR_CONFIG_KEY: &str = "predictor.toml";
+/// The ConfigMap key holding the filter's JSON for headroom-epp
+/// (`istio/endpoint-picker/picker/configmap.yaml`).
+pub const FILTER_CONFIG_KEY: &str = "filter.json";
+
+/// The CRD files of a schemas folder: every `*.yaml` in it, sorted.
+pub fn schema_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    anyhow::ensure!(!files.is_empty(), "{}: no CRD files", dir.display());
+    Ok(files)
+}
 
 impl Checker {
     /// Loads the CRD schemas from a CRD YAML text (`istio/schemas/istio-crds.gen.yaml`).
     pub fn new(crds_yaml: &str) -> anyhow::Result<Checker> {
         Ok(Checker { schemas: crd::Schemas::load(crds_yaml)? })
+    }
+
+    /// Loads the CRD schemas of every file of a schemas folder (`istio/schemas`).
+    pub fn from_dir(dir: &Path) -> anyhow::Result<Checker> {
+        let mut text = String::new();
+        for file in schema_files(dir)? {
+            text.push_str(&std::fs::read_to_string(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?);
+            text.push_str("\n---\n");
+        }
+        Checker::new(&text)
     }
 
     /// Problems of one resource document, each `path: message`.
@@ -77,6 +102,12 @@ impl Checker {
         if let Some(toml) = doc["data"][PREDICTOR_CONFIG_KEY].as_str().filter(|_| kind == "ConfigMap") {
             if let Err(e) = headroom_predictor_config::Config::parse(toml) {
                 problems.push(format!("data.{PREDICTOR_CONFIG_KEY}: {e:#}"));
+            }
+        }
+        // The endpoint picker's, as headroom-epp will read it.
+        if let Some(json) = doc["data"][FILTER_CONFIG_KEY].as_str().filter(|_| kind == "ConfigMap") {
+            if let Err(e) = headroom_filter_core::FilterConfig::parse(json.as_bytes()) {
+                problems.push(format!("data.{FILTER_CONFIG_KEY}: {e}"));
             }
         }
         problems

@@ -10,7 +10,7 @@ struct Args {
     /// Manifest tree (default: the repository's istio/).
     #[arg(long)]
     root: Option<std::path::PathBuf>,
-    /// CRD schemas (default: <root>/schemas/istio-crds.gen.yaml).
+    /// CRD schemas, a YAML file (default: every `*.yaml` in <root>/schemas).
     #[arg(long)]
     crds: Option<std::path::PathBuf>,
 }
@@ -18,9 +18,13 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let root = args.root.unwrap_or_else(|| locate::root().join("istio"));
-    let crds = args.crds.unwrap_or_else(|| root.join("schemas/istio-crds.gen.yaml"));
-    let text = std::fs::read_to_string(&crds).map_err(|e| anyhow::anyhow!("{}: {e}", crds.display()))?;
-    let checker = Checker::new(&text)?;
+    let checker = match &args.crds {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            Checker::new(&text)?
+        }
+        None => Checker::from_dir(&root.join("schemas"))?,
+    };
     let scratch = std::env::temp_dir().join(format!("headroom-deploy-check-{}", std::process::id()));
     let report = check_tree(&checker, &root, &locate::envoy()?, &locate::wasm()?, &scratch);
     let _ = std::fs::remove_dir_all(&scratch);

@@ -9,8 +9,7 @@ use headroom_deploy_check::{check_tree, documents, envoy, Checker};
 use headroom_stack::locate;
 
 fn checker() -> Checker {
-    let crds = locate::root().join("istio/schemas/istio-crds.gen.yaml");
-    Checker::new(&std::fs::read_to_string(crds).unwrap()).unwrap()
+    Checker::from_dir(&locate::root().join("istio/schemas")).unwrap()
 }
 
 /// A scratch directory for one check, removed when the guard drops (the test's temporary
@@ -127,10 +126,11 @@ fn a_broken_file_in_the_tree_fails_the_tree_check() {
     assert!(problems.iter().any(|p| p.contains("deployment.yaml") && p.contains("spec.replicas")), "{problems:#?}");
 }
 
-/// The NetworkPolicy admits what docs/reliability.md says it does: the gateway and
-/// monitoring, on the port the predictor serves its routes and `/metrics` on, and nobody else.
+/// The NetworkPolicy admits what docs/reliability.md says it does: the gateway, the endpoint
+/// picker and monitoring, on the port the predictor serves its routes and `/metrics` on, and
+/// nobody else.
 #[test]
-fn the_network_policy_admits_the_gateway_and_monitoring_on_the_predictors_port() {
+fn the_network_policy_admits_the_gateway_the_picker_and_monitoring_on_the_predictors_port() {
     let root = locate::root().join("istio/base");
     let policy: serde_json::Value =
         serde_yaml::from_str(&std::fs::read_to_string(root.join("access/networkpolicy.yaml")).unwrap()).unwrap();
@@ -147,7 +147,7 @@ fn the_network_policy_admits_the_gateway_and_monitoring_on_the_predictors_port()
             let who = if from["namespaceSelector"].is_object() {
                 format!("namespace {}", from["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"])
             } else {
-                format!("pods {}", from["podSelector"]["matchLabels"]["gateway.networking.k8s.io/gateway-name"])
+                format!("pods {}", from["podSelector"]["matchLabels"])
             };
             (who, r["ports"].as_array().unwrap().iter().filter_map(|p| p["port"].as_u64()).collect())
         })
@@ -155,7 +155,8 @@ fn the_network_policy_admits_the_gateway_and_monitoring_on_the_predictors_port()
     assert_eq!(
         admitted,
         vec![
-            ("pods \"inference-gateway\"".to_string(), vec![port]),
+            (r#"pods {"gateway.networking.k8s.io/gateway-name":"inference-gateway"}"#.to_string(), vec![port]),
+            (r#"pods {"app.kubernetes.io/name":"headroom-epp"}"#.to_string(), vec![port]),
             ("namespace \"monitoring\"".to_string(), vec![port])
         ]
     );

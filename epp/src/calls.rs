@@ -6,7 +6,6 @@
 //! timed out (Envoy's own answer then); no status when the predictor could not be reached.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +19,8 @@ use crate::inbox::Input;
 const NOT_FOUND: u32 = 1;
 
 pub struct Calls {
-    /// Predictor clusters by the name the filter configuration uses.
-    clusters: Arc<HashMap<String, SocketAddr>>,
+    /// Predictor clusters (`host:port`) by the name the filter configuration uses.
+    clusters: Arc<HashMap<String, String>>,
     client: reqwest::Client,
     inbox: UnboundedSender<Input>,
     next_token: u32,
@@ -33,7 +32,7 @@ pub struct Calls {
 
 impl Calls {
     pub fn new(
-        clusters: Arc<HashMap<String, SocketAddr>>,
+        clusters: Arc<HashMap<String, String>>,
         client: reqwest::Client,
         inbox: UnboundedSender<Input>,
     ) -> Calls {
@@ -49,7 +48,7 @@ impl Calls {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, HostError> {
-        let addr = *self.clusters.get(cluster).ok_or(HostError(NOT_FOUND))?;
+        let addr = self.clusters.get(cluster).ok_or(HostError(NOT_FOUND))?;
         let path = headers.iter().find(|(n, _)| *n == ":path").map_or("/", |(_, v)| *v);
         let mut request = self.client.post(format!("http://{addr}{path}")).timeout(timeout).body(body.to_vec());
         for (name, value) in headers.iter().filter(|(n, _)| !n.starts_with(':')) {

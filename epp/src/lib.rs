@@ -25,7 +25,6 @@ pub mod worker;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use headroom_filter_core::FilterConfig;
@@ -34,7 +33,7 @@ use headroom_filter_core::FilterConfig;
 /// predictor clusters at `clusters`; returns what the routes share.
 pub fn start(
     config: &FilterConfig,
-    clusters: HashMap<String, SocketAddr>,
+    clusters: HashMap<String, String>,
     workers: usize,
 ) -> anyhow::Result<Arc<grpc::Shared>> {
     for cluster in config.predictor_clusters() {
@@ -54,9 +53,31 @@ pub fn start(
     Ok(Arc::new(grpc::Shared::new(senders, stats)))
 }
 
-/// A `--predictor NAME=ADDRESS` argument.
-pub fn parse_cluster(arg: &str) -> Result<(String, SocketAddr), String> {
-    let (name, address) = arg.split_once('=').ok_or_else(|| format!("{arg:?} is not NAME=ADDRESS"))?;
-    let address = address.parse().map_err(|e| format!("{address:?} is not an ip:port address: {e}"))?;
-    Ok((name.to_string(), address))
+/// A `--predictor NAME=HOST:PORT` argument (a host name is resolved at each new connection,
+/// as a Kubernetes Service's is).
+pub fn parse_cluster(arg: &str) -> Result<(String, String), String> {
+    let (name, address) = arg.split_once('=').ok_or_else(|| format!("{arg:?} is not NAME=HOST:PORT"))?;
+    let (host, port) = address.rsplit_once(':').ok_or_else(|| format!("{address:?} is not HOST:PORT"))?;
+    let host_ok = !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c));
+    if name.is_empty() || !host_ok || port.parse::<u16>().is_err() {
+        return Err(format!("{arg:?} is not NAME=HOST:PORT"));
+    }
+    Ok((name.to_string(), address.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cluster;
+
+    #[test]
+    fn a_predictor_is_named_by_host_and_port() {
+        assert_eq!(parse_cluster("p=127.0.0.1:9000"), Ok(("p".into(), "127.0.0.1:9000".into())));
+        assert_eq!(
+            parse_cluster("p=headroom-predictor.llm:9000").map(|(_, a)| a),
+            Ok("headroom-predictor.llm:9000".into())
+        );
+        for bad in ["p", "p=host", "=host:1", "p=:1", "p=host:port", "p=host:70000", "p=a/b:1"] {
+            assert!(parse_cluster(bad).is_err(), "{bad}");
+        }
+    }
 }

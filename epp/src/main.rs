@@ -18,9 +18,14 @@ struct Args {
     /// The filter configuration (JSON); absent, the filter's defaults.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// A predictor cluster of the configuration and its address: `headroom_predictor=10.0.0.5:8080`.
+    /// A predictor cluster of the configuration and where it is:
+    /// `headroom_predictor=headroom-predictor:9000` (repeated for shards).
     #[arg(long = "predictor", value_parser = headroom_epp::parse_cluster)]
-    predictors: Vec<(String, SocketAddr)>,
+    predictors: Vec<(String, String)>,
+    /// A file holding the predictor's token (a mounted Secret), in place of the
+    /// configuration's `predictor_token`.
+    #[arg(long)]
+    predictor_token_file: Option<PathBuf>,
     /// Worker threads, each with its own VM (as Envoy's workers have).
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -35,16 +40,29 @@ fn main() -> anyhow::Result<()> {
         Some(path) => std::fs::read(path).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?,
         None => Vec::new(),
     };
-    let config = FilterConfig::parse(&bytes).map_err(|e| anyhow::anyhow!("--config: {e}"))?;
+    let mut config = FilterConfig::parse(&bytes).map_err(|e| anyhow::anyhow!("--config: {e}"))?;
+    if let Some(path) = &args.predictor_token_file {
+        let token = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--predictor-token-file {}: {e}", path.display()))?;
+        anyhow::ensure!(!token.trim().is_empty(), "--predictor-token-file {}: empty", path.display());
+        config.predictor_token = Some(token.trim().to_string());
+    }
     for warning in config.warnings() {
         tracing::warn!("headroom-epp: {warning}");
     }
-    let clusters: HashMap<String, SocketAddr> = args.predictors.into_iter().collect();
+    let clusters: HashMap<String, String> = args.predictors.into_iter().collect();
     let shared = headroom_epp::start(&config, clusters, args.workers)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
         tracing::info!("headroom-epp: serving ext_proc on {}", listener.local_addr()?);
+        // Each answer is a small frame Envoy waits for: without TCP_NODELAY, Nagle's
+        // algorithm holds it behind the last one's delayed ACK (40 ms a request, measured).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!("headroom-epp: TCP_NODELAY not set: {e}");
+            }
+        });
         axum::serve(listener, headroom_epp::grpc::router(shared)).with_graceful_shutdown(terminated()).await?;
         Ok(())
     })

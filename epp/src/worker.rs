@@ -14,7 +14,6 @@
 //! back whole.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,7 +84,7 @@ pub struct Worker {
 pub fn spawn(
     index: usize,
     config: FilterConfig,
-    clusters: Arc<HashMap<String, SocketAddr>>,
+    clusters: Arc<HashMap<String, String>>,
     stats: Arc<Stats>,
     seed: u64,
 ) -> std::io::Result<UnboundedSender<Input>> {

@@ -940,10 +940,16 @@ impl Stack {
             Some(addr) => addr,
             None => *self.state.epp.insert(local(free_ports(1)?[0])),
         };
-        // The configuration holds the predictor's token: only its owner reads it.
+        // The token from the predictor's own file, as the manifests mount its Secret.
+        let mut plugin = self.plugin.clone();
+        plugin.remove("predictor_token");
         let config = self.run_dir.join("epp.json");
-        write_private(&config, &serde_json::to_string_pretty(&Value::Object(self.plugin.clone()))?)?;
+        std::fs::write(&config, serde_json::to_string_pretty(&Value::Object(plugin))?)?;
         let mut args = vec!["--listen".to_string(), addr.to_string(), "--config".into(), config.display().to_string()];
+        if self.state.token.is_some() {
+            let token = self.run_dir.join("predictor-token");
+            args.extend(["--predictor-token-file".to_string(), token.display().to_string()]);
+        }
         let predictors =
             if self.state.predictors.is_empty() { vec![self.state.predictor] } else { self.state.predictors.clone() };
         // The clusters the configuration names: one per shard, or one for every replica
