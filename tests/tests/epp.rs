@@ -26,7 +26,18 @@ fn harness_with(opts: StackOptions, plugin: Value) -> Harness {
 
 #[test]
 fn the_picker_routes_through_envoys_ext_proc_and_learns_from_what_passes() {
-    let h = harness(Router::Epp, json!({}), None);
+    routes_and_learns(json!({}));
+}
+
+/// Header-only routing (`read_body: false`): the pick goes with the headers' answer, and the
+/// body passes after it, counted.
+#[test]
+fn the_picker_routes_on_headers_alone_when_told_to() {
+    routes_and_learns(json!({"read_body": false}));
+}
+
+fn routes_and_learns(plugin: Value) {
+    let h = harness(Router::Epp, plugin, None);
     let slo = [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
     for i in 0..6 {
         let r = h.completion(8, i % 2 == 0, &slo).unwrap();
