@@ -99,6 +99,10 @@ impl ResponseMeter {
                 continue;
             }
             let Ok(value) = serde_json::from_str::<Value>(data) else { continue };
+            // A responses stream ends with its last event, not `[DONE]`.
+            if matches!(value.get("type").and_then(Value::as_str), Some("response.completed" | "response.incomplete")) {
+                self.saw_done = true;
+            }
             if carries_text(&value) {
                 self.first_token_ns.get_or_insert(now_ns);
                 self.last_token_ns = Some(now_ns);
@@ -108,15 +112,19 @@ impl ResponseMeter {
         }
     }
 
+    /// The `usage` block of a completions or chat body or chunk, or of a responses body (or
+    /// its stream's last event, under `response`), which names its counts differently.
     fn read_usage(&mut self, value: &Value) {
-        let Some(usage) = value.get("usage").filter(|u| u.is_object()) else { return };
-        if let Some(n) = usage.get("completion_tokens").and_then(Value::as_u64) {
+        let usage = value.get("usage").or_else(|| value.pointer("/response/usage"));
+        let Some(usage) = usage.filter(|u| u.is_object()) else { return };
+        let count = |names: [&str; 2]| names.iter().find_map(|n| usage.pointer(n).and_then(Value::as_u64));
+        if let Some(n) = count(["/completion_tokens", "/output_tokens"]) {
             self.completion_tokens = u32::try_from(n).ok();
         }
-        if let Some(n) = usage.get("prompt_tokens").and_then(Value::as_u64) {
+        if let Some(n) = count(["/prompt_tokens", "/input_tokens"]) {
             self.prompt_tokens = u32::try_from(n).ok();
         }
-        if let Some(n) = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64) {
+        if let Some(n) = count(["/prompt_tokens_details/cached_tokens", "/input_tokens_details/cached_tokens"]) {
             self.cached_tokens = u32::try_from(n).ok();
         }
     }
@@ -181,8 +189,11 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     }
 }
 
-/// True when a completions or chat chunk carries generated text.
+/// True when a completions or chat chunk, or a responses text delta, carries generated text.
 fn carries_text(chunk: &Value) -> bool {
+    if chunk.get("type").and_then(Value::as_str) == Some("response.output_text.delta") {
+        return chunk.get("delta").and_then(Value::as_str).is_some_and(|t| !t.is_empty());
+    }
     let Some(choices) = chunk.get("choices").and_then(Value::as_array) else { return false };
     choices.iter().any(|c| {
         let text = c.get("text").or_else(|| c.pointer("/delta/content"));
@@ -252,6 +263,37 @@ mod tests {
         assert_eq!(r.ttft_ms, Some(20.0));
         assert_eq!(r.output_tokens, Some(2), "without usage, text events stand in");
         assert_eq!(r.tpot_ms, Some(10.0));
+    }
+
+    #[test]
+    fn a_responses_stream_is_timed_by_its_text_deltas_and_ends_with_its_last_event() {
+        let mut m = ResponseMeter::new(true, 0, 1 << 16);
+        let event = |kind: &str, data: &str| format!("event: {kind}\ndata: {data}\n\n");
+        let created = r#"{"type":"response.created","response":{"id":"r","status":"in_progress"}}"#;
+        m.on_chunk(event("response.created", created).as_bytes(), 5 * MS);
+        for (i, at) in [40, 50, 60].iter().enumerate() {
+            let delta = format!(r#"{{"type":"response.output_text.delta","output_index":0,"delta":"t{i}"}}"#);
+            m.on_chunk(event("response.output_text.delta", &delta).as_bytes(), at * MS);
+        }
+        assert_eq!(m.ttft_ms(), Some(40.0), "the first text, not the created event");
+        let done = r#"{"type":"response.completed","response":{"status":"completed","usage":{"input_tokens":11,"output_tokens":3,"input_tokens_details":{"cached_tokens":8}}}}"#;
+        m.on_chunk(event("response.completed", done).as_bytes(), 61 * MS);
+        let r = m.finish(62 * MS);
+        assert!(r.complete, "no [DONE] in a responses stream");
+        assert_eq!((r.output_tokens, r.prompt_tokens, r.cached_tokens), (Some(3), Some(11), Some(8)));
+        assert_eq!(r.tpot_ms, Some(10.0));
+        // Cut off before its last event: not complete.
+        let mut cut = ResponseMeter::new(true, 0, 1 << 16);
+        cut.on_chunk(event("response.created", created).as_bytes(), 5 * MS);
+        assert!(!cut.finish(10 * MS).complete);
+    }
+
+    #[test]
+    fn a_whole_responses_body_gives_its_usage() {
+        let mut m = ResponseMeter::new(false, 0, 1 << 16);
+        m.on_chunk(br#"{"object":"response","status":"completed","usage":{"input_tokens":4,"output_tokens":9}}"#, MS);
+        let r = m.finish(20 * MS);
+        assert_eq!((r.output_tokens, r.prompt_tokens), (Some(9), Some(4)));
     }
 
     #[test]

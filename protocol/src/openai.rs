@@ -1,4 +1,4 @@
-//! The parts of OpenAI completions / chat request bodies headroom reads.
+//! The parts of OpenAI completions / chat / responses request bodies headroom reads.
 //!
 //! The filter and the simulated model server both parse bodies here, so they
 //! agree on the prompt text and hence on its token count.
@@ -27,6 +27,32 @@ pub struct InferenceBody {
     pub max_tokens: Option<u32>,
 }
 
+/// Which OpenAI API a request is for, by its path: each writes its prompt its own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/completions`: `prompt`.
+    Completions,
+    /// `/v1/chat/completions`: `messages`.
+    Chat,
+    /// `/v1/responses`: `input` (and `instructions`), `max_output_tokens`.
+    Responses,
+}
+
+impl Api {
+    /// The API of a request path (its query left out); completions for any path not
+    /// ending like chat's or responses' (an inference path configured by the operator).
+    pub fn of_path(path: &str) -> Api {
+        let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
+        if path.ends_with("/chat/completions") {
+            Api::Chat
+        } else if path.ends_with("/responses") {
+            Api::Responses
+        } else {
+            Api::Completions
+        }
+    }
+}
+
 /// A body headroom refuses, naming the field at fault.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BodyError {
@@ -47,10 +73,13 @@ struct RawBody {
     stream_options: Option<Value>,
     max_tokens: Option<Value>,
     max_completion_tokens: Option<Value>,
+    input: Option<Value>,
+    instructions: Option<Value>,
+    max_output_tokens: Option<Value>,
 }
 
-/// Parses a `/v1/completions` (`chat == false`) or `/v1/chat/completions` body.
-pub fn parse_inference_body(bytes: &[u8], chat: bool) -> Result<InferenceBody, BodyError> {
+/// Parses the body of a request for `api`.
+pub fn parse_inference_body(bytes: &[u8], api: Api) -> Result<InferenceBody, BodyError> {
     let raw: RawBody = match serde_json::from_slice::<Value>(bytes) {
         Ok(v @ Value::Object(_)) => serde_json::from_value(v).map_err(|e| bad("body", e.to_string()))?,
         Ok(_) => return Err(bad("body", "must be a JSON object")),
@@ -61,26 +90,33 @@ pub fn parse_inference_body(bytes: &[u8], chat: bool) -> Result<InferenceBody, B
         Some(_) => return Err(bad("model", "must be a non-empty string")),
         None => return Err(bad("model", "is required")),
     };
-    let (prompt_text, pretokenised) =
-        if chat { (render_messages(raw.messages.as_ref())?, None) } else { render_prompt(raw.prompt.as_ref())? };
+    let (prompt_text, pretokenised) = match api {
+        Api::Completions => render_prompt(raw.prompt.as_ref())?,
+        Api::Chat => (render_messages(raw.messages.as_ref())?, None),
+        Api::Responses => (render_input(raw.instructions.as_ref(), raw.input.as_ref())?, None),
+    };
     let prompt_tokens = pretokenised.unwrap_or_else(|| estimate_tokens(&prompt_text));
     let stream = match raw.stream {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => b,
         Some(_) => return Err(bad("stream", "must be a boolean")),
     };
-    let include_usage = match raw.stream_options {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => match o.get("include_usage") {
+    // A responses stream always ends with its usage (`response.completed`).
+    let include_usage = api == Api::Responses;
+    let include_usage = include_usage
+        || match raw.stream_options {
             None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(bad("stream_options.include_usage", "must be a boolean")),
-        },
-        Some(_) => return Err(bad("stream_options", "must be an object")),
-    };
-    let max_tokens = match (raw.max_completion_tokens, raw.max_tokens) {
-        (Some(v), _) if !v.is_null() => Some(positive_u32(&v, "max_completion_tokens")?),
-        (_, Some(v)) if !v.is_null() => Some(positive_u32(&v, "max_tokens")?),
+            Some(Value::Object(o)) => match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(bad("stream_options.include_usage", "must be a boolean")),
+            },
+            Some(_) => return Err(bad("stream_options", "must be an object")),
+        };
+    let max_tokens = match (raw.max_output_tokens, raw.max_completion_tokens, raw.max_tokens) {
+        (Some(v), _, _) if api == Api::Responses && !v.is_null() => Some(positive_u32(&v, "max_output_tokens")?),
+        (_, Some(v), _) if api != Api::Responses && !v.is_null() => Some(positive_u32(&v, "max_completion_tokens")?),
+        (_, _, Some(v)) if api != Api::Responses && !v.is_null() => Some(positive_u32(&v, "max_tokens")?),
         _ => None,
     };
     Ok(InferenceBody {
@@ -133,6 +169,61 @@ fn render_prompt(prompt: Option<&Value>) -> Result<(String, Option<u32>), BodyEr
     }
 }
 
+/// A responses request's prompt: its `instructions` (the system prompt) then its `input`,
+/// a string or a list of items; a message item (`role` and `content`) is rendered as a chat
+/// message is, any other item (a tool call's output, ...) by the text it carries.
+fn render_input(instructions: Option<&Value>, input: Option<&Value>) -> Result<String, BodyError> {
+    let mut text = match instructions {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => format!("system: {s}\n"),
+        Some(_) => return Err(bad("instructions", "must be a string")),
+    };
+    match input {
+        Some(Value::String(s)) => text.push_str(s),
+        Some(Value::Array(items)) if !items.is_empty() => {
+            for (i, item) in items.iter().enumerate() {
+                if !item.is_object() {
+                    return Err(bad(&format!("input[{i}]"), "must be an object"));
+                }
+                if let Some(role) = item.get("role") {
+                    let role = role.as_str().ok_or_else(|| bad(&format!("input[{i}].role"), "must be a string"))?;
+                    text.push_str(role);
+                    text.push_str(": ");
+                    push_content(&mut text, item.get("content"), &format!("input[{i}].content"))?;
+                } else {
+                    for key in ["text", "output", "arguments"] {
+                        if let Some(t) = item.get(key).and_then(Value::as_str) {
+                            text.push_str(t);
+                        }
+                    }
+                }
+                text.push('\n');
+            }
+        }
+        Some(Value::Array(_)) => return Err(bad("input", "must not be empty")),
+        Some(_) => return Err(bad("input", "must be a string or a list of items")),
+        None => return Err(bad("input", "is required")),
+    }
+    Ok(text)
+}
+
+/// A message's content: a string, or a list of parts whose `text` fields are joined.
+fn push_content(text: &mut String, content: Option<&Value>, field: &str) -> Result<(), BodyError> {
+    match content {
+        Some(Value::String(s)) => text.push_str(s),
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                if let Some(t) = part.get("text").and_then(Value::as_str) {
+                    text.push_str(t);
+                }
+            }
+        }
+        None | Some(Value::Null) => {}
+        Some(_) => return Err(bad(field, "must be a string or a list of parts")),
+    }
+    Ok(())
+}
+
 /// Chat messages rendered as `role: content\n` each; content may be a string
 /// or a list of parts whose `text` fields are joined.
 fn render_messages(messages: Option<&Value>) -> Result<String, BodyError> {
@@ -150,18 +241,7 @@ fn render_messages(messages: Option<&Value>) -> Result<String, BodyError> {
             .ok_or_else(|| bad(&format!("messages[{i}].role"), "must be a string"))?;
         text.push_str(role);
         text.push_str(": ");
-        match message.get("content") {
-            Some(Value::String(s)) => text.push_str(s),
-            Some(Value::Array(parts)) => {
-                for part in parts {
-                    if let Some(t) = part.get("text").and_then(Value::as_str) {
-                        text.push_str(t);
-                    }
-                }
-            }
-            None | Some(Value::Null) => {}
-            Some(_) => return Err(bad(&format!("messages[{i}].content"), "must be a string or a list of parts")),
-        }
+        push_content(&mut text, message.get("content"), &format!("messages[{i}].content"))?;
         text.push('\n');
     }
     Ok(text)
@@ -175,7 +255,7 @@ mod tests {
     fn completion_body() {
         let b = parse_inference_body(
             br#"{"model":"m","prompt":"abcdefgh","stream":true,"stream_options":{"include_usage":true},"max_tokens":7}"#,
-            false,
+            Api::Completions,
         )
         .unwrap();
         assert_eq!(b.model, "m");
@@ -188,7 +268,7 @@ mod tests {
     fn chat_body_renders_roles() {
         let b = parse_inference_body(
             br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_completion_tokens":3,"max_tokens":9}"#,
-            true,
+            Api::Chat,
         )
         .unwrap();
         assert_eq!(b.prompt_text, "system: be brief\nuser: hi\n");
@@ -197,32 +277,60 @@ mod tests {
     }
 
     #[test]
+    fn responses_body_renders_instructions_and_input_items() {
+        let b = parse_inference_body(
+            br#"{"model":"m","instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call_output","call_id":"c","output":"42"}],"max_output_tokens":5,"max_tokens":9,"stream":true}"#,
+            Api::Responses,
+        )
+        .unwrap();
+        assert_eq!(b.prompt_text, "system: be brief\nuser: hi\n42\n");
+        assert_eq!(b.max_tokens, Some(5), "max_output_tokens, not a field of the other APIs");
+        assert!(b.stream && b.include_usage, "a responses stream always ends with its usage");
+        let plain = parse_inference_body(br#"{"model":"m","input":"hello there"}"#, Api::Responses).unwrap();
+        assert_eq!((plain.prompt_text.as_str(), plain.max_tokens), ("hello there", None));
+    }
+
+    #[test]
+    fn the_api_comes_from_the_path() {
+        assert_eq!(Api::of_path("/v1/completions"), Api::Completions);
+        assert_eq!(Api::of_path("/v1/chat/completions?x=1"), Api::Chat);
+        assert_eq!(Api::of_path("/v1/responses"), Api::Responses);
+        assert_eq!(Api::of_path("/v1/responses/"), Api::Responses);
+        assert_eq!(Api::of_path("/openai/v1/generate"), Api::Completions);
+    }
+
+    #[test]
     fn token_id_prompts_count_exactly() {
-        let b = parse_inference_body(br#"{"model":"m","prompt":[1,2,3,4,5]}"#, false).unwrap();
+        let b = parse_inference_body(br#"{"model":"m","prompt":[1,2,3,4,5]}"#, Api::Completions).unwrap();
         assert_eq!(b.prompt_tokens, 5);
     }
 
     #[test]
     fn errors_name_the_field() {
-        let cases: &[(&[u8], bool, &str)] = &[
-            (b"not json", false, "body"),
-            (b"[1,2]", false, "body"),
-            (br#"{"prompt":"x"}"#, false, "model"),
-            (br#"{"model":"m"}"#, false, "prompt"),
-            (br#"{"model":"m","prompt":{}}"#, false, "prompt"),
-            (br#"{"model":"m","prompt":"x","stream":"yes"}"#, false, "stream"),
-            (br#"{"model":"m","prompt":"x","max_tokens":0}"#, false, "max_tokens"),
-            (br#"{"model":"m","prompt":"x","max_tokens":-3}"#, false, "max_tokens"),
-            (br#"{"model":"m","messages":[]}"#, true, "messages"),
-            (br#"{"model":"m","messages":[{"content":"x"}]}"#, true, "messages[0].role"),
-            (
-                br#"{"model":"m","prompt":"x","stream_options":{"include_usage":1}}"#,
-                false,
-                "stream_options.include_usage",
-            ),
+        let (c, chat, r) = (Api::Completions, Api::Chat, Api::Responses);
+        let cases: &[(&[u8], Api, &str)] = &[
+            (b"not json", c, "body"),
+            (b"[1,2]", c, "body"),
+            (br#"{"prompt":"x"}"#, c, "model"),
+            (br#"{"model":"m"}"#, c, "prompt"),
+            (br#"{"model":"m","prompt":{}}"#, c, "prompt"),
+            (br#"{"model":"m","prompt":"x","stream":"yes"}"#, c, "stream"),
+            (br#"{"model":"m","prompt":"x","max_tokens":0}"#, c, "max_tokens"),
+            (br#"{"model":"m","prompt":"x","max_tokens":-3}"#, c, "max_tokens"),
+            (br#"{"model":"m","messages":[]}"#, chat, "messages"),
+            (br#"{"model":"m","messages":[{"content":"x"}]}"#, chat, "messages[0].role"),
+            (br#"{"model":"m","prompt":"x","stream_options":{"include_usage":1}}"#, c, "stream_options.include_usage"),
+            (br#"{"model":"m"}"#, r, "input"),
+            (br#"{"model":"m","input":[]}"#, r, "input"),
+            (br#"{"model":"m","input":7}"#, r, "input"),
+            (br#"{"model":"m","input":["x"]}"#, r, "input[0]"),
+            (br#"{"model":"m","input":[{"role":3,"content":"x"}]}"#, r, "input[0].role"),
+            (br#"{"model":"m","input":[{"role":"user","content":3}]}"#, r, "input[0].content"),
+            (br#"{"model":"m","input":"x","instructions":["a"]}"#, r, "instructions"),
+            (br#"{"model":"m","input":"x","max_output_tokens":0}"#, r, "max_output_tokens"),
         ];
-        for (body, chat, field) in cases {
-            let err = parse_inference_body(body, *chat).unwrap_err();
+        for (body, api, field) in cases {
+            let err = parse_inference_body(body, *api).unwrap_err();
             assert_eq!(err.field, *field, "{}", String::from_utf8_lossy(body));
         }
     }

@@ -39,8 +39,18 @@ fn the_picker_routes_on_headers_alone_when_told_to() {
 fn routes_and_learns(plugin: Value) {
     let h = harness(Router::Epp, plugin, None);
     let slo = [("x-slo-ttft-ms", "5000"), ("x-slo-tpot-ms", "200"), ("x-prediction-based-scheduling", "true")];
+    let responses = json!({"model": "sim-llama-8b", "input": "hello", "max_output_tokens": 8, "stream": true});
     for i in 0..6 {
-        let r = h.completion(8, i % 2 == 0, &slo).unwrap();
+        let r = match i {
+            5 => h
+                .post(
+                    "/v1/responses",
+                    &[("content-type", "application/json"), slo[0], slo[1], slo[2]],
+                    &responses.to_string(),
+                )
+                .unwrap(),
+            _ => h.completion(8, i % 2 == 0, &slo).unwrap(),
+        };
         assert_eq!(r.status, 200, "{}", r.body);
         let chosen = r.chosen.clone().unwrap_or_else(|| panic!("no pick on a routed request: {r:?}"));
         assert_eq!(r.served_by.as_deref(), Some(chosen.as_str()), "served where the picker chose");
@@ -114,6 +124,12 @@ fn decisions(router: Router, epp_full_duplex: bool) -> Vec<Decision> {
     replies.push(h.get(&format!("{}/v1/models", h.gateway())).unwrap());
     // No SLO: the default profile's pick.
     replies.push(h.completion(4, false, &[]).unwrap());
+    // The responses API, streamed and not.
+    for stream in [true, false] {
+        let body = json!({"model": "sim-llama-8b", "instructions": "be brief", "max_output_tokens": 4, "stream": stream,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hello there"}]}]});
+        replies.push(h.post("/v1/responses", &[json, slo[0], slo[1], slo[2]], &body.to_string()).unwrap());
+    }
     let leaked: f64 = servers.iter().map(|&s| h.server_metric(s, "sim:requests_with_routing_hints_total")).sum();
     assert_eq!(leaked, 0.0, "{}: routing hints reached a model server", router.name());
     replies
@@ -143,6 +159,7 @@ fn the_picker_decides_as_the_wasm_filter_does_on_the_same_traffic() {
     assert_eq!((wasm[6].status, wasm[6].error_field.as_deref()), (400, Some("x-slo-ttft-ms")));
     assert_eq!(wasm[7].status, 400);
     assert_eq!((wasm[9].status, wasm[9].chosen), (200, None));
+    assert_eq!((wasm[11].status, wasm[11].chosen, wasm[12].chosen), (200, Some(0), Some(0)), "responses: {wasm:?}");
     // The picker with Envoy buffering each request body, and streaming it.
     for full_duplex in [false, true] {
         let epp = decisions(Router::Epp, full_duplex);

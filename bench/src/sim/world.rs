@@ -30,7 +30,7 @@ use headroom_predictor_core::flow::queue::Reply;
 use headroom_predictor_core::predictor::Predictor;
 use headroom_predictor_core::service::{self, Scraped};
 use headroom_protocol::meter::ResponseMeter;
-use headroom_protocol::openai::{parse_inference_body, InferenceBody};
+use headroom_protocol::openai::{parse_inference_body, Api, InferenceBody};
 use headroom_protocol::{
     codec, headers, paths, DispatchBatch, Format, PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse,
     ReportBatch,
@@ -619,7 +619,7 @@ impl World {
         let Some(req) = self.reqs.get_mut(&id) else { return };
         let Some(s) = req.server else { return };
         let server = &self.servers[s];
-        match parse_inference_body(req.body.as_bytes(), false) {
+        match parse_inference_body(req.body.as_bytes(), Api::Completions) {
             Ok(body) if server.fits(&body) => {
                 let overhead = (server.profile.api_overhead_ms * 1e6 / self.setup_scale) as u64;
                 req.parsed = Some(body);

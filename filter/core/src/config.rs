@@ -194,7 +194,7 @@ impl Default for FilterConfig {
             slo_floor_action: SloFloorAction::Clamp,
             destination_header: headers::DESTINATION.into(),
             priority_header: headers::PRIORITY.into(),
-            inference_paths: vec!["/v1/completions".into(), "/v1/chat/completions".into()],
+            inference_paths: vec!["/v1/completions".into(), "/v1/chat/completions".into(), "/v1/responses".into()],
             debug_headers: false,
             first_token_events: true,
             batch_predictions: true,

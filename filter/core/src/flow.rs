@@ -205,8 +205,7 @@ impl Flow {
         let Some(body) = host.buffer(Buffer::RequestBody, body_size) else {
             return self.reject(host, 400, "body", "an inference request needs a JSON body");
         };
-        let chat = self.path.split('?').next().unwrap_or("").ends_with("/chat/completions");
-        let parsed = match openai::parse_inference_body(&body, chat) {
+        let parsed = match openai::parse_inference_body(&body, openai::Api::of_path(&self.path)) {
             Ok(p) => p,
             Err(e) => return self.reject(host, 400, &e.field, &e.message),
         };

@@ -12,6 +12,9 @@ use crate::rng::Rng;
 use crate::{fallback, header_map, headers, policy};
 use headroom_protocol::meter::ResponseMeter;
 
+/// Every OpenAI API a body may be for.
+const API: [openai::Api; 3] = [openai::Api::Completions, openai::Api::Chat, openai::Api::Responses];
+
 /// Any f64 a hostile or broken peer could send, specials over-represented.
 fn any_number() -> impl Strategy<Value = f64> {
     prop_oneof![
@@ -166,8 +169,8 @@ proptest! {
     }
 
     #[test]
-    fn openai_bodies_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), chat in any::<bool>()) {
-        let _ = openai::parse_inference_body(&bytes, chat);
+    fn openai_bodies_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), api in 0usize..3) {
+        let _ = openai::parse_inference_body(&bytes, API[api]);
     }
 
     #[test]
@@ -175,14 +178,14 @@ proptest! {
         prompt in prop_oneof![".{0,50}".prop_map(|p| serde_json::json!(p)), Just(serde_json::json!([1, 2, 3])),
             Just(serde_json::json!([["a"]])), Just(serde_json::json!({"x": 1}))],
         max_tokens in prop_oneof![any::<i64>().prop_map(|v| serde_json::json!(v)), any_number().prop_map(|v| serde_json::json!(v))],
-        chat in any::<bool>(),
+        api in 0usize..3,
     ) {
-        let body = if chat {
-            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens})
-        } else {
-            serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": true})
+        let body = match API[api] {
+            openai::Api::Chat => serde_json::json!({"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}),
+            openai::Api::Completions => serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": true}),
+            openai::Api::Responses => serde_json::json!({"model": "m", "input": [{"role": "user", "content": prompt}], "max_output_tokens": max_tokens}),
         };
-        let _ = openai::parse_inference_body(body.to_string().as_bytes(), chat);
+        let _ = openai::parse_inference_body(body.to_string().as_bytes(), API[api]);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use headroom_protocol::headers as names;
-use headroom_protocol::openai::parse_inference_body;
+use headroom_protocol::openai::{parse_inference_body, Api};
 use headroom_protocol::tokens::prefix_block_hashes;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -107,6 +107,7 @@ pub async fn serve(
     let app = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "" }))
         .route("/metrics", get(metrics))
@@ -135,16 +136,21 @@ pub async fn serve(
 
 async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     shared.telemetry.count_leaked_hints(&headers);
-    generate(shared, &body, false).await
+    generate(shared, &body, Api::Completions).await
 }
 
 async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     shared.telemetry.count_leaked_hints(&headers);
-    generate(shared, &body, true).await
+    generate(shared, &body, Api::Chat).await
 }
 
-async fn generate(shared: Arc<Shared>, raw: &[u8], chat: bool) -> Response {
-    let body = match parse_inference_body(raw, chat) {
+async fn responses(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    shared.telemetry.count_leaked_hints(&headers);
+    generate(shared, &body, Api::Responses).await
+}
+
+async fn generate(shared: Arc<Shared>, raw: &[u8], api: Api) -> Response {
+    let body = match parse_inference_body(raw, api) {
         Ok(b) => b,
         Err(e) => return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some(&e.field), &e.message),
     };
@@ -172,7 +178,7 @@ async fn generate(shared: Arc<Shared>, raw: &[u8], chat: bool) -> Response {
     if shared.commands.send(Command::Submit(request, tx)).is_err() {
         return openai_error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", None, "engine stopped");
     }
-    let reply = Reply { id: format!("cmpl-{id}"), model: body.model.clone(), chat, prompt_tokens: body.prompt_tokens };
+    let reply = Reply { id: format!("cmpl-{id}"), model: body.model.clone(), api, prompt_tokens: body.prompt_tokens };
     if body.stream {
         stream_reply(reply, body, rx)
     } else {
