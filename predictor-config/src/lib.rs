@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod engine;
 pub mod profile;
 pub use profile::Profile;
 
@@ -84,6 +85,10 @@ pub struct Config {
     pub auth_token_file: Option<PathBuf>,
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
+    /// Engines beyond the built-in ones (or replacing one of the same name): which series a
+    /// pool's `engine` reads (`engine.rs`).
+    #[serde(default, rename = "engine", skip_serializing_if = "Vec::is_empty")]
+    pub engines: Vec<engine::EngineConfig>,
     /// Latency models: training, persistence, or a user-supplied model.
     #[serde(default)]
     pub model: ModelConfig,
@@ -266,6 +271,14 @@ pub struct PoolConfig {
     /// feature, so one pool can mix GPU types. Unlisted endpoints are class 0.
     #[serde(default)]
     pub hardware: BTreeMap<String, String>,
+    /// What serves the pool, so which series its `/metrics` are read from: `vllm` (the
+    /// default), `sglang`, `trtllm-serve`, `triton-tensorrt-llm`, or an `[[engine]]`.
+    #[serde(default = "default_engine")]
+    pub engine: String,
+}
+
+fn default_engine() -> String {
+    engine::DEFAULT_ENGINE.to_string()
 }
 
 fn default_listen() -> SocketAddr {
@@ -330,6 +343,7 @@ impl Config {
             max_scrape_bytes: default_max_scrape_bytes(),
             auth_token_file: None,
             pools,
+            engines: Vec::new(),
             model: ModelConfig::default(),
             kubernetes: KubernetesConfig::default(),
             flow: FlowConfig::default(),
@@ -467,6 +481,13 @@ impl Config {
         // Every profile must load: a typo in a path fails at start, not at the first request.
         self.prior_profiles().map_err(|e| anyhow::anyhow!("model.prior_profiles: {e}"))?;
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
+        for pool in &self.pools {
+            engine::resolve(&pool.engine, &self.engines)
+                .map_err(|e| anyhow::anyhow!("pool {:?}: engine: {e}", pool.name))?;
+        }
+        for e in &self.engines {
+            e.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
         anyhow::ensure!((1..=100_000).contains(&self.observations_kept), "observations_kept must be within 1..=100000");
         anyhow::ensure!((1..=10_000_000).contains(&self.max_in_flight), "max_in_flight must be within 1..=10000000");
         anyhow::ensure!((1..=86_400).contains(&self.in_flight_ttl_s), "in_flight_ttl_s must be within 1..=86400");
@@ -553,6 +574,7 @@ mod tests {
             endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             kubernetes: Vec::new(),
             hardware: [("127.0.0.1:2".to_string(), "a100".to_string())].into(),
+            engine: "sglang".into(),
         }]);
         c.auth_token_file = Some("/run/token".into());
         c.model.data_dir = Some("/var/lib/headroom".into());

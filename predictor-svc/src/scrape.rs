@@ -1,4 +1,5 @@
-//! Scraping vLLM's Prometheus metrics from every endpoint.
+//! Scraping the model servers' Prometheus metrics from every endpoint, by each pool's engine
+//! (`headroom_predictor_config::engine`: vLLM's series by default).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -8,21 +9,40 @@ use futures_util::StreamExt;
 
 use crate::heartbeat::Task;
 use crate::state::AppState;
+use headroom_predictor_config::engine::{self, EngineMetricNames, MetricSpec};
 use headroom_predictor_core::pool::{DecodeCounter, EngineMetrics};
 use headroom_predictor_core::service::{self, Scraped};
 
-/// Reads the engine metrics from Prometheus text. Series of one name are
-/// summed (one per model/engine) except KV usage, of which the highest is kept.
-/// The inter-token latency histogram is `vllm:inter_token_latency_seconds`, or on
-/// servers that predate it `vllm:time_per_output_token_seconds` (the same observations;
-/// newer servers that expose both are read from the first). `None` when no known series
-/// is present.
+/// vLLM's series (the default engine): what [`parse_engine_metrics`] reads.
+pub fn vllm() -> &'static EngineMetricNames {
+    static VLLM: std::sync::LazyLock<EngineMetricNames> = std::sync::LazyLock::new(|| {
+        engine::resolve(engine::DEFAULT_ENGINE, &[]).unwrap_or_else(|_| EngineMetricNames {
+            name: engine::DEFAULT_ENGINE.into(),
+            running: Vec::new(),
+            waiting: Vec::new(),
+            kv_usage: Vec::new(),
+            decode_latency: Vec::new(),
+        })
+    });
+    &VLLM
+}
+
+/// Reads vLLM's engine metrics from Prometheus text ([`parse_metrics`] with [`vllm`]).
 pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
-    let mut m = EngineMetrics::default();
-    let mut seen = false;
-    // Each histogram name's series, summed; `None` while none was seen.
-    let mut itl: Option<DecodeCounter> = None;
-    let mut tpot: Option<DecodeCounter> = None;
+    parse_metrics(text, vllm())
+}
+
+/// Reads an engine's metrics from Prometheus text, by its series (`names`). Series of one
+/// name are summed (one per model/engine) except KV usage, of which the highest is kept.
+/// Where a field lists several series (a series renamed across versions), the first one
+/// present is read, so a server exposing both counts its tokens once. `None` when no known
+/// series is present.
+pub fn parse_metrics(text: &str, names: &EngineMetricNames) -> Option<EngineMetrics> {
+    // Per field, per spec: the sum (or highest) seen, `None` while unseen.
+    let mut running: Vec<Option<f64>> = vec![None; names.running.len()];
+    let mut waiting: Vec<Option<f64>> = vec![None; names.waiting.len()];
+    let mut kv: Vec<Option<f64>> = vec![None; names.kv_usage.len()];
+    let mut decode: Vec<Option<DecodeCounter>> = vec![None; names.decode_latency.len()];
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
@@ -31,29 +51,45 @@ pub fn parse_engine_metrics(text: &str) -> Option<EngineMetrics> {
             Some(i) => line.split_at(i),
             None => continue,
         };
-        let value_text = match rest.rfind('}') {
-            Some(close) => &rest[close + 1..],
-            None => rest,
+        let (labels, value_text) = match (rest.strip_prefix('{'), rest.rfind('}')) {
+            (Some(_), Some(close)) => (&rest[1..close], &rest[close + 1..]),
+            _ => ("", rest),
         };
         let Some(value) = value_text.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
         if !value.is_finite() || value < 0.0 {
             continue;
         }
-        match series {
-            // `as` saturates a huge float; the sum saturates too.
-            "vllm:num_requests_running" => m.running = m.running.saturating_add(value as u32),
-            "vllm:num_requests_waiting" => m.waiting = m.waiting.saturating_add(value as u32),
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => m.kv_usage = m.kv_usage.max(value.min(1.0)),
-            "vllm:inter_token_latency_seconds_sum" => itl.get_or_insert_default().sum_s += value,
-            "vllm:inter_token_latency_seconds_count" => itl.get_or_insert_default().tokens += value,
-            "vllm:time_per_output_token_seconds_sum" => tpot.get_or_insert_default().sum_s += value,
-            "vllm:time_per_output_token_seconds_count" => tpot.get_or_insert_default().tokens += value,
-            _ => continue,
+        let add = |slots: &mut [Option<f64>], specs: &[MetricSpec], combine: fn(f64, f64) -> f64| {
+            for (slot, spec) in slots.iter_mut().zip(specs) {
+                if spec.matches(series, labels) {
+                    *slot = Some(slot.map_or(value, |v| combine(v, value)));
+                }
+            }
+        };
+        add(&mut running, &names.running, |a, b| a + b);
+        add(&mut waiting, &names.waiting, |a, b| a + b);
+        add(&mut kv, &names.kv_usage, f64::max);
+        for (slot, base) in decode.iter_mut().zip(&names.decode_latency) {
+            match series.strip_prefix(base.as_str()) {
+                Some("_sum") => slot.get_or_insert_default().sum_s += value,
+                Some("_count") => slot.get_or_insert_default().tokens += value,
+                _ => {}
+            }
         }
-        seen = true;
     }
-    m.decode = itl.or(tpot);
-    seen.then_some(m)
+    let first = |slots: &[Option<f64>]| slots.iter().flatten().next().copied();
+    let decode = decode.into_iter().flatten().next();
+    let (running, waiting, kv) = (first(&running), first(&waiting), first(&kv));
+    if running.is_none() && waiting.is_none() && kv.is_none() && decode.is_none() {
+        return None;
+    }
+    Some(EngineMetrics {
+        // `as` saturates a huge float.
+        running: running.map_or(0, |v| v as u32),
+        waiting: waiting.map_or(0, |v| v as u32),
+        kv_usage: kv.map_or(0.0, |v| v.min(1.0)),
+        decode,
+    })
 }
 
 /// Scrapes every endpoint of every pool forever, one request per endpoint per interval.
@@ -79,6 +115,17 @@ pub async fn run(state: Arc<AppState>) {
     let mut busy: HashSet<(String, String)> = HashSet::new();
     // Ready once every endpoint known at the first tick has been tried once.
     let mut first_round: Option<usize> = None;
+    // Each pool's engine series (checked when the configuration was read).
+    let engines: std::collections::HashMap<String, Arc<EngineMetricNames>> = state
+        .core
+        .config
+        .pools
+        .iter()
+        .filter_map(|p| {
+            let names = engine::resolve(&p.engine, &state.core.config.engines).ok()?;
+            Some((p.name.clone(), Arc::new(names)))
+        })
+        .collect();
     loop {
         tokio::select! {
             _ = ticker.tick() => {
@@ -94,8 +141,9 @@ pub async fn run(state: Arc<AppState>) {
                         }
                         let (client, pool) = (client.clone(), pool.clone());
                         let max_bytes = state.core.config.max_scrape_bytes;
+                        let names = engines.get(&pool).cloned().unwrap_or_else(|| std::sync::Arc::new(vllm().clone()));
                         running.push(async move {
-                            let result = scrape_one(&client, &address, max_bytes).await;
+                            let result = scrape_one(&client, &address, max_bytes, &names).await;
                             // Its context length once, when it first answers: a server's
                             // model does not change while it runs.
                             let context = match (&result, context_known) {
@@ -200,6 +248,7 @@ pub async fn scrape_one(
     client: &reqwest::Client,
     address: &str,
     max_bytes: usize,
+    names: &EngineMetricNames,
 ) -> Result<EngineMetrics, ScrapeError> {
     let mut response = client
         .get(format!("http://{address}/metrics"))
@@ -216,8 +265,8 @@ pub async fn scrape_one(
         }
         body.extend_from_slice(&chunk);
     }
-    parse_engine_metrics(&String::from_utf8_lossy(&body))
-        .ok_or_else(|| ScrapeError::failed("no vllm:* engine metrics in /metrics"))
+    parse_metrics(&String::from_utf8_lossy(&body), names)
+        .ok_or_else(|| ScrapeError::failed(format!("none of engine {}'s series in /metrics", names.name)))
 }
 
 #[cfg(test)]
@@ -260,6 +309,32 @@ mod tests {
         let both = format!("{itl}{older}");
         assert_eq!(decode(&both), Some(DecodeCounter { sum_s: 2.0, tokens: 100.0 }), "the same tokens, counted once");
         assert_eq!(decode("vllm:num_requests_running 1\n"), None);
+    }
+
+    #[test]
+    fn each_engine_is_read_by_its_own_series() {
+        let sglang = engine::resolve("sglang", &[]).unwrap();
+        let text = "sglang:num_running_reqs{model_name=\"m\"} 4\nsglang:num_queue_reqs{model_name=\"m\"} 2\n\
+            sglang:token_usage{model_name=\"m\"} 0.25\nvllm:num_requests_running 99\n";
+        assert_eq!(
+            parse_metrics(text, &sglang),
+            Some(EngineMetrics { running: 4, waiting: 2, kv_usage: 0.25, decode: None })
+        );
+        let triton = engine::resolve("triton-tensorrt-llm", &[]).unwrap();
+        let text = "nv_trt_llm_request_metrics{model=\"t\",request_type=\"scheduled\",version=\"1\"} 3\n\
+            nv_trt_llm_request_metrics{model=\"t\",request_type=\"waiting\",version=\"1\"} 5\n\
+            nv_trt_llm_request_metrics{model=\"t\",request_type=\"max\",version=\"1\"} 64\n\
+            nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\",model=\"t\"} 0.5\n\
+            nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\",model=\"t\"} 4096\n";
+        assert_eq!(
+            parse_metrics(text, &triton),
+            Some(EngineMetrics { running: 3, waiting: 5, kv_usage: 0.5, decode: None })
+        );
+        assert_eq!(
+            parse_metrics("vllm:num_requests_running 2\n", &triton),
+            None,
+            "another engine's series are not read"
+        );
     }
 
     #[test]

@@ -324,9 +324,15 @@ async fn a_metrics_body_over_the_cap_fails_the_scrape() {
     let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { big.clone() }));
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let client = reqwest::Client::new();
-    let err = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 4096).await.unwrap_err();
+    let err =
+        headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 4096, headroom_predictor::scrape::vllm())
+            .await
+            .unwrap_err();
     assert!(err.message.contains("max_scrape_bytes") && !err.unreachable, "{err}");
-    let ok = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20).await.unwrap();
+    let ok =
+        headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20, headroom_predictor::scrape::vllm())
+            .await
+            .unwrap();
     assert_eq!(ok.running, 1);
     server.abort();
 }
@@ -531,8 +537,39 @@ async fn a_metrics_redirect_is_not_followed() {
     let app = axum::Router::new().route("/metrics", axum::routing::get(redirect));
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let client = headroom_predictor::scrape::scrape_client(std::time::Duration::from_secs(2)).unwrap();
-    let err = headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20).await.unwrap_err();
+    let err =
+        headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20, headroom_predictor::scrape::vllm())
+            .await
+            .unwrap_err();
     assert!(err.message.contains("302"), "{err}");
     server.abort();
     other.abort();
+}
+
+/// A pool served by another engine is read by that engine's series: an SGLang server's
+/// load reaches the pool, and a pool naming an engine nobody defined is refused at start.
+#[tokio::test]
+async fn a_pool_of_another_engine_is_read_by_its_series() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let body = "sglang:num_running_reqs{model_name=\"m\"} 6\nsglang:num_queue_reqs{model_name=\"m\"} 3\n\
+                sglang:token_usage{model_name=\"m\"} 0.4\n";
+    let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { body }));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let pool = format!("[[pool]]\nname = \"default\"\nendpoints = [\"{addr}\"]\n");
+    let config = format!("scrape_interval_ms = 50\n{pool}engine = \"sglang\"\n");
+    let state = Arc::new(AppState::new(Config::parse(&config).unwrap()).unwrap());
+    let scraper = tokio::spawn(headroom_predictor::scrape::run(state.clone()));
+    let metrics = |state: &AppState| state.core.pools.with("default", |p| p.endpoints[0].metrics.clone()).flatten();
+    let started = std::time::Instant::now();
+    while metrics(&state).is_none() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "never scraped");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let m = metrics(&state).unwrap();
+    assert_eq!((m.running, m.waiting, m.kv_usage), (6, 3, 0.4));
+    scraper.abort();
+    server.abort();
+    let err = Config::parse(&format!("{pool}engine = \"tgi\"\n")).unwrap_err().to_string();
+    assert!(err.contains("engine") && err.contains("tgi"), "{err}");
 }

@@ -686,6 +686,7 @@ impl Stack {
             endpoints: stack.state.servers.iter().map(|s| s.to_string()).collect(),
             kubernetes: Vec::new(),
             hardware: stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| (s.to_string(), p.clone())).collect(),
+            engine: headroom_predictor_config::engine::DEFAULT_ENGINE.into(),
         };
         // The prior from each hardware class's measured costs, where the stack measures them.
         let profiles = if opts.profile {

@@ -87,6 +87,7 @@ pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
                 endpoints: addresses.clone(),
                 kubernetes: Vec::new(),
                 hardware: addresses.into_iter().zip(ladder.fleet.iter().cloned()).collect(),
+                engine: headroom_predictor_config::engine::DEFAULT_ENGINE.into(),
             };
             let mut predictor = headroom_stack::predictor_config(pool, c.objective, &ladder.fleet, Some(time_scale));
             // Trained for every router that runs the predictor, as on the real stack: even a
