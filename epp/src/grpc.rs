@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures_util::StreamExt;
-use headroom_protocol::stream::{frame, status, Deframer, CONTENT_TYPE};
+use headroom_protocol::stream::{frame, status, status_trailers, Deframer, CONTENT_TYPE};
 use http_body::Frame;
 use http_body_util::StreamBody;
 use prost::Message;
@@ -181,10 +181,10 @@ fn grpc_error(code: u32, message: &str) -> Response {
 /// `grpc-status` and, when there is one, `grpc-message` (visible ASCII only).
 fn trailers(code: u32, message: &str) -> HeaderMap {
     let mut map = HeaderMap::new();
-    map.insert("grpc-status", HeaderValue::from(code));
-    let printable: String = message.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
-    if let (false, Ok(value)) = (printable.is_empty(), HeaderValue::from_str(&printable)) {
-        map.insert("grpc-message", value);
+    for (name, value) in status_trailers(code, message) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            map.insert(name, value);
+        }
     }
     map
 }

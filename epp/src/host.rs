@@ -15,6 +15,9 @@ use crate::calls::Calls;
 use crate::proto::BodySendMode;
 use crate::stats::Stats;
 
+/// A header map as Envoy sent it: names lower-case, in order.
+pub type Headers = Vec<(String, String)>;
+
 /// Header changes the flow made that Envoy has not been told of yet.
 #[derive(Debug, Default)]
 pub struct Mutations {
@@ -43,8 +46,8 @@ pub struct Io {
     /// How Envoy sends the request body (the stream's first message says).
     pub request_body_mode: BodySendMode,
     pub response_body_mode: BodySendMode,
-    pub request_headers: Vec<(String, String)>,
-    pub response_headers: Vec<(String, String)>,
+    pub request_headers: Headers,
+    pub response_headers: Headers,
     pub request_mutations: Mutations,
     pub response_mutations: Mutations,
     /// The request body so far.
@@ -78,7 +81,7 @@ impl Io {
         }
     }
 
-    fn map(&self, map: Map) -> Option<&Vec<(String, String)>> {
+    fn map(&self, map: Map) -> Option<&Headers> {
         match map {
             Map::RequestHeaders => Some(&self.request_headers),
             Map::ResponseHeaders => Some(&self.response_headers),
@@ -108,6 +111,18 @@ pub struct EppHost<'a> {
     pub context: u32,
 }
 
+impl EppHost<'_> {
+    /// A header map the flow may change, with the changes Envoy is to be told of.
+    fn writable(&mut self, map: Map) -> Result<(&mut Headers, &mut Mutations), HostError> {
+        let io = self.io.as_mut().ok_or(HostError(HostError::UNIMPLEMENTED))?;
+        match map {
+            Map::RequestHeaders => Ok((&mut io.request_headers, &mut io.request_mutations)),
+            Map::ResponseHeaders => Ok((&mut io.response_headers, &mut io.response_mutations)),
+            Map::CalloutHeaders => Err(HostError(HostError::UNIMPLEMENTED)),
+        }
+    }
+}
+
 impl Host for EppHost<'_> {
     fn now_ns(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
@@ -130,12 +145,7 @@ impl Host for EppHost<'_> {
     }
 
     fn set_header(&mut self, map: Map, name: &str, value: &str) -> Result<(), HostError> {
-        let io = self.io.as_mut().ok_or(HostError(HostError::UNIMPLEMENTED))?;
-        let (pairs, mutations) = match map {
-            Map::RequestHeaders => (&mut io.request_headers, &mut io.request_mutations),
-            Map::ResponseHeaders => (&mut io.response_headers, &mut io.response_mutations),
-            Map::CalloutHeaders => return Err(HostError(HostError::UNIMPLEMENTED)),
-        };
+        let (pairs, mutations) = self.writable(map)?;
         pairs.retain(|(n, _)| n != name);
         pairs.push((name.to_string(), value.to_string()));
         mutations.set(name, value);
@@ -143,12 +153,7 @@ impl Host for EppHost<'_> {
     }
 
     fn remove_header(&mut self, map: Map, name: &str) -> Result<(), HostError> {
-        let io = self.io.as_mut().ok_or(HostError(HostError::UNIMPLEMENTED))?;
-        let (pairs, mutations) = match map {
-            Map::RequestHeaders => (&mut io.request_headers, &mut io.request_mutations),
-            Map::ResponseHeaders => (&mut io.response_headers, &mut io.response_mutations),
-            Map::CalloutHeaders => return Err(HostError(HostError::UNIMPLEMENTED)),
-        };
+        let (pairs, mutations) = self.writable(map)?;
         pairs.retain(|(n, _)| n != name);
         mutations.remove(name);
         Ok(())

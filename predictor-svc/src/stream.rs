@@ -99,10 +99,10 @@ fn answer(state: &AppState, message: &[u8]) -> StreamAnswer {
 /// `grpc-status` and, when there is one, `grpc-message` (visible ASCII only, as the header allows).
 fn trailers(code: u32, message: &str) -> HeaderMap {
     let mut map = HeaderMap::new();
-    map.insert("grpc-status", HeaderValue::from(code));
-    let printable: String = message.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
-    if let (false, Ok(value)) = (printable.is_empty(), HeaderValue::from_str(&printable)) {
-        map.insert("grpc-message", value);
+    for (name, value) in wire::status_trailers(code, message) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            map.insert(name, value);
+        }
     }
     map
 }

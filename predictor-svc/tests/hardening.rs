@@ -560,7 +560,7 @@ async fn a_pool_of_another_engine_is_read_by_its_series() {
     let config = format!("scrape_interval_ms = 50\n{pool}engine = \"sglang\"\n");
     let state = Arc::new(AppState::new(Config::parse(&config).unwrap()).unwrap());
     let scraper = tokio::spawn(headroom_predictor::scrape::run(state.clone()));
-    let metrics = |state: &AppState| state.core.pools.with("default", |p| p.endpoints[0].metrics.clone()).flatten();
+    let metrics = |state: &AppState| state.core.pools.with("default", |p| p.endpoints[0].metrics).flatten();
     let started = std::time::Instant::now();
     while metrics(&state).is_none() {
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "never scraped");

@@ -48,6 +48,17 @@ pub struct StreamAnswer {
     pub error: Option<ErrorBody>,
 }
 
+/// The trailers that end a gRPC stream with `code`: `grpc-status`, and `grpc-message` when
+/// there is one (visible ASCII only, as the header allows: anything else becomes `?`).
+pub fn status_trailers(code: u32, message: &str) -> Vec<(&'static str, String)> {
+    let mut out = vec![("grpc-status", code.to_string())];
+    let printable: String = message.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
+    if !printable.is_empty() {
+        out.push(("grpc-message", printable));
+    }
+    out
+}
+
 /// `message` in gRPC's framing: a zero byte (not compressed), its length as a big-endian
 /// u32, the message.
 pub fn frame(message: &[u8]) -> Vec<u8> {
