@@ -12,8 +12,7 @@ use std::time::Duration;
 use headroom_filter_core::host::HostError;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::host::Answer;
-use crate::inbox::Input;
+use crate::inbox::{Answer, Input};
 
 /// proxy-wasm's status for a call to a cluster the host does not know.
 const NOT_FOUND: u32 = 1;

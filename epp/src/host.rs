@@ -12,6 +12,7 @@ use headroom_filter_core::header_map::HeaderMap;
 use headroom_filter_core::host::{Buffer, Event, Host, HostError, Level, Map};
 
 use crate::calls::Calls;
+use crate::inbox::Answer;
 use crate::proto::BodySendMode;
 use crate::stats::Stats;
 
@@ -88,14 +89,6 @@ impl Io {
             Map::CalloutHeaders => None,
         }
     }
-}
-
-/// A predictor call's answer, as the callback that takes it sees it.
-#[derive(Debug, Clone, Default)]
-pub struct Answer {
-    /// `None`: no answer (the predictor unreachable).
-    pub status: Option<u16>,
-    pub body: Vec<u8>,
 }
 
 /// The host one callback of the flow or the VM runs against.

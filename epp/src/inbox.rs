@@ -3,8 +3,15 @@
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::host::Answer;
 use crate::proto::{ProcessingRequest, ProcessingResponse};
+
+/// A predictor call's answer, as the callback that takes it sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    /// `None`: no answer (the predictor unreachable).
+    pub status: Option<u16>,
+    pub body: Vec<u8>,
+}
 
 /// One thing for a worker to handle, in arrival order.
 #[derive(Debug)]

@@ -24,8 +24,8 @@ use headroom_filter_core::FilterConfig;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 
 use crate::calls::Calls;
-use crate::host::{Answer, EppHost, Io, Mutations};
-use crate::inbox::Input;
+use crate::host::{EppHost, Io, Mutations};
+use crate::inbox::{Answer, Input};
 use crate::proto::processing_request::Request;
 use crate::proto::processing_response::Response;
 use crate::proto::{
