@@ -110,7 +110,8 @@ fn reduced_gateway_bench_measures_latency_throughput_and_streaming() {
     let stdout = String::from_utf8_lossy(&run.stdout).to_string();
     assert!(run.status.success(), "gateway bench failed: {stdout}\n{}", String::from_utf8_lossy(&run.stderr));
     let r: GatewayResults = serde_json::from_str(&std::fs::read_to_string(out.join("gateway.json")).unwrap()).unwrap();
-    assert_eq!(r.latency.len(), 4);
+    assert_eq!(r.latency.len(), 5, "four paths and the endpoint picker's");
+    assert!(r.epp_added_p50_ms.is_finite() && r.epp_added_p99_ms.is_finite(), "{:?}", r.latency);
     assert!(r.latency.iter().all(|l| l.errors == 0 && l.p50_us > 0.0), "{:?}", r.latency);
     assert_eq!(r.throughput.len(), 6, "3 paths at 2 connection counts");
     assert_eq!(r.throughput_share_by_connections.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [2, 4]);
