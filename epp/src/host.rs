@@ -13,7 +13,7 @@ use headroom_filter_core::host::{Buffer, Event, Host, HostError, Level, Map};
 
 use crate::calls::Calls;
 use crate::inbox::Answer;
-use crate::proto::BodySendMode;
+use crate::proto::{BodySendMode, HeaderMutation, HeaderValue, HeaderValueOption, OVERWRITE_IF_EXISTS_OR_ADD};
 use crate::stats::Stats;
 
 /// A header map as Envoy sent it: names lower-case, in order.
@@ -39,6 +39,21 @@ impl Mutations {
             self.remove.push(name.to_string());
         }
     }
+
+    /// The changes as an ext_proc header mutation (`None`: no change), and forgotten.
+    pub fn take(&mut self) -> Option<HeaderMutation> {
+        if self.set.is_empty() && self.remove.is_empty() {
+            return None;
+        }
+        let set_headers = self.set.drain(..).map(|(n, v)| set(&n, &v)).collect();
+        Some(HeaderMutation { set_headers, remove_headers: std::mem::take(&mut self.remove) })
+    }
+}
+
+/// Sets (replacing) header `name` in an ext_proc mutation; the value as raw bytes, as Envoy sends.
+pub fn set(name: &str, value: &str) -> HeaderValueOption {
+    let header = HeaderValue { key: name.to_string(), value: String::new(), raw_value: value.as_bytes().to_vec() };
+    HeaderValueOption { header: Some(header), append_action: OVERWRITE_IF_EXISTS_OR_ADD }
 }
 
 /// One HTTP request as the picker knows it from its ext_proc stream.

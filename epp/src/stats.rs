@@ -78,14 +78,6 @@ impl Stats {
         }
     }
 
-    /// A counter's value (tests, and the readiness of nothing else).
-    pub fn counter(&self, name: &str) -> Option<u64> {
-        match self.metrics.get(name)? {
-            Metric::Counter(c) => Some(c.load(Ordering::Relaxed)),
-            Metric::Histogram(_) => None,
-        }
-    }
-
     /// The Prometheus text exposition of every stat.
     pub fn render(&self) -> String {
         let mut out = String::new();

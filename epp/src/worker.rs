@@ -24,14 +24,14 @@ use headroom_filter_core::FilterConfig;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 
 use crate::calls::Calls;
-use crate::host::{EppHost, Io, Mutations};
+use crate::host::{set, EppHost, Io};
 use crate::inbox::{Answer, Input};
 use crate::proto::processing_request::Request;
 use crate::proto::processing_response::Response;
 use crate::proto::{
-    body_mutation, BodyMutation, BodyResponse, BodySendMode, CommonResponse, HeaderMutation, HeaderValue,
-    HeaderValueOption, HeadersResponse, HttpStatus, ImmediateResponse, ProcessingRequest, ProcessingResponse,
-    StreamedBodyResponse, Struct, TrailersResponse, Value, OVERWRITE_IF_EXISTS_OR_ADD,
+    body_mutation, BodyMutation, BodyResponse, BodySendMode, CommonResponse, HeaderMutation, HeadersResponse,
+    HttpStatus, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse, Struct,
+    TrailersResponse, Value,
 };
 use crate::stats::Stats;
 
@@ -62,12 +62,8 @@ struct Stream {
     io: Io,
     out: UnboundedSender<ProcessingResponse>,
     owed: Option<Owed>,
-    /// Its first message has been read (the protocol configuration comes with it).
-    started: bool,
     /// The flow's `on_log` ran.
     logged: bool,
-    /// The destination was given in the metadata (once per request).
-    picked: bool,
     /// Full duplex: trailers ended the held body, and their answer follows the body's.
     trailers_owed: bool,
 }
@@ -136,16 +132,7 @@ impl Worker {
             Input::Open { stream, out } => {
                 let io = Io::new(&self.vm.config.destination_header);
                 let flow = Flow::for_context(stream);
-                let s = Stream {
-                    flow,
-                    io,
-                    out,
-                    owed: None,
-                    started: false,
-                    logged: false,
-                    picked: false,
-                    trailers_owed: false,
-                };
+                let s = Stream { flow, io, out, owed: None, logged: false, trailers_owed: false };
                 self.streams.insert(stream, s);
                 self.stats.stream(true);
             }
@@ -178,13 +165,10 @@ impl Worker {
     /// One of Envoy's messages on stream `id`.
     fn message(&mut self, id: u32, message: ProcessingRequest) {
         let Some(s) = self.streams.get_mut(&id) else { return };
-        if !s.started {
-            s.started = true;
-            if let Some(p) = &message.protocol_config {
-                s.io.request_body_mode = BodySendMode::try_from(p.request_body_mode).unwrap_or(BodySendMode::Buffered);
-                s.io.response_body_mode =
-                    BodySendMode::try_from(p.response_body_mode).unwrap_or(BodySendMode::Streamed);
-            }
+        // Envoy sends its protocol configuration with a stream's first message only.
+        if let Some(p) = &message.protocol_config {
+            s.io.request_body_mode = BodySendMode::try_from(p.request_body_mode).unwrap_or(BodySendMode::Buffered);
+            s.io.response_body_mode = BodySendMode::try_from(p.response_body_mode).unwrap_or(BodySendMode::Streamed);
         }
         let upstream = message.attributes.values().find_map(|attrs| attrs.fields.get(UPSTREAM_ADDRESS));
         if let Some(address) = upstream.and_then(Value::as_str) {
@@ -395,13 +379,11 @@ impl Stream {
     /// `envoy.lb` with the pick, when `mutation` sets the destination header: GIE's
     /// protocol names the endpoint and its fallbacks there (under
     /// `x-gateway-destination-endpoint`, whatever the header is called), as the header does.
-    fn metadata(&mut self, mutation: Option<&HeaderMutation>) -> Option<Struct> {
-        if self.picked {
-            return None;
-        }
+    /// The flow sets it once and each answer takes the changes since the last, so the
+    /// metadata goes once too.
+    fn metadata(&self, mutation: Option<&HeaderMutation>) -> Option<Struct> {
         let header = self.io.destination_header.as_str();
         let value = mutation?.set_headers.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == header)?;
-        self.picked = true;
         let key = headroom_protocol::headers::DESTINATION.to_string();
         let lb = Struct { fields: [(key, Value::string(value.text()))].into() };
         let kind = crate::proto::value::Kind::StructValue(lb);
@@ -421,22 +403,6 @@ impl Stream {
             self.flow.on_log(&mut host, vm);
         }
     }
-}
-
-impl Mutations {
-    /// The changes as an ext_proc header mutation (`None`: no change), and forgotten.
-    pub fn take(&mut self) -> Option<HeaderMutation> {
-        if self.set.is_empty() && self.remove.is_empty() {
-            return None;
-        }
-        let set_headers = self.set.drain(..).map(|(n, v)| set(&n, &v)).collect();
-        Some(HeaderMutation { set_headers, remove_headers: std::mem::take(&mut self.remove) })
-    }
-}
-
-fn set(name: &str, value: &str) -> HeaderValueOption {
-    let header = HeaderValue { key: name.to_string(), value: String::new(), raw_value: value.as_bytes().to_vec() };
-    HeaderValueOption { header: Some(header), append_action: OVERWRITE_IF_EXISTS_OR_ADD }
 }
 
 fn streamed(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {

@@ -531,7 +531,7 @@ fn ext_proc_filter(
         .replace("{{EPP_MESSAGE_TIMEOUT}}", &format!("{}.{:03}s", timeout_ms / 1000, timeout_ms % 1000)))
 }
 
-/// Marks the Wasm filter's lines in `envoy/envoy.yaml.tmpl` (for [`without_wasm_filter`]).
+/// Marks the Wasm filter's lines in `envoy/envoy.yaml.tmpl` (for [`replace_wasm_filter`]).
 const WASM_FILTER_BEGIN: &str = "# headroom-wasm-filter-begin";
 const WASM_FILTER_END: &str = "# headroom-wasm-filter-end";
 

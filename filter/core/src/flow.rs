@@ -522,7 +522,6 @@ impl Flow {
         }
     }
 
-    /// Answers locally with a JSON error naming `field`.
     /// Answers `503`: none of the endpoints the gateway allows this request is known
     /// (llm-d's `rejected-no-endpoints`).
     fn no_endpoints(&mut self, host: &mut dyn Host, why: &str) -> Step {
@@ -535,6 +534,7 @@ impl Flow {
         Step::Reply { status: 503, headers, body: crate::error_message_json(why) }
     }
 
+    /// Answers locally with a JSON error naming `field`.
     fn reject(&mut self, host: &mut dyn Host, status: u32, field: &str, message: &str) -> Step {
         host.record(Event::BadRequest);
         self.routed = false;
