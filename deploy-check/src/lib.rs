@@ -8,9 +8,11 @@
 //!   checked by the real Envoy (`envoy`).
 //!
 //! Every resource file is checked as written, and every kustomization as rendered (by
-//! `kubectl kustomize`, when kubectl is installed). `oci` packages the filter as an OCI
+//! `kubectl kustomize`, when kubectl is installed), and what must agree across its
+//! documents (`agree`). `oci` packages the filter as an OCI
 //! image for the WasmPlugin (`make oci`).
 
+pub mod agree;
 pub mod builtin;
 pub mod crd;
 pub mod envoy;
@@ -128,6 +130,9 @@ impl Checker {
             for message in self.check_document(doc) {
                 out.push(Problem { source: source.into(), object: object.clone(), message });
             }
+        }
+        for (object, message) in agree::check(&docs) {
+            out.push(Problem { source: source.into(), object, message });
         }
         out
     }

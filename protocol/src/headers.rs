@@ -15,6 +15,11 @@ pub const FAIRNESS_ID: &str = "x-llm-d-inference-fairness-id";
 /// The Gateway API Inference Extension's older name for [`FAIRNESS_ID`], read when the
 /// default header is configured and absent, as llm-d's router reads it.
 pub const FAIRNESS_ID_ALIAS: &str = "x-gateway-inference-fairness-id";
+/// The InferenceObjective a request belongs to (llm-d's name): its priority is the one the
+/// filter's `objectives` gives that name, set by the operator, not claimed by the client.
+pub const OBJECTIVE: &str = "x-llm-d-inference-objective";
+/// The Gateway API Inference Extension's older name for [`OBJECTIVE`], read when it is absent.
+pub const OBJECTIVE_ALIAS: &str = "x-gateway-inference-objective";
 /// Where the gateway sends the request (the filter's default `destination_header`),
 /// read by Envoy's override_host load balancer. Never accepted from a client.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";

@@ -164,6 +164,13 @@ pub struct FilterConfig {
     /// from it, unclamped, and the client's `priority_header` is ignored. Envoy must strip a
     /// client's own copy first (docs/reliability.md, "What a client's headers can do").
     pub trusted_priority_header: Option<String>,
+    /// The pool's InferenceObjectives, name to `spec.priority` (unset there: 0): a request
+    /// naming one in `x-llm-d-inference-objective` (or the older `x-gateway-inference-objective`)
+    /// gets its priority, unclamped, over its own `priority_header` claim; a name not listed
+    /// falls back to that claim. Any client may name any objective, as in llm-d's router:
+    /// where that matters, a trusted filter ahead sets the header (or `trusted_priority_header`,
+    /// which wins over both).
+    pub objectives: std::collections::BTreeMap<String, i32>,
     /// The same for the tenant: when configured, the tenant is taken from this header only
     /// (absent: the shared anonymous tenant), never from the client's `fairness_header`.
     pub trusted_fairness_header: Option<String>,
@@ -225,6 +232,7 @@ impl Default for FilterConfig {
             flow_dispatch_horizon_ms: 150,
             client_priority_range: [-1, 0],
             trusted_priority_header: None,
+            objectives: std::collections::BTreeMap::new(),
             trusted_fairness_header: None,
         }
     }
@@ -320,6 +328,10 @@ impl FilterConfig {
             {
                 return Err(bad(field, "header names must be non-empty, lower case with no spaces"));
             }
+        }
+        if let Some(name) = self.objectives.keys().find(|n| n.is_empty() || n.len() > limits::MAX_NAME_BYTES) {
+            let max = limits::MAX_NAME_BYTES;
+            return Err(bad("objectives", format!("objective names must be 1..={max} bytes, got {name:?}")));
         }
         let [lowest, highest] = self.client_priority_range;
         if lowest > highest {
@@ -531,6 +543,8 @@ mod tests {
             (br#"{"":0}"#, "(configuration)"),
             (br#"{"read_body":"no"}"#, "read_body"),
             (br#"{"client_priority_range":[1,-1]}"#, "client_priority_range"),
+            (br#"{"objectives":{"":1}}"#, "objectives"),
+            (br#"{"objectives":{"a":1.5}}"#, "objectives.a"),
             (br#"{"trusted_priority_header":"X-Auth"}"#, "trusted_priority_header"),
             (br#"{"trusted_fairness_header":""}"#, "trusted_fairness_header"),
             (br#"{"max_claimed_body_bytes":10}"#, "max_claimed_body_bytes"),

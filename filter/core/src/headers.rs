@@ -1,6 +1,8 @@
 //! Reading a caller's routing hints from request headers.
 
-use headroom_protocol::headers::{FAIRNESS_ID, FAIRNESS_ID_ALIAS, PREDICTION_BASED, SLO_TPOT, SLO_TTFT};
+use headroom_protocol::headers::{
+    FAIRNESS_ID, FAIRNESS_ID_ALIAS, OBJECTIVE, OBJECTIVE_ALIAS, PREDICTION_BASED, SLO_TPOT, SLO_TTFT,
+};
 use headroom_protocol::{limits, Slo};
 
 use crate::config::{FilterConfig, SloFloorAction};
@@ -24,8 +26,9 @@ pub struct HeaderError {
     pub message: String,
 }
 
-/// Reads the hints; `get` returns a request header's value by lower-case name. SLOs
-/// are bounded: above `limits::MAX_MS` is refused; below the configured floor is
+/// Reads the hints; `get` returns a request header's value by lower-case name. The
+/// priority is the trusted header's, else the named objective's, else the client's claim
+/// held to `client_priority_range`. SLOs are bounded: above `limits::MAX_MS` is refused; below the configured floor is
 /// clamped to it or refused (`slo_floor_action`).
 pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) -> Result<RoutingHints, HeaderError> {
     let priority_header = config.priority_header.as_str();
@@ -40,9 +43,12 @@ pub fn parse_hints(get: impl Fn(&str) -> Option<String>, config: &FilterConfig) 
             .map_err(|_| HeaderError { header: header.to_string(), message: format!("must be an integer, got {v:?}") })
     };
     let trusted = config.trusted_priority_header.as_deref().and_then(|h| Some((h, get(h)?)));
-    let (priority, priority_clamped) = match trusted {
-        Some((header, v)) => (integer(header, v)?, false),
-        None => {
+    let objective = first_present(&get, [OBJECTIVE, OBJECTIVE_ALIAS])
+        .and_then(|(_, name)| config.objectives.get(name.trim()).copied());
+    let (priority, priority_clamped) = match (trusted, objective) {
+        (Some((header, v)), _) => (integer(header, v)?, false),
+        (None, Some(priority)) => (priority, false),
+        (None, None) => {
             let claimed = get(priority_header).map(|v| integer(priority_header, v)).transpose()?.unwrap_or(0);
             let [lowest, highest] = config.client_priority_range;
             let held = claimed.clamp(lowest, highest);
@@ -214,6 +220,26 @@ mod tests {
         assert_eq!(p(&[("x-request-priority", "5")], &trusting), Ok((0, true)), "no trusted value: a claim");
         let bad = with(&[("x-auth-priority", "high")], &trusting).err().map(|e| e.header);
         assert_eq!(bad.as_deref(), Some("x-auth-priority"));
+    }
+
+    #[test]
+    fn a_named_objective_sets_the_priority_between_the_trusted_header_and_the_claim() {
+        let objectives = [("critical".to_string(), 10), ("batch".to_string(), -5)].into_iter().collect();
+        let config = FilterConfig { objectives, ..FilterConfig::default() };
+        let p = |headers: &[(&str, &str)], config: &FilterConfig| {
+            hints_with(headers, config).map(|h| (h.priority, h.priority_clamped))
+        };
+        assert_eq!(p(&[("x-llm-d-inference-objective", "critical")], &config), Ok((10, false)), "unclamped");
+        assert_eq!(p(&[("x-gateway-inference-objective", "batch")], &config), Ok((-5, false)), "the older name");
+        let both = [("x-llm-d-inference-objective", "critical"), ("x-gateway-inference-objective", "batch")];
+        assert_eq!(p(&both, &config), Ok((10, false)), "the newer name wins");
+        let over_claim = [("x-llm-d-inference-objective", "batch"), ("x-request-priority", "0")];
+        assert_eq!(p(&over_claim, &config), Ok((-5, false)), "the objective over the client's claim");
+        let unknown = [("x-llm-d-inference-objective", "nope"), ("x-request-priority", "-1")];
+        assert_eq!(p(&unknown, &config), Ok((-1, false)), "an unknown objective: the claim");
+        let trusting = FilterConfig { trusted_priority_header: Some("x-auth-priority".into()), ..config.clone() };
+        let trusted = [("x-llm-d-inference-objective", "critical"), ("x-auth-priority", "3")];
+        assert_eq!(p(&trusted, &trusting), Ok((3, false)), "the trusted header wins");
     }
 
     #[test]

@@ -1,0 +1,93 @@
+//! What must agree between the documents of one file or rendering, which no schema sees:
+//! the endpoint picker's `objectives` (its filter.json) and the InferenceObjectives it
+//! serves. The picker reads priorities from its own config, so an objective added to the
+//! cluster but not to the config would silently run at the caller's claimed priority.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::FILTER_CONFIG_KEY;
+
+/// Problems as `(Kind/name, message)`.
+pub fn check(docs: &[Value]) -> Vec<(String, String)> {
+    let objectives: BTreeMap<&str, i64> = docs
+        .iter()
+        .filter(|d| d["kind"] == "InferenceObjective")
+        .filter_map(|d| Some((d["metadata"]["name"].as_str()?, d["spec"]["priority"].as_i64().unwrap_or(0))))
+        .collect();
+    let mut out = Vec::new();
+    for doc in docs.iter().filter(|d| d["kind"] == "ConfigMap") {
+        let Some(json) = doc["data"][FILTER_CONFIG_KEY].as_str() else { continue };
+        // An unparsable config is the document check's problem, reported there.
+        let Ok(config) = serde_json::from_str::<Value>(json) else { continue };
+        let configured: BTreeMap<&str, i64> = config["objectives"]
+            .as_object()
+            .map(|m| m.iter().filter_map(|(k, v)| Some((k.as_str(), v.as_i64()?))).collect())
+            .unwrap_or_default();
+        let object = format!("ConfigMap/{}", doc["metadata"]["name"].as_str().unwrap_or("?"));
+        for (name, priority) in &objectives {
+            match configured.get(name) {
+                None => out.push((
+                    object.clone(),
+                    format!("data.{FILTER_CONFIG_KEY}.objectives: InferenceObjective {name:?} (priority {priority}) is not listed"),
+                )),
+                Some(p) if p != priority => out.push((
+                    object.clone(),
+                    format!("data.{FILTER_CONFIG_KEY}.objectives.{name}: {p}, but InferenceObjective {name:?} has priority {priority}"),
+                )),
+                Some(_) => {}
+            }
+        }
+        // Listed names without an object are only a problem where objects are shipped at all.
+        if !objectives.is_empty() {
+            for name in configured.keys().filter(|n| !objectives.contains_key(*n)) {
+                out.push((
+                    object.clone(),
+                    format!("data.{FILTER_CONFIG_KEY}.objectives.{name}: no InferenceObjective of that name"),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn objective(name: &str, priority: Option<i64>) -> Value {
+        let mut spec = json!({"poolRef": {"name": "vllm"}});
+        if let Some(p) = priority {
+            spec["priority"] = json!(p);
+        }
+        json!({"kind": "InferenceObjective", "metadata": {"name": name}, "spec": spec})
+    }
+
+    fn picker(objectives: Value) -> Value {
+        let config = json!({"pool": "default", "objectives": objectives}).to_string();
+        json!({"kind": "ConfigMap", "metadata": {"name": "headroom-epp"}, "data": {"filter.json": config}})
+    }
+
+    #[test]
+    fn matching_objectives_pass_and_an_unset_priority_is_zero() {
+        let docs = [objective("a", Some(2)), objective("b", None), picker(json!({"a": 2, "b": 0}))];
+        assert!(check(&docs).is_empty(), "{:?}", check(&docs));
+    }
+
+    #[test]
+    fn a_missing_a_different_and_an_extra_objective_are_named() {
+        let docs = [objective("a", Some(2)), objective("b", Some(1)), picker(json!({"a": 3, "c": 0}))];
+        let problems: Vec<String> = check(&docs).into_iter().map(|(_, m)| m).collect();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("objectives.a: 3") && problems[0].contains("priority 2"));
+        assert!(problems[1].contains("\"b\"") && problems[1].contains("not listed"));
+        assert!(problems[2].contains("objectives.c: no InferenceObjective"));
+    }
+
+    #[test]
+    fn a_config_without_objects_beside_it_is_not_judged() {
+        assert!(check(&[picker(json!({"a": 1}))]).is_empty());
+    }
+}
