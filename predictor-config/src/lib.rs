@@ -13,6 +13,12 @@
 //! namespace = "llm"
 //! selector = "kubernetes.io/service-name=vllm-llama"
 //! hardware = "h100"
+//!
+//! [[pool]]
+//! name = "qwen"
+//! [[pool.inference_pool]]      # endpoints from an InferencePool's pods, watched
+//! namespace = "llm"
+//! name = "vllm-qwen"
 //! ```
 
 use std::collections::BTreeMap;
@@ -92,7 +98,7 @@ pub struct Config {
     /// Latency models: training, persistence, or a user-supplied model.
     #[serde(default)]
     pub model: ModelConfig,
-    /// How to reach the Kubernetes API (pools with `[[pool.kubernetes]]` sources).
+    /// How to reach the Kubernetes API (pools with `[[pool.kubernetes]]` or `[[pool.inference_pool]]` sources).
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
     /// Bounds of the flow-control queue (used when the filter sets `flow_control`).
@@ -142,6 +148,19 @@ pub struct KubernetesSource {
     pub port: Option<u16>,
     /// Else the slice port of this name. Else the slice's only port.
     pub port_name: Option<String>,
+    /// Hardware class of these endpoints (a model feature), e.g. `h100`.
+    pub hardware: Option<String>,
+}
+
+/// Endpoints of a pool discovered from a Gateway API Inference Extension `InferencePool`
+/// (`inference.networking.k8s.io/v1`): the ready pods its `spec.selector` matches, on each
+/// of its `spec.targetPorts`, followed as the pool object and its pods change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferencePoolSource {
+    pub namespace: String,
+    /// The InferencePool's name.
+    pub name: String,
     /// Hardware class of these endpoints (a model feature), e.g. `h100`.
     pub hardware: Option<String>,
 }
@@ -267,6 +286,9 @@ pub struct PoolConfig {
     /// EndpointSlice sources, watched; their ready endpoints join the static ones.
     #[serde(default)]
     pub kubernetes: Vec<KubernetesSource>,
+    /// InferencePool sources, watched; their ready pods join the others.
+    #[serde(default)]
+    pub inference_pool: Vec<InferencePoolSource>,
     /// Hardware class of endpoints, e.g. `{"10.0.0.12:8000" = "a100"}`: a model
     /// feature, so one pool can mix GPU types. Unlisted endpoints are class 0.
     #[serde(default)]
@@ -401,7 +423,10 @@ impl Config {
         let mut names: Vec<&String> = self
             .pools
             .iter()
-            .flat_map(|p| p.hardware.values().chain(p.kubernetes.iter().filter_map(|k| k.hardware.as_ref())))
+            .flat_map(|p| {
+                let discovered = p.kubernetes.iter().filter_map(|k| k.hardware.as_ref());
+                p.hardware.values().chain(discovered).chain(p.inference_pool.iter().filter_map(|i| i.hardware.as_ref()))
+            })
             .collect();
         names.sort();
         names.dedup();
@@ -530,8 +555,8 @@ impl Config {
             );
             anyhow::ensure!(names.insert(&pool.name), "pool {:?} is defined twice", pool.name);
             anyhow::ensure!(
-                !pool.endpoints.is_empty() || !pool.kubernetes.is_empty(),
-                "pool {:?}: needs endpoints or a [[pool.kubernetes]] source",
+                !pool.endpoints.is_empty() || !pool.kubernetes.is_empty() || !pool.inference_pool.is_empty(),
+                "pool {:?}: needs endpoints, a [[pool.kubernetes]] or a [[pool.inference_pool]] source",
                 pool.name
             );
             for k in &pool.kubernetes {
@@ -546,6 +571,13 @@ impl Config {
                     pool.name
                 );
                 anyhow::ensure!(k.port != Some(0), "pool {:?}: kubernetes.port must be > 0", pool.name);
+            }
+            for i in &pool.inference_pool {
+                anyhow::ensure!(
+                    !i.namespace.is_empty() && !i.name.is_empty(),
+                    "pool {:?}: inference_pool.namespace and inference_pool.name must not be empty",
+                    pool.name
+                );
             }
             for e in &pool.endpoints {
                 e.parse::<SocketAddr>()
@@ -573,6 +605,7 @@ mod tests {
             name: "default".into(),
             endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             kubernetes: Vec::new(),
+            inference_pool: Vec::new(),
             hardware: [("127.0.0.1:2".to_string(), "a100".to_string())].into(),
             engine: "sglang".into(),
         }]);

@@ -14,6 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 
+use crate::inference_pool;
 use crate::state::AppState;
 use headroom_predictor_core::config::{Config, KubernetesSource};
 
@@ -59,23 +60,27 @@ pub async fn client(config: &Config) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("Kubernetes client: {e}"))
 }
 
-/// Starts one watch task per source; returns their handles (empty when no pool has sources).
+/// Starts one watch task per source, EndpointSlice and InferencePool alike; returns their
+/// handles (empty when no pool has sources). A pool's sources are numbered in that order,
+/// each replacing only its own share of the pool's endpoints.
 pub async fn start(state: Arc<AppState>) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let sources: Vec<(String, usize, KubernetesSource)> = state
-        .core
-        .config
-        .pools
-        .iter()
-        .flat_map(|p| p.kubernetes.iter().enumerate().map(|(i, k)| (p.name.clone(), i, k.clone())))
-        .collect();
-    if sources.is_empty() {
+    let pools = state.core.config.pools.clone();
+    if pools.iter().all(|p| p.kubernetes.is_empty() && p.inference_pool.is_empty()) {
         return Ok(Vec::new());
     }
     let client = client(&state.core.config).await?;
-    Ok(sources
-        .into_iter()
-        .map(|(pool, index, source)| tokio::spawn(watch(state.clone(), client.clone(), pool, index, source)))
-        .collect())
+    let mut tasks = Vec::new();
+    for p in pools {
+        let slices = p.kubernetes.len();
+        for (index, source) in p.kubernetes.into_iter().enumerate() {
+            tasks.push(tokio::spawn(watch(state.clone(), client.clone(), p.name.clone(), index, source)));
+        }
+        for (i, source) in p.inference_pool.into_iter().enumerate() {
+            let task = inference_pool::watch(state.clone(), client.clone(), p.name.clone(), slices + i, source);
+            tasks.push(tokio::spawn(task));
+        }
+    }
+    Ok(tasks)
 }
 
 /// Follows one source forever (the watcher relists and rewatches with backoff on errors).

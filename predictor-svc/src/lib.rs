@@ -4,12 +4,13 @@
 //! background tasks and the process.
 //!
 //! Modules, one job each, layered one way on top of predictor-core: `ort` (ONNX Runtime,
-//! the model runtime), `discovery` (EndpointSlices), `scrape` (engine metrics), `auth`
-//! (the token guarding what teaches the model), `state` (what handlers share: the
-//! predictor and the process's own state), `heartbeat` (whether each background task
-//! goes round), `flow` (the flow-control task), `api` (HTTP: decode, call the service,
-//! encode), `stream` (the predict stream, gRPC over HTTP/2), `routes`, and `tasks` (the
-//! background tasks, restarted after a panic).
+//! the model runtime), `discovery` (EndpointSlices, and starting every Kubernetes watch),
+//! `inference_pool` (an InferencePool's pods), `scrape` (engine metrics), `auth` (the
+//! token guarding what teaches the model), `state` (what handlers share: the predictor and
+//! the process's own state), `heartbeat` (whether each background task goes round), `flow`
+//! (the flow-control task), `api` (HTTP: decode, call the service, encode), `stream` (the
+//! predict stream, gRPC over HTTP/2), `routes`, and `tasks` (the background tasks,
+//! restarted after a panic).
 
 pub mod api;
 pub mod auth;
@@ -18,6 +19,7 @@ pub use headroom_predictor_config as config;
 pub mod discovery;
 pub mod flow;
 pub mod heartbeat;
+pub mod inference_pool;
 pub mod ort;
 pub mod routes;
 pub mod scrape;

@@ -685,6 +685,7 @@ impl Stack {
             name: "default".into(),
             endpoints: stack.state.servers.iter().map(|s| s.to_string()).collect(),
             kubernetes: Vec::new(),
+            inference_pool: Vec::new(),
             hardware: stack.state.servers.iter().zip(&opts.profiles).map(|(s, p)| (s.to_string(), p.clone())).collect(),
             engine: headroom_predictor_config::engine::DEFAULT_ENGINE.into(),
         };

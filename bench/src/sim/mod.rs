@@ -86,6 +86,7 @@ pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
                 name: "default".into(),
                 endpoints: addresses.clone(),
                 kubernetes: Vec::new(),
+                inference_pool: Vec::new(),
                 hardware: addresses.into_iter().zip(ladder.fleet.iter().cloned()).collect(),
                 engine: headroom_predictor_config::engine::DEFAULT_ENGINE.into(),
             };
