@@ -1,10 +1,12 @@
 //! The service's own Prometheus metrics (`GET /metrics`).
 //!
-//! `headroom_*` names, plus the `inference_objective_request_*` names users of
-//! the Gateway API Inference Extension already chart (observed and predicted
-//! TTFT/TPOT, prediction duration, SLO violations).
+//! `headroom_*` names, plus the names users of the Gateway API Inference Extension and
+//! llm-d's router already chart, with their labels: `inference_objective_*` per model
+//! (`model_name`, `target_model_name`: requests, errors, duration, tokens, observed and
+//! predicted TTFT/TPOT, SLO violations by type) and `inference_pool_*` per pool (`name`:
+//! ready endpoints, mean KV use, queue and running requests).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
@@ -17,6 +19,61 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::model::store::TrainOutcome;
+use crate::pool::PoolGauges;
+
+/// At most this many model names get series of their own; requests for others count as
+/// [`OTHER_MODEL`]. The name comes from the client's body, so without a bound a client could
+/// grow `/metrics` by one series set per name it makes up.
+pub const MAX_MODEL_SERIES: usize = 64;
+/// The `model_name` of requests past [`MAX_MODEL_SERIES`].
+pub const OTHER_MODEL: &str = "other";
+
+/// llm-d's and the GIE's model labels. headroom does not rewrite models, so the target
+/// model is the one the client named.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model_name: String,
+    pub target_model_name: String,
+}
+
+/// A violation's model and `type` (`ttft_slo_violation`, `tpot_slo_violation`), as llm-d names them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelTypeLabels {
+    pub model_name: String,
+    pub target_model_name: String,
+    pub r#type: String,
+}
+
+/// A failed request's model and the model server's status (`0`: no response, or cut off).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelErrorLabels {
+    pub model_name: String,
+    pub target_model_name: String,
+    pub error_code: String,
+}
+
+/// The GIE's pool label: the pool's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolNameLabel {
+    pub name: String,
+}
+
+/// The GIE's per-pod label, here the endpoint's address.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolPodLabels {
+    pub name: String,
+    pub model_server_pod: String,
+}
+
+type ModelHistogram = Family<ModelLabels, Histogram, fn() -> Histogram>;
+
+fn latency_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+fn token_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 18))
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -32,11 +89,6 @@ pub struct EndpointLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TargetLabel {
     pub target: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TypeLabel {
-    pub r#type: String,
 }
 
 /// Recent absolute percentage errors and coverage of one target.
@@ -99,13 +151,26 @@ pub struct Metrics {
     reports: Family<ResultLabel, Counter>,
     scrapes: Family<ResultLabel, Counter>,
     trainings: Family<ResultLabel, Counter>,
-    ttft: Histogram,
-    predicted_ttft: Histogram,
-    tpot: Histogram,
-    predicted_tpot: Histogram,
+    ttft: ModelHistogram,
+    predicted_ttft: ModelHistogram,
+    tpot: ModelHistogram,
+    predicted_tpot: ModelHistogram,
     ttft_prediction_duration: Histogram,
     tpot_prediction_duration: Histogram,
-    slo_violations: Family<TypeLabel, Counter>,
+    slo_violations: Family<ModelTypeLabels, Counter>,
+    requests: Family<ModelLabels, Counter>,
+    request_errors: Family<ModelErrorLabels, Counter>,
+    request_duration: ModelHistogram,
+    input_tokens: ModelHistogram,
+    output_tokens: ModelHistogram,
+    normalized_tpot: ModelHistogram,
+    /// Model names with series of their own (at most [`MAX_MODEL_SERIES`]).
+    models: Mutex<BTreeSet<String>>,
+    pub pool_ready: Family<PoolNameLabel, Gauge>,
+    pub pool_kv_usage: Family<PoolNameLabel, FloatGauge>,
+    pub pool_queue: Family<PoolNameLabel, FloatGauge>,
+    pub pool_running: Family<PoolNameLabel, FloatGauge>,
+    pub pool_pod_queue: Family<PoolPodLabels, Gauge>,
     live_mape: Family<TargetLabel, FloatGauge>,
     live_coverage: Family<TargetLabel, FloatGauge>,
     windows: Mutex<[Window; 2]>,
@@ -158,7 +223,8 @@ impl Metrics {
     /// its data directory and of model values out of range that the prior replaced.
     pub fn new(persist_failures: Counter, substituted: Counter) -> Metrics {
         let mut r = Registry::default();
-        let latency = || Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        let latency = latency_buckets;
+        let model_latency = || ModelHistogram::new_with_constructor(latency_buckets);
         let duration = || Histogram::new(exponential_buckets(1e-6, 2.0, 20));
         let m = Metrics {
             predictions: Counter::default(),
@@ -170,13 +236,25 @@ impl Metrics {
             reports: Family::default(),
             scrapes: Family::default(),
             trainings: Family::default(),
-            ttft: latency(),
-            predicted_ttft: latency(),
-            tpot: latency(),
-            predicted_tpot: latency(),
+            ttft: model_latency(),
+            predicted_ttft: model_latency(),
+            tpot: model_latency(),
+            predicted_tpot: model_latency(),
             ttft_prediction_duration: duration(),
             tpot_prediction_duration: duration(),
             slo_violations: Family::default(),
+            requests: Family::default(),
+            request_errors: Family::default(),
+            request_duration: model_latency(),
+            input_tokens: Family::new_with_constructor(token_buckets),
+            output_tokens: Family::new_with_constructor(token_buckets),
+            normalized_tpot: model_latency(),
+            models: Mutex::new(BTreeSet::new()),
+            pool_ready: Family::default(),
+            pool_kv_usage: Family::default(),
+            pool_queue: Family::default(),
+            pool_running: Family::default(),
+            pool_pod_queue: Family::default(),
             live_mape: Family::default(),
             live_coverage: Family::default(),
             windows: Mutex::new([Window::default(), Window::default()]),
@@ -293,8 +371,59 @@ impl Metrics {
         );
         r.register(
             "inference_objective_request_slo_violation",
-            "Finished requests that missed a stated SLO",
+            "Finished streaming requests that missed a stated SLO, by model and type (ttft_slo_violation, tpot_slo_violation)",
             m.slo_violations.clone(),
+        );
+        r.register(
+            "inference_objective_request",
+            "Requests reported finished by the gateway, by model",
+            m.requests.clone(),
+        );
+        r.register(
+            "inference_objective_request_error",
+            "Reported requests that did not end in a complete 200, by model and the model server's status (0: none, or cut off)",
+            m.request_errors.clone(),
+        );
+        r.register(
+            "inference_objective_request_duration_seconds",
+            "Time from forwarding upstream to the end of the response, by model (complete 200s)",
+            m.request_duration.clone(),
+        );
+        r.register("inference_objective_input_tokens", "Prompt tokens per request, by model", m.input_tokens.clone());
+        r.register(
+            "inference_objective_output_tokens",
+            "Completion tokens per request (from its usage block), by model",
+            m.output_tokens.clone(),
+        );
+        r.register(
+            "inference_objective_normalized_time_per_output_token_seconds",
+            "Request duration over its completion tokens, by model (complete 200s with usage)",
+            m.normalized_tpot.clone(),
+        );
+        r.register(
+            "inference_pool_ready_pods",
+            "Endpoints of the pool with fresh engine metrics (scraped within stale_after_ms)",
+            m.pool_ready.clone(),
+        );
+        r.register(
+            "inference_pool_average_kv_cache_utilization",
+            "Mean KV-cache use (0..1) of the pool's ready endpoints",
+            m.pool_kv_usage.clone(),
+        );
+        r.register(
+            "inference_pool_average_queue_size",
+            "Mean requests waiting in the engine queues of the pool's ready endpoints",
+            m.pool_queue.clone(),
+        );
+        r.register(
+            "inference_pool_average_running_requests",
+            "Mean requests running on the pool's ready endpoints",
+            m.pool_running.clone(),
+        );
+        r.register(
+            "inference_pool_per_pod_queue_size",
+            "Requests waiting in each ready endpoint's engine queue (model_server_pod: its address)",
+            m.pool_pod_queue.clone(),
         );
         r.register(
             "headroom_flow_queued_requests",
@@ -411,9 +540,43 @@ impl Metrics {
         Self::count(&self.trainings, result, 1);
     }
 
-    /// Observed vs predicted latencies of a finished request, live accuracy, SLO violations.
+    /// The series label of a model name: its own while fewer than [`MAX_MODEL_SERIES`]
+    /// names have series, else [`OTHER_MODEL`].
+    fn model_labels(&self, model: &str) -> ModelLabels {
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        let name = if models.contains(model) || (models.len() < MAX_MODEL_SERIES && models.insert(model.to_string())) {
+            model.to_string()
+        } else {
+            OTHER_MODEL.to_string()
+        };
+        ModelLabels { model_name: name.clone(), target_model_name: name }
+    }
+
+    /// A finished request: counts, sizes and duration by model; for complete streaming
+    /// 200s also observed vs predicted latencies, live accuracy and SLO violations.
     pub fn observed(&self, o: &Observation) {
-        if o.status != 200 || !o.request.streaming {
+        let model = self.model_labels(&o.request.model);
+        self.requests.get_or_create(&model).inc();
+        self.input_tokens.get_or_create(&model).observe(f64::from(o.request.input_tokens));
+        if o.status != 200 {
+            let labels = ModelErrorLabels {
+                model_name: model.model_name.clone(),
+                target_model_name: model.target_model_name.clone(),
+                error_code: o.status.to_string(),
+            };
+            self.request_errors.get_or_create(&labels).inc();
+            return;
+        }
+        if o.e2e_ms.is_finite() && o.e2e_ms >= 0.0 {
+            self.request_duration.get_or_create(&model).observe(o.e2e_ms / 1000.0);
+            if let Some(n) = o.output_tokens.filter(|n| *n > 0) {
+                self.normalized_tpot.get_or_create(&model).observe(o.e2e_ms / 1000.0 / f64::from(n));
+            }
+        }
+        if let Some(n) = o.output_tokens {
+            self.output_tokens.get_or_create(&model).observe(f64::from(n));
+        }
+        if !o.request.streaming {
             return;
         }
         let met = o.request.slo.met(o.ttft_ms, o.tpot_ms);
@@ -425,16 +588,42 @@ impl Metrics {
             let Some(actual) = actual.filter(|a| a.is_finite() && *a > 0.0) else { continue };
             let (observed_h, predicted_h) =
                 if k == 0 { (&self.ttft, &self.predicted_ttft) } else { (&self.tpot, &self.predicted_tpot) };
-            observed_h.observe(actual / 1000.0);
+            observed_h.get_or_create(&model).observe(actual / 1000.0);
             if let Some(p) = predicted.filter(|p| p.is_finite()) {
-                predicted_h.observe(p / 1000.0);
+                predicted_h.get_or_create(&model).observe(p / 1000.0);
                 let (mape, coverage) = windows[k].push(p, actual);
                 let label = TargetLabel { target: names[k].to_string() };
                 self.live_mape.get_or_create(&label).set(mape);
                 self.live_coverage.get_or_create(&label).set(coverage);
             }
             if met == Some(false) {
-                self.slo_violations.get_or_create(&TypeLabel { r#type: names[k].to_string() }).inc();
+                let labels = ModelTypeLabels {
+                    model_name: model.model_name.clone(),
+                    target_model_name: model.target_model_name.clone(),
+                    r#type: format!("{}_slo_violation", names[k]),
+                };
+                self.slo_violations.get_or_create(&labels).inc();
+            }
+        }
+    }
+
+    /// Sets the `inference_pool_*` gauges of every pool, dropping those of pools and
+    /// endpoints gone (call inside [`Metrics::render_refreshed`]).
+    pub fn set_pools(&self, pools: &[(String, PoolGauges)]) {
+        for family in [&self.pool_kv_usage, &self.pool_queue, &self.pool_running] {
+            family.clear();
+        }
+        self.pool_ready.clear();
+        self.pool_pod_queue.clear();
+        for (name, g) in pools {
+            let label = PoolNameLabel { name: name.clone() };
+            self.pool_ready.get_or_create(&label).set(g.ready as i64);
+            self.pool_kv_usage.get_or_create(&label).set(g.kv_usage);
+            self.pool_queue.get_or_create(&label).set(g.waiting);
+            self.pool_running.get_or_create(&label).set(g.running);
+            for (address, waiting) in &g.waiting_by_endpoint {
+                let pod = PoolPodLabels { name: name.clone(), model_server_pod: address.clone() };
+                self.pool_pod_queue.get_or_create(&pod).set(i64::from(*waiting));
             }
         }
     }
@@ -529,5 +718,81 @@ mod tests {
         m.observed(&placed(RouteSource::Fallback, 500.0, 900.0));
         assert!((gauge(&m, "headroom_tier_precision") - 2.0 / 3.0).abs() < 1e-9);
         assert!((gauge(&m, "headroom_tier_recall") - 2.0 / 3.0).abs() < 1e-9);
+    }
+
+    /// The value of the series `name{labels}` exactly as rendered, NaN when absent.
+    fn series(m: &Metrics, name_and_labels: &str) -> f64 {
+        let text = m.render();
+        let line = text.lines().find(|l| l.starts_with(&format!("{name_and_labels} "))).unwrap_or_default();
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+    }
+
+    #[test]
+    fn the_objective_families_carry_llm_ds_model_labels_and_split_violations_by_type() {
+        let m = Metrics::default();
+        let mut o = placed(RouteSource::PredictedPositive, 100.0, 300.0);
+        o.request.model = "llama".into();
+        o.request.slo.tpot_ms = Some(10.0);
+        o.tpot_ms = Some(20.0);
+        o.output_tokens = Some(10);
+        m.observed(&o);
+        let mut failed = o.clone();
+        failed.status = 503;
+        m.observed(&failed);
+        let model = r#"model_name="llama",target_model_name="llama""#;
+        assert_eq!(series(&m, &format!("inference_objective_request_total{{{model}}}")), 2.0);
+        assert_eq!(series(&m, &format!(r#"inference_objective_request_error_total{{{model},error_code="503"}}"#)), 1.0);
+        for kind in ["ttft", "tpot"] {
+            let name =
+                format!(r#"inference_objective_request_slo_violation_total{{{model},type="{kind}_slo_violation"}}"#);
+            assert_eq!(series(&m, &name), 1.0, "{name}");
+        }
+        assert_eq!(series(&m, &format!("inference_objective_request_ttft_seconds_count{{{model}}}")), 1.0);
+        assert_eq!(series(&m, &format!("inference_objective_request_predicted_ttft_seconds_count{{{model}}}")), 1.0);
+        assert_eq!(series(&m, &format!("inference_objective_request_duration_seconds_count{{{model}}}")), 1.0);
+        assert_eq!(series(&m, &format!("inference_objective_input_tokens_count{{{model}}}")), 2.0);
+        assert_eq!(series(&m, &format!("inference_objective_output_tokens_sum{{{model}}}")), 10.0);
+        let ntpot = series(&m, &format!("inference_objective_normalized_time_per_output_token_seconds_sum{{{model}}}"));
+        assert!((ntpot - 0.03).abs() < 1e-9, "300 ms over 10 tokens: {ntpot}");
+    }
+
+    #[test]
+    fn model_names_past_the_bound_share_one_series() {
+        let m = Metrics::default();
+        for i in 0..MAX_MODEL_SERIES + 10 {
+            let mut o = placed(RouteSource::Fallback, 500.0, 100.0);
+            o.request.model = format!("made-up-{i}");
+            m.observed(&o);
+        }
+        let text = m.render();
+        let families = text.lines().filter(|l| l.starts_with("inference_objective_request_total{")).count();
+        assert_eq!(families, MAX_MODEL_SERIES + 1);
+        let other = r#"inference_objective_request_total{model_name="other",target_model_name="other"}"#;
+        assert_eq!(series(&m, other), 10.0);
+    }
+
+    #[test]
+    fn pool_gauges_follow_the_pools_and_their_endpoints() {
+        let m = Metrics::default();
+        let gauges = PoolGauges {
+            ready: 2,
+            kv_usage: 0.5,
+            waiting: 1.5,
+            running: 4.0,
+            waiting_by_endpoint: vec![("10.0.0.1:8000".into(), 1), ("10.0.0.2:8000".into(), 2)],
+        };
+        m.set_pools(&[("llama".into(), gauges.clone())]);
+        assert_eq!(series(&m, r#"inference_pool_ready_pods{name="llama"}"#), 2.0);
+        assert_eq!(series(&m, r#"inference_pool_average_kv_cache_utilization{name="llama"}"#), 0.5);
+        assert_eq!(series(&m, r#"inference_pool_average_queue_size{name="llama"}"#), 1.5);
+        assert_eq!(series(&m, r#"inference_pool_average_running_requests{name="llama"}"#), 4.0);
+        let pod = r#"inference_pool_per_pod_queue_size{name="llama",model_server_pod="10.0.0.2:8000"}"#;
+        assert_eq!(series(&m, pod), 2.0);
+        // An endpoint leaves: its series goes.
+        m.set_pools(&[(
+            "llama".into(),
+            PoolGauges { waiting_by_endpoint: gauges.waiting_by_endpoint[..1].to_vec(), ..gauges },
+        )]);
+        assert!(series(&m, pod).is_nan());
     }
 }

@@ -292,8 +292,15 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             })
         })
         .collect();
-    let flows = state.core.flows.snapshot(state.core.clock.now());
+    let now = state.core.clock.now();
+    let stale_after = std::time::Duration::from_millis(state.core.config.stale_after_ms);
+    let gauges: Vec<(String, headroom_predictor_core::pool::PoolGauges)> = names
+        .iter()
+        .filter_map(|name| state.core.pools.with(name, |p| (name.clone(), p.gauges(now, stale_after))))
+        .collect();
+    let flows = state.core.flows.snapshot(now);
     let text = state.core.metrics.render_refreshed(|m| {
+        m.set_pools(&gauges);
         // Series of endpoints that left the pool go with them: per-endpoint series stay bounded.
         m.in_flight.clear();
         for (pool, endpoints) in &in_flight {

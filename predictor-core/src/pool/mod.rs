@@ -34,6 +34,22 @@ pub struct DecodeCounter {
     pub tokens: f64,
 }
 
+/// A pool's engine state as the Gateway API Inference Extension's `inference_pool_*`
+/// gauges show it ([`Pool::gauges`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolGauges {
+    /// Endpoints with fresh engine metrics.
+    pub ready: usize,
+    /// Their mean KV-cache use (0..1).
+    pub kv_usage: f64,
+    /// Their mean requests waiting in the engine's queue.
+    pub waiting: f64,
+    /// Their mean requests running.
+    pub running: f64,
+    /// Each one's requests waiting, by address.
+    pub waiting_by_endpoint: Vec<(String, u32)>,
+}
+
 /// A request dispatched to an endpoint and not yet reported.
 #[derive(Debug, Clone)]
 struct InFlight {
@@ -767,6 +783,27 @@ impl Pool {
         self.records.len()
     }
 
+    /// What the Gateway API Inference Extension's `inference_pool_*` gauges show: the
+    /// endpoints whose engine metrics are no older than `stale_after` (ready: the scrape
+    /// reaches them), and their mean KV use, queue and running requests (0 with none ready).
+    pub fn gauges(&self, now: Instant, stale_after: Duration) -> PoolGauges {
+        let ready: Vec<(&str, EngineMetrics)> = self
+            .endpoints
+            .iter()
+            .filter(|e| e.scraped_at.is_some_and(|t| now.saturating_duration_since(t) <= stale_after))
+            .filter_map(|e| Some((e.address.as_str(), e.metrics?)))
+            .collect();
+        let n = ready.len().max(1) as f64;
+        let mean = |f: fn(&EngineMetrics) -> f64| ready.iter().map(|(_, m)| f(m)).sum::<f64>() / n;
+        PoolGauges {
+            ready: ready.len(),
+            kv_usage: mean(|m| m.kv_usage),
+            waiting: mean(|m| f64::from(m.waiting)),
+            running: mean(|m| f64::from(m.running)),
+            waiting_by_endpoint: ready.iter().map(|(a, m)| (a.to_string(), m.waiting)).collect(),
+        }
+    }
+
     /// Requests in flight per endpoint, in endpoint order, in one pass over the requests
     /// (reservations not counted): what `/metrics` and `/v1/pools` show.
     pub fn in_flight_by_endpoint(&self) -> Vec<usize> {
@@ -953,6 +990,25 @@ mod tests {
         let states =
             [EndpointState { running: 1, ..Default::default() }, EndpointState { running: 7, ..Default::default() }];
         p.remember(id, &request, &states, &[(Some(10.0), Some(5.0)), (Some(ttft), Some(6.0))], now);
+    }
+
+    #[test]
+    fn pool_gauges_average_the_endpoints_with_fresh_metrics_only() {
+        let mut p = Pool::new("p", &["a:1".into(), "b:2".into(), "c:3".into()], 100);
+        let t0 = Instant::now();
+        let none = p.gauges(t0, Duration::from_secs(5));
+        assert_eq!((none.ready, none.kv_usage, none.waiting), (0, 0.0, 0.0), "nothing scraped: no division by zero");
+        let m = |running, waiting, kv_usage| EngineMetrics { running, waiting, kv_usage, decode: None };
+        p.endpoints[0].scraped(m(2, 1, 0.2), t0);
+        p.endpoints[1].scraped(m(4, 3, 0.6), t0 + Duration::from_secs(4));
+        p.endpoints[2].scraped(m(9, 9, 0.9), t0);
+        p.endpoints[2].unreachable();
+        let g = p.gauges(t0 + Duration::from_secs(6), Duration::from_secs(5));
+        assert_eq!(g.ready, 1, "a's scrape is 6 s old, c is unreachable");
+        assert_eq!(g.waiting_by_endpoint, [("b:2".to_string(), 3)]);
+        let g = p.gauges(t0 + Duration::from_secs(5), Duration::from_secs(5));
+        assert_eq!((g.ready, g.running, g.waiting), (2, 3.0, 2.0));
+        assert!((g.kv_usage - 0.4).abs() < 1e-12);
     }
 
     #[test]
