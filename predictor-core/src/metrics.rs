@@ -52,6 +52,20 @@ pub struct ModelErrorLabels {
     pub error_code: String,
 }
 
+/// At most this many priorities get series of their own in `headroom_slo_requests`
+/// (a trusted header or an objective may set any); the rest count as [`OTHER_PRIORITY`].
+pub const MAX_PRIORITY_SERIES: usize = 16;
+/// The `priority` of requests past [`MAX_PRIORITY_SERIES`].
+pub const OTHER_PRIORITY: &str = "other";
+
+/// A judged request's pool, priority and whether it met every SLO it stated (`met`, `missed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SloResultLabels {
+    pub pool: String,
+    pub priority: String,
+    pub result: String,
+}
+
 /// The GIE's pool label: the pool's name.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolNameLabel {
@@ -166,6 +180,9 @@ pub struct Metrics {
     normalized_tpot: ModelHistogram,
     /// Model names with series of their own (at most [`MAX_MODEL_SERIES`]).
     models: Mutex<BTreeSet<String>>,
+    slo_requests: Family<SloResultLabels, Counter>,
+    /// Priorities with series of their own (at most [`MAX_PRIORITY_SERIES`]).
+    priorities: Mutex<BTreeSet<i32>>,
     pub pool_ready: Family<PoolNameLabel, Gauge>,
     pub pool_kv_usage: Family<PoolNameLabel, FloatGauge>,
     pub pool_queue: Family<PoolNameLabel, FloatGauge>,
@@ -250,6 +267,8 @@ impl Metrics {
             output_tokens: Family::new_with_constructor(token_buckets),
             normalized_tpot: model_latency(),
             models: Mutex::new(BTreeSet::new()),
+            slo_requests: Family::default(),
+            priorities: Mutex::new(BTreeSet::new()),
             pool_ready: Family::default(),
             pool_kv_usage: Family::default(),
             pool_queue: Family::default(),
@@ -373,6 +392,11 @@ impl Metrics {
             "inference_objective_request_slo_violation",
             "Finished streaming requests that missed a stated SLO, by model and type (ttft_slo_violation, tpot_slo_violation)",
             m.slo_violations.clone(),
+        );
+        r.register(
+            "headroom_slo_requests",
+            "Complete streaming 200s with a stated SLO that was measured, by pool, priority and result: met (every such SLO) or missed. Attainment is met over all",
+            m.slo_requests.clone(),
         );
         r.register(
             "inference_objective_request",
@@ -552,6 +576,17 @@ impl Metrics {
         ModelLabels { model_name: name.clone(), target_model_name: name }
     }
 
+    /// The series label of a priority: its own while fewer than [`MAX_PRIORITY_SERIES`] have
+    /// series, else [`OTHER_PRIORITY`].
+    fn priority_label(&self, priority: i32) -> String {
+        let mut seen = self.priorities.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(&priority) || (seen.len() < MAX_PRIORITY_SERIES && seen.insert(priority)) {
+            priority.to_string()
+        } else {
+            OTHER_PRIORITY.to_string()
+        }
+    }
+
     /// A finished request: counts, sizes and duration by model; for complete streaming
     /// 200s also observed vs predicted latencies, live accuracy and SLO violations.
     pub fn observed(&self, o: &Observation) {
@@ -580,6 +615,15 @@ impl Metrics {
             return;
         }
         let met = o.request.slo.met(o.ttft_ms, o.tpot_ms);
+        if met.iter().any(Option::is_some) {
+            let result = if met.iter().flatten().all(|m| *m) { "met" } else { "missed" };
+            let labels = SloResultLabels {
+                pool: o.pool.clone(),
+                priority: self.priority_label(o.request.priority),
+                result: result.to_string(),
+            };
+            self.slo_requests.get_or_create(&labels).inc();
+        }
         let pairs = [(o.ttft_ms, o.predicted_ttft_ms, met[0]), (o.tpot_ms, o.predicted_tpot_ms, met[1])];
         let names = ["ttft", "tpot"];
         self.judge_tier(o);
@@ -752,6 +796,8 @@ mod tests {
         assert_eq!(series(&m, &format!("inference_objective_request_duration_seconds_count{{{model}}}")), 1.0);
         assert_eq!(series(&m, &format!("inference_objective_input_tokens_count{{{model}}}")), 2.0);
         assert_eq!(series(&m, &format!("inference_objective_output_tokens_sum{{{model}}}")), 10.0);
+        let judged = r#"headroom_slo_requests_total{pool="p",priority="0",result="missed"}"#;
+        assert_eq!(series(&m, judged), 1.0, "one judged request, TTFT and TPOT both missed; the 503 is not judged");
         let ntpot = series(&m, &format!("inference_objective_normalized_time_per_output_token_seconds_sum{{{model}}}"));
         assert!((ntpot - 0.03).abs() < 1e-9, "300 ms over 10 tokens: {ntpot}");
     }
@@ -769,6 +815,23 @@ mod tests {
         assert_eq!(families, MAX_MODEL_SERIES + 1);
         let other = r#"inference_objective_request_total{model_name="other",target_model_name="other"}"#;
         assert_eq!(series(&m, other), 10.0);
+    }
+
+    #[test]
+    fn attainment_counts_judged_requests_by_priority_bounded() {
+        let m = Metrics::default();
+        for priority in 0..MAX_PRIORITY_SERIES as i32 + 3 {
+            let mut o = placed(RouteSource::PredictedPositive, 500.0, 100.0);
+            o.request.priority = priority;
+            m.observed(&o);
+        }
+        let mut unjudged = placed(RouteSource::PredictedPositive, 500.0, 100.0);
+        unjudged.request.slo.ttft_ms = None;
+        m.observed(&unjudged);
+        let met = |p: &str| series(&m, &format!(r#"headroom_slo_requests_total{{pool="p",priority="{p}",result="met"}}"#));
+        assert_eq!(met("0"), 1.0, "the request without an SLO is not judged");
+        assert_eq!(met("15"), 1.0);
+        assert_eq!(met("other"), 3.0);
     }
 
     #[test]
