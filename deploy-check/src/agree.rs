@@ -1,7 +1,9 @@
 //! What must agree between the documents of one file or rendering, which no schema sees:
-//! the endpoint picker's `objectives` (its filter.json) and the InferenceObjectives it
-//! serves. The picker reads priorities from its own config, so an objective added to the
-//! cluster but not to the config would silently run at the caller's claimed priority.
+//! - the endpoint picker's `objectives` (its filter.json) and the InferenceObjectives it
+//!   serves. The picker reads priorities from its own config, so an objective added to the
+//!   cluster but not to the config would silently run at the caller's claimed priority;
+//! - a PodMonitor's ports and the containers of the Deployments it selects: a port name
+//!   the pods do not have is scraped nowhere, silently.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +13,47 @@ use crate::FILTER_CONFIG_KEY;
 
 /// Problems as `(Kind/name, message)`.
 pub fn check(docs: &[Value]) -> Vec<(String, String)> {
+    let mut out = objectives(docs);
+    out.extend(pod_monitor_ports(docs));
+    out
+}
+
+/// Each PodMonitor endpoint's `port` against the named container ports of every Deployment
+/// whose pod labels its selector matches.
+fn pod_monitor_ports(docs: &[Value]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for monitor in docs.iter().filter(|d| d["kind"] == "PodMonitor") {
+        let Some(wanted) = monitor["spec"]["selector"]["matchLabels"].as_object() else { continue };
+        let object = format!("PodMonitor/{}", monitor["metadata"]["name"].as_str().unwrap_or("?"));
+        for deployment in docs.iter().filter(|d| d["kind"] == "Deployment") {
+            let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+            if !wanted.iter().all(|(k, v)| &labels[k] == v) {
+                continue;
+            }
+            let ports: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            for (i, endpoint) in monitor["spec"]["podMetricsEndpoints"].as_array().into_iter().flatten().enumerate() {
+                let Some(port) = endpoint["port"].as_str() else { continue };
+                if !ports.contains(&port) {
+                    let name = deployment["metadata"]["name"].as_str().unwrap_or("?");
+                    out.push((
+                        object.clone(),
+                        format!("spec.podMetricsEndpoints[{i}].port: {port:?} is not a port of Deployment {name} (it has {ports:?})"),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The picker's `objectives` against the InferenceObjectives beside it.
+fn objectives(docs: &[Value]) -> Vec<(String, String)> {
     let objectives: BTreeMap<&str, i64> = docs
         .iter()
         .filter(|d| d["kind"] == "InferenceObjective")
@@ -84,6 +127,22 @@ mod tests {
         assert!(problems[0].contains("objectives.a: 3") && problems[0].contains("priority 2"));
         assert!(problems[1].contains("\"b\"") && problems[1].contains("not listed"));
         assert!(problems[2].contains("objectives.c: no InferenceObjective"));
+    }
+
+    #[test]
+    fn a_pod_monitor_must_name_a_port_of_the_pods_it_selects() {
+        let deployment = json!({"kind": "Deployment", "metadata": {"name": "headroom-predictor"}, "spec": {"template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "headroom-predictor"}},
+            "spec": {"containers": [{"name": "p", "ports": [{"name": "http", "containerPort": 9000}]}]}}}});
+        let monitor = |port: &str, app: &str| {
+            json!({"kind": "PodMonitor", "metadata": {"name": "m"}, "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
+                "podMetricsEndpoints": [{"port": port, "path": "/metrics"}]}})
+        };
+        assert!(check(&[deployment.clone(), monitor("http", "headroom-predictor")]).is_empty());
+        let problems = check(&[deployment.clone(), monitor("metrics", "headroom-predictor")]);
+        assert!(problems.len() == 1 && problems[0].1.contains("\"metrics\" is not a port"), "{problems:?}");
+        assert!(check(&[deployment, monitor("metrics", "other")]).is_empty(), "selects no Deployment here");
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub fn strict(schema: &Value) -> Value {
                     },
                     // Kubernetes extensions and formats (int32, date-time, ...) are not checked here.
                     k if k.starts_with("x-kubernetes-") || k == "format" || k == "nullable" => continue,
+                    // Go (RE2) inline flags such as `(?i)`, which JSON Schema's ECMA-262 patterns
+                    // lack (the Prometheus Operator's CRDs use them): such a pattern is not checked.
+                    "pattern" if v.as_str().is_some_and(|p| p.contains("(?")) => continue,
                     _ => strict(v),
                 };
                 out.insert(k.clone(), v);

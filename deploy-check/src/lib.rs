@@ -9,13 +9,15 @@
 //!
 //! Every resource file is checked as written, and every kustomization as rendered (by
 //! `kubectl kustomize`, when kubectl is installed), and what must agree across its
-//! documents (`agree`). `oci` packages the filter as an OCI
+//! documents (`agree`); the monitoring's PromQL against the series headroom serves
+//! (`monitoring`). `oci` packages the filter as an OCI
 //! image for the WasmPlugin (`make oci`).
 
 pub mod agree;
 pub mod builtin;
 pub mod crd;
 pub mod envoy;
+pub mod monitoring;
 pub mod oci;
 
 use std::path::{Path, PathBuf};
@@ -54,6 +56,8 @@ pub fn documents(text: &str) -> anyhow::Result<Vec<Value>> {
 /// The checker: Istio CRD schemas plus the built-in kinds.
 pub struct Checker {
     pub schemas: crd::Schemas,
+    /// The series headroom serves, for the monitoring's queries.
+    pub catalog: monitoring::Catalog,
 }
 
 /// The ConfigMap key holding predictor-svc's TOML (`istio/base/predictor/configmap.yaml`).
@@ -77,7 +81,7 @@ pub fn schema_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 impl Checker {
     /// Loads the CRD schemas from a CRD YAML text (`istio/schemas/istio-crds.gen.yaml`).
     pub fn new(crds_yaml: &str) -> anyhow::Result<Checker> {
-        Ok(Checker { schemas: crd::Schemas::load(crds_yaml)? })
+        Ok(Checker { schemas: crd::Schemas::load(crds_yaml)?, catalog: monitoring::Catalog::served() })
     }
 
     /// Loads the CRD schemas of every file of a schemas folder (`istio/schemas`).
@@ -105,6 +109,17 @@ impl Checker {
             if let Err(e) = headroom_predictor_config::Config::parse(toml) {
                 problems.push(format!("data.{PREDICTOR_CONFIG_KEY}: {e:#}"));
             }
+        }
+        // Grafana dashboards (the sidecar loads ConfigMaps labelled grafana_dashboard), and alert rules.
+        if kind == "ConfigMap" && !doc["metadata"]["labels"]["grafana_dashboard"].is_null() {
+            for (key, text) in doc["data"].as_object().into_iter().flatten() {
+                if let (true, Some(text)) = (key.ends_with(".json"), text.as_str()) {
+                    problems.extend(self.catalog.check_dashboard(&format!("data.{key}"), text));
+                }
+            }
+        }
+        if kind == "PrometheusRule" {
+            problems.extend(self.catalog.check_rules(doc));
         }
         // The endpoint picker's, as headroom-epp will read it.
         if let Some(json) = doc["data"][FILTER_CONFIG_KEY].as_str().filter(|_| kind == "ConfigMap") {

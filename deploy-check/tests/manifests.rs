@@ -161,3 +161,25 @@ fn the_network_policy_admits_the_gateway_the_picker_and_monitoring_on_the_predic
         ]
     );
 }
+
+/// The dashboard loads as Grafana needs it and reads only series headroom serves, and it
+/// has the panels docs/observability.md promises.
+#[test]
+fn the_dashboard_loads_and_charts_what_the_docs_promise() {
+    let file = locate::root().join("istio/monitoring/dashboard.json");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let problems = checker().catalog.check_dashboard("dashboard.json", &text);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let titles: Vec<&str> =
+        dashboard["panels"].as_array().unwrap().iter().filter_map(|p| p["title"].as_str()).collect();
+    for promised in [
+        "SLO attainment by priority",
+        "TTFT: predicted against actual",
+        "Tier precision and recall",
+        "Fallback share",
+        "Waiting in the flow-control queue",
+    ] {
+        assert!(titles.iter().any(|t| t.starts_with(promised)), "no panel {promised:?} in {titles:?}");
+    }
+}

@@ -482,6 +482,46 @@ impl Metrics {
         Metrics { registry: r, ..m }
     }
 
+    /// Metrics with one sample in every family, so each renders its name and its label
+    /// names: what tools check a dashboard's or an alert's queries against
+    /// (`headroom-deploy-check`), from the registry itself rather than a list kept beside it.
+    pub fn specimen() -> Metrics {
+        let m = Metrics::default();
+        let mut o = Observation {
+            pool: "p".into(),
+            request_id: "r".into(),
+            endpoint: "e:1".into(),
+            request: headroom_protocol::RequestFeatures { model: "m".into(), streaming: true, ..Default::default() },
+            state_at_dispatch: None,
+            predicted_ttft_ms: Some(1.0),
+            predicted_tpot_ms: Some(1.0),
+            source: RouteSource::PredictedPositive,
+            ttft_ms: Some(2.0),
+            tpot_ms: Some(2.0),
+            e2e_ms: 10.0,
+            output_tokens: Some(2),
+            cached_tokens: None,
+            status: 200,
+        };
+        o.request.slo = headroom_protocol::Slo { ttft_ms: Some(1.0), tpot_ms: Some(1.0) };
+        m.observed(&o);
+        m.observed(&Observation { status: 503, ..o });
+        m.predicted(0.001);
+        for family in [&m.dispatches, &m.reports, &m.scrapes, &m.trainings] {
+            Self::count(family, "ok", 1);
+        }
+        m.flow_outcome("p", headroom_protocol::FlowOutcome::Expired, 1.0);
+        m.flow_left("p");
+        m.task_restarted("scraper");
+        m.invalid("/v1/predict");
+        m.in_flight.get_or_create(&EndpointLabel { pool: "p".into(), endpoint: "e:1".into() }).set(1);
+        m.flow_queued.get_or_create(&BandLabel { pool: "p".into(), band: "0".into() }).set(1);
+        m.saturation.get_or_create(&PoolLabel { pool: "p".into() }).set(0.5);
+        let gauges = PoolGauges { ready: 1, waiting_by_endpoint: vec![("e:1".into(), 1)], ..Default::default() };
+        m.set_pools(&[("p".into(), gauges)]);
+        m
+    }
+
     /// Flow control decided `outcome` for a request of `pool` after `waited_s` in the queue.
     pub fn flow_outcome(&self, pool: &str, outcome: headroom_protocol::FlowOutcome, waited_s: f64) {
         let label = OutcomeLabel { pool: pool.to_string(), outcome: outcome.name().to_string() };
@@ -828,7 +868,8 @@ mod tests {
         let mut unjudged = placed(RouteSource::PredictedPositive, 500.0, 100.0);
         unjudged.request.slo.ttft_ms = None;
         m.observed(&unjudged);
-        let met = |p: &str| series(&m, &format!(r#"headroom_slo_requests_total{{pool="p",priority="{p}",result="met"}}"#));
+        let met =
+            |p: &str| series(&m, &format!(r#"headroom_slo_requests_total{{pool="p",priority="{p}",result="met"}}"#));
         assert_eq!(met("0"), 1.0, "the request without an SLO is not judged");
         assert_eq!(met("15"), 1.0);
         assert_eq!(met("other"), 3.0);
