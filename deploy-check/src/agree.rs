@@ -3,9 +3,12 @@
 //!   serves. The picker reads priorities from its own config, so an objective added to the
 //!   cluster but not to the config would silently run at the caller's claimed priority;
 //! - a PodMonitor's ports and the containers of the Deployments it selects: a port name
-//!   the pods do not have is scraped nowhere, silently.
+//!   the pods do not have is scraped nowhere, silently;
+//! - the pools a gateway's filter config names (`pool`, `model_pools`) and the predictor's
+//!   `[[pool]]`s: a pool the predictor does not have fails every predict call naming it,
+//!   and a coalesced call fails for every request riding it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -15,6 +18,50 @@ use crate::FILTER_CONFIG_KEY;
 pub fn check(docs: &[Value]) -> Vec<(String, String)> {
     let mut out = objectives(docs);
     out.extend(pod_monitor_ports(docs));
+    out.extend(pools(docs));
+    out
+}
+
+/// Each filter config's pools (the picker's filter.json, a WasmPlugin's pluginConfig)
+/// against the `[[pool]]`s of the predictor configs beside them (none beside: not judged).
+fn pools(docs: &[Value]) -> Vec<(String, String)> {
+    let served: BTreeSet<String> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ConfigMap")
+        .filter_map(|d| d["data"][crate::PREDICTOR_CONFIG_KEY].as_str())
+        .filter_map(|toml| headroom_predictor_config::Config::parse(toml).ok())
+        .flat_map(|c| c.pools.into_iter().map(|p| p.name))
+        .collect();
+    if served.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for doc in docs {
+        let object =
+            format!("{}/{}", doc["kind"].as_str().unwrap_or("?"), doc["metadata"]["name"].as_str().unwrap_or("?"));
+        let (at, config) = match doc["kind"].as_str() {
+            Some("ConfigMap") => match doc["data"][FILTER_CONFIG_KEY].as_str().map(serde_json::from_str::<Value>) {
+                Some(Ok(c)) => (format!("data.{FILTER_CONFIG_KEY}"), c),
+                _ => continue,
+            },
+            Some("WasmPlugin") if doc["spec"]["pluginConfig"].is_object() => {
+                ("spec.pluginConfig".to_string(), doc["spec"]["pluginConfig"].clone())
+            }
+            _ => continue,
+        };
+        let default = config["pool"].as_str().unwrap_or("default").to_string();
+        let mapped = config["model_pools"].as_object().into_iter().flatten();
+        let named = std::iter::once(("pool".to_string(), default))
+            .chain(mapped.filter_map(|(m, p)| Some((format!("model_pools.{m}"), p.as_str()?.to_string()))));
+        for (field, pool) in named {
+            if !served.contains(&pool) {
+                out.push((
+                    object.clone(),
+                    format!("{at}.{field}: pool {pool:?} is not one of the predictor's {served:?}"),
+                ));
+            }
+        }
+    }
     out
 }
 
@@ -143,6 +190,20 @@ mod tests {
         let problems = check(&[deployment.clone(), monitor("metrics", "headroom-predictor")]);
         assert!(problems.len() == 1 && problems[0].1.contains("\"metrics\" is not a port"), "{problems:?}");
         assert!(check(&[deployment, monitor("metrics", "other")]).is_empty(), "selects no Deployment here");
+    }
+
+    #[test]
+    fn a_filter_config_names_only_pools_the_predictor_has() {
+        let predictor = json!({"kind": "ConfigMap", "metadata": {"name": "headroom-predictor"}, "data": {
+            "predictor.toml": "[[pool]]\nname = \"default\"\nendpoints = [\"127.0.0.1:8000\"]\n"}});
+        let config = json!({"pool": "default", "model_pools": {"big": "big-pool"}}).to_string();
+        let picker =
+            json!({"kind": "ConfigMap", "metadata": {"name": "headroom-epp"}, "data": {"filter.json": config}});
+        let problems = check(&[predictor.clone(), picker.clone()]);
+        assert!(problems.len() == 1 && problems[0].1.contains("model_pools.big: pool \"big-pool\""), "{problems:?}");
+        let plugin = json!({"kind": "WasmPlugin", "metadata": {"name": "headroom"}, "spec": {"pluginConfig": {"pool": "llama"}}});
+        assert!(check(&[predictor, plugin.clone()])[0].1.contains("spec.pluginConfig.pool: pool \"llama\""));
+        assert!(check(&[plugin, picker]).is_empty(), "no predictor config beside them: not judged");
     }
 
     #[test]

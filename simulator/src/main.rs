@@ -1,4 +1,5 @@
 //! `headroom-sim --server 127.0.0.1:8001 --server 127.0.0.1:8002=a100 [--time-scale 1]`
+//! (`--server 127.0.0.1:8003=h100:sim-llama-70b`: a server of another model than `--model`)
 //!
 //! Runs several simulated model servers in one process, one port each, each
 //! with its own engine and hardware profile.
@@ -12,7 +13,8 @@ use headroom_sim::server::{self, ServerConfig};
 #[derive(Parser)]
 #[command(about = "Simulated vLLM-compatible model servers")]
 struct Args {
-    /// A server as `ip:port` or `ip:port=profile` (profiles: h100, a100). Repeatable.
+    /// A server as `ip:port`, `ip:port=profile` (profiles: h100, a100) or
+    /// `ip:port=profile:model` (it serves `model` instead of `--model`). Repeatable.
     #[arg(long = "server", required = true)]
     servers: Vec<String>,
     /// Model name served.
@@ -27,6 +29,11 @@ fn parse_server(spec: &str, model: &str, time_scale: f64) -> anyhow::Result<Serv
     let (addr, profile) = match spec.split_once('=') {
         Some((a, p)) => (a, p),
         None => (spec, "h100"),
+    };
+    let (profile, model) = match profile.split_once(':') {
+        Some((_, m)) if m.trim().is_empty() => anyhow::bail!("--server {spec:?}: an empty model name"),
+        Some((p, m)) => (p, m),
+        None => (profile, model),
     };
     let address: SocketAddr =
         addr.parse().map_err(|_| anyhow::anyhow!("--server {spec:?}: {addr:?} is not ip:port"))?;

@@ -153,6 +153,9 @@ pub struct StackOptions {
     /// With [`Router::Epp`]: every request carries the gateway's subset hint naming these
     /// of the stack's servers (by index), as a gateway that restricts picks would send.
     pub epp_subset_hint: Option<Vec<usize>>,
+    /// The model each simulated server serves, by index (missing or empty: the simulator's
+    /// default), for a gateway fronting several models.
+    pub server_models: Vec<String>,
 }
 
 impl Default for StackOptions {
@@ -178,6 +181,7 @@ impl Default for StackOptions {
             epp_failure_mode_allow: true,
             epp_full_duplex: false,
             epp_subset_hint: None,
+            server_models: Vec::new(),
         }
     }
 }
@@ -629,7 +633,16 @@ impl Stack {
             model,
             epp: None,
         };
-        let server_specs = state.servers.iter().zip(&opts.profiles).map(|(a, p)| format!("{a}={p}")).collect();
+        let server_specs = state
+            .servers
+            .iter()
+            .zip(&opts.profiles)
+            .enumerate()
+            .map(|(i, (a, p))| match opts.server_models.get(i).filter(|m| !m.is_empty()) {
+                Some(model) => format!("{a}={p}:{model}"),
+                None => format!("{a}={p}"),
+            })
+            .collect();
         let mut envoy = EnvoyLaunch::new("envoy", opts.router, gateway, admin);
         if opts.envoy_hot_restart {
             // The base id names the shared memory of one restart family: the gateway port is unique here.

@@ -236,3 +236,52 @@ fn the_picker_keeps_to_the_gateways_subset_hint() {
     assert!(r.served_by.is_none());
     assert_eq!(h.headroom_stat("headroom_no_endpoints"), 1.0);
 }
+
+/// Moves the last server of the stack's pool into a pool of its own, `big`.
+fn split_off_big(config: &mut headroom_predictor_config::Config) {
+    let default = &mut config.pools[0];
+    let Some(last) = default.endpoints.pop() else { return };
+    let mut big = default.clone();
+    big.name = "big".into();
+    big.endpoints = vec![last.clone()];
+    big.hardware.retain(|e, _| *e == last);
+    default.hardware.remove(&last);
+    config.pools.push(big);
+}
+
+/// One gateway fronting two models: each request is predicted and placed in the pool its
+/// model maps to (`model_pools`), through the Wasm filter and through the picker alike.
+#[test]
+fn one_gateway_fronts_two_models_each_in_its_own_pool() {
+    for router in [Router::Headroom, Router::Epp] {
+        let server_models = vec![String::new(), String::new(), "sim-llama-70b".to_string()];
+        let opts = StackOptions { router, predictor_tweak: split_off_big, server_models, ..Default::default() };
+        let h = harness_with(opts, json!({"model_pools": {"sim-llama-70b": "big"}}));
+        let big = h.stack.state.servers.last().map(|s| s.to_string()).unwrap_or_default();
+        let slo = [("x-slo-ttft-ms", "5000"), ("x-prediction-based-scheduling", "true")];
+        for i in 0..8 {
+            let model = if i % 2 == 0 { "sim-llama-70b" } else { "sim-llama-8b" };
+            let body = json!({"model": model, "prompt": "hello there", "max_tokens": 4, "stream": true});
+            let headers = [("content-type", "application/json"), slo[0], slo[1]];
+            let r = h.post("/v1/completions", &headers, &body.to_string()).unwrap();
+            assert_eq!(r.status, 200, "{}: {}", router.name(), r.body);
+            let served = r.served_by.clone().unwrap_or_default();
+            assert_eq!(
+                served == big,
+                model == "sim-llama-70b",
+                "{}: {model} served by {served} ({r:?})",
+                router.name()
+            );
+            assert_eq!(r.tier.as_deref(), Some("positive"), "{}: predicted in its pool: {r:?}", router.name());
+        }
+        assert!(
+            wait_until(Duration::from_secs(10), || h.observations().len() >= 8),
+            "{}: reports never reached the predictor",
+            router.name()
+        );
+        for o in h.observations() {
+            let in_big = o["pool"] == "big";
+            assert_eq!(in_big, o["endpoint"] == big.as_str(), "{}: reported in its pool: {o}", router.name());
+        }
+    }
+}

@@ -171,6 +171,12 @@ pub struct FilterConfig {
     /// where that matters, a trusted filter ahead sets the header (or `trusted_priority_header`,
     /// which wins over both).
     pub objectives: std::collections::BTreeMap<String, i32>,
+    /// Model name (the body's `model`) to the predictor pool that serves it, so one gateway
+    /// fronts several models: a request for a listed model is predicted, placed and
+    /// reported in that pool, any other in `pool`. The gateway's cluster (or InferencePool)
+    /// must hold every mapped pool's endpoints. Needs the body (`read_body`), and one
+    /// predictor (not `predictor_shards`, which place a pool on a replica by its name).
+    pub model_pools: std::collections::BTreeMap<String, String>,
     /// The same for the tenant: when configured, the tenant is taken from this header only
     /// (absent: the shared anonymous tenant), never from the client's `fairness_header`.
     pub trusted_fairness_header: Option<String>,
@@ -233,6 +239,7 @@ impl Default for FilterConfig {
             client_priority_range: [-1, 0],
             trusted_priority_header: None,
             objectives: std::collections::BTreeMap::new(),
+            model_pools: std::collections::BTreeMap::new(),
             trusted_fairness_header: None,
         }
     }
@@ -332,6 +339,20 @@ impl FilterConfig {
         if let Some(name) = self.objectives.keys().find(|n| n.is_empty() || n.len() > limits::MAX_NAME_BYTES) {
             let max = limits::MAX_NAME_BYTES;
             return Err(bad("objectives", format!("objective names must be 1..={max} bytes, got {name:?}")));
+        }
+        let max = limits::MAX_NAME_BYTES;
+        let bad_name = |n: &String| n.trim().is_empty() || n.len() > max;
+        if let Some((model, pool)) = self.model_pools.iter().find(|(m, p)| bad_name(m) || bad_name(p)) {
+            return Err(bad(
+                "model_pools",
+                format!("model and pool names must be 1..={max} bytes, got {model:?} = {pool:?}"),
+            ));
+        }
+        if !self.model_pools.is_empty() && !self.predictor_shards.is_empty() {
+            return Err(bad("model_pools", "cannot be used with predictor_shards (a shard owns a pool by its name)"));
+        }
+        if !self.model_pools.is_empty() && !self.read_body {
+            return Err(bad("model_pools", "needs read_body: the model is in the body"));
         }
         let [lowest, highest] = self.client_priority_range;
         if lowest > highest {
@@ -543,6 +564,9 @@ mod tests {
             (br#"{"":0}"#, "(configuration)"),
             (br#"{"read_body":"no"}"#, "read_body"),
             (br#"{"client_priority_range":[1,-1]}"#, "client_priority_range"),
+            (br#"{"model_pools":{"m":""}}"#, "model_pools"),
+            (br#"{"model_pools":{"m":"p"},"predictor_shards":["a","b"]}"#, "model_pools"),
+            (br#"{"model_pools":{"m":"p"},"read_body":false}"#, "model_pools"),
             (br#"{"objectives":{"":1}}"#, "objectives"),
             (br#"{"objectives":{"a":1.5}}"#, "objectives.a"),
             (br#"{"trusted_priority_header":"X-Auth"}"#, "trusted_priority_header"),

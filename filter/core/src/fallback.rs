@@ -4,30 +4,37 @@
 //! is `(max_waiting - waiting) / max_waiting` across the candidates. The
 //! highest score wins; ties are broken at random.
 
+use std::collections::HashMap;
+
 use headroom_protocol::EndpointState;
 
 use crate::rng::Rng;
 
-/// The last endpoint states a VM saw, with when it saw them.
+/// The last endpoint states a VM saw of each pool, with when it saw them.
 #[derive(Debug, Clone, Default)]
 pub struct StateCache {
-    endpoints: Vec<(String, EndpointState)>,
-    seen_at_ms: u64,
+    pools: HashMap<String, (Vec<(String, EndpointState)>, u64)>,
 }
 
 impl StateCache {
-    /// Remembers the states of a predict answer seen at `now_ms`.
-    pub fn update(&mut self, endpoints: Vec<(String, EndpointState)>, now_ms: u64) {
-        if !endpoints.is_empty() {
-            self.endpoints = endpoints;
-            self.seen_at_ms = now_ms;
+    /// Remembers the states of a predict answer for `pool` seen at `now_ms`.
+    pub fn update(&mut self, pool: &str, endpoints: Vec<(String, EndpointState)>, now_ms: u64) {
+        if endpoints.is_empty() {
+            return;
+        }
+        match self.pools.get_mut(pool) {
+            Some(seen) => *seen = (endpoints, now_ms),
+            None => {
+                self.pools.insert(pool.to_string(), (endpoints, now_ms));
+            }
         }
     }
 
-    /// The remembered states if younger than `max_age_ms`.
-    pub fn fresh(&self, now_ms: u64, max_age_ms: u64) -> Option<&[(String, EndpointState)]> {
-        let fresh = !self.endpoints.is_empty() && now_ms.saturating_sub(self.seen_at_ms) <= max_age_ms;
-        fresh.then_some(self.endpoints.as_slice())
+    /// The remembered states of `pool` if younger than `max_age_ms`.
+    pub fn fresh(&self, pool: &str, now_ms: u64, max_age_ms: u64) -> Option<&[(String, EndpointState)]> {
+        let (endpoints, seen_at_ms) = self.pools.get(pool)?;
+        let fresh = !endpoints.is_empty() && now_ms.saturating_sub(*seen_at_ms) <= max_age_ms;
+        fresh.then_some(endpoints.as_slice())
     }
 }
 
@@ -107,11 +114,12 @@ mod tests {
     }
 
     #[test]
-    fn stale_state_is_not_used() {
+    fn stale_state_is_not_used_nor_another_pools() {
         let mut cache = StateCache::default();
-        assert!(cache.fresh(0, 1000).is_none());
-        cache.update(vec![("a".into(), st(0.1, 0, 0.0))], 10_000);
-        assert!(cache.fresh(10_500, 1000).is_some());
-        assert!(cache.fresh(11_001, 1000).is_none());
+        assert!(cache.fresh("p", 0, 1000).is_none());
+        cache.update("p", vec![("a".into(), st(0.1, 0, 0.0))], 10_000);
+        assert!(cache.fresh("p", 10_500, 1000).is_some());
+        assert!(cache.fresh("q", 10_500, 1000).is_none(), "pool q was never seen");
+        assert!(cache.fresh("p", 11_001, 1000).is_none());
     }
 }

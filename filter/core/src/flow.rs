@@ -96,6 +96,9 @@ pub struct Flow {
     status: u16,
     /// The tenant (`fairness_header`), sent with flow terms.
     fairness_id: String,
+    /// The predictor pool it is predicted, placed and reported in: `pool`, or the one
+    /// `model_pools` maps its model to.
+    pool: String,
     /// The predictor call offered to wait in its flow-control queue.
     offered_wait: bool,
     /// How it left the predictor's flow-control queue and after how long, when it waited there.
@@ -163,6 +166,7 @@ impl Flow {
                 Err(e) => return self.reject(host, 400, &e.header, &e.message),
             }
         }
+        self.pool = config.pool.clone();
         self.subset = host.endpoint_subset();
         if self.subset.as_ref().is_some_and(Vec::is_empty) {
             return self.no_endpoints(host, "the gateway allows this request no endpoint (an empty subset hint)");
@@ -217,6 +221,9 @@ impl Flow {
             self.prompt_bytes = parsed.prompt_text.len();
             vm.tokens.estimate(Some(&parsed.model), parsed.prompt_text.len() as u64)
         };
+        if let Some(pool) = config.model_pools.get(&parsed.model) {
+            self.pool = pool.clone();
+        }
         self.features.model = parsed.model;
         self.features.prefix_hashes = tokens::prefix_block_hashes(&parsed.prompt_text, config.max_prefix_blocks);
         self.features.streaming = parsed.stream;
@@ -272,7 +279,7 @@ impl Flow {
         }
         vm.contract.heard(answer.contract, host.now_ms());
         let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
-        vm.states.update(states, host.now_ms());
+        vm.states.update(&self.pool, states, host.now_ms());
         // Kept in the states above for the requests the gateway allows them.
         if let Some(subset) = &self.subset {
             answer.endpoints.retain(|e| subset.contains(&e.address));
@@ -413,7 +420,7 @@ impl Flow {
             return; // served elsewhere: the dispatch's endpoint is not where it runs
         }
         let event = FirstToken {
-            pool: vm.config.pool.clone(),
+            pool: self.pool.clone(),
             request_id: self.request_id.clone(),
             endpoint: choice.endpoint.clone(),
             ttft_ms: ttft_ms.clamp(0.0, limits::MAX_MS),
@@ -434,7 +441,7 @@ impl Flow {
         // so the predictor is told, or the request would keep its place until its deadline.
         if let Some(callout) = self.offered_wait.then(|| self.callout.take()).flatten() {
             let request_id = std::mem::take(&mut self.request_id);
-            vm.outbox.abandoned(Abandoned { pool: vm.config.pool.clone(), request_id }, &callout.cluster);
+            vm.outbox.abandoned(Abandoned { pool: std::mem::take(&mut self.pool), request_id }, &callout.cluster);
             return;
         }
         if !self.routed || self.forwarded_ns == 0 {
@@ -477,7 +484,7 @@ impl Flow {
         let echo = !vm.contract.lean(host.now_ms());
         let chosen = chosen.filter(|_| echo);
         let observation = Observation {
-            pool: vm.config.pool.clone(),
+            pool: std::mem::take(&mut self.pool),
             request_id: std::mem::take(&mut self.request_id),
             endpoint,
             request: if echo { request } else { RequestFeatures::default() },
@@ -592,7 +599,7 @@ impl Flow {
         }
         self.offered_wait = flow.is_some();
         let predict = PredictRequest {
-            pool: config.pool.clone(),
+            pool: self.pool.clone(),
             request_id: self.request_id.clone(),
             request: self.features.clone(),
             flow,
@@ -633,7 +640,7 @@ impl Flow {
         host.record(Event::Fallback(cause));
         let max_age = vm.config.fallback_state_max_age_ms;
         let subset = self.subset.as_deref();
-        let choice = vm.states.fresh(host.now_ms(), max_age).and_then(|states| {
+        let choice = vm.states.fresh(&self.pool, host.now_ms(), max_age).and_then(|states| {
             let states: Vec<&(String, EndpointState)> =
                 states.iter().filter(|(e, _)| subset.is_none_or(|allowed| allowed.contains(e))).collect();
             // A cached state's prefix match is that of the request it was predicted for, not
@@ -688,7 +695,7 @@ impl Flow {
             // answer (its fallback), which the predictor may hold no record of.
             let lean = vm.contract.lean(host.now_ms());
             let dispatch = Dispatch {
-                pool: vm.config.pool.clone(),
+                pool: self.pool.clone(),
                 request_id: self.request_id.clone(),
                 endpoint: c.endpoint.clone(),
                 request: if lean && c.source != RouteSource::Fallback {

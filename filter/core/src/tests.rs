@@ -423,6 +423,39 @@ fn to_a_predictor_that_keeps_records_dispatches_and_reports_carry_no_echo() {
     assert_eq!(o.endpoint, "10.0.0.2:8000");
 }
 
+/// One gateway, two models: each request is predicted, placed and reported in the pool its
+/// model maps to, and a fallback ranks only the states of its own pool.
+#[test]
+fn a_mapped_model_is_routed_in_its_own_pool() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"model_pools":{"big":"big-pool"}}"#);
+    let big = BODY.replace(r#""model":"m""#, r#""model":"big""#);
+    let mut flow = Flow::new();
+    assert_eq!(send_request(&mut flow, &mut host, &mut vm, &SLO, &big), Step::Pause);
+    let answer = predictions(&[("10.0.9.1:8000", Some(200.0))]);
+    let token = host.answer(200, &answer);
+    assert_eq!(flow.on_callout_answer(&mut host, &mut vm, token, answer.len()), Step::Resume);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
+    assert_eq!((asked.pool.as_str(), asked.request.model.as_str()), ("big-pool", "big"));
+    host.upstream = Some("10.0.9.1:8000".into());
+    stream_response(&mut flow, &mut host, &mut vm, 100);
+    deliver_all(&mut host, &mut vm, 200);
+    let dispatched: Vec<DispatchBatch> = batches(&host, paths::DISPATCH);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    assert_eq!(dispatched[0].dispatches[0].pool, "big-pool");
+    assert_eq!(reported[0].observations[0].pool, "big-pool");
+
+    // The default model's request times out: big-pool's fresh states are not its to use.
+    host.now_ns += 10 * MS;
+    let mut other = Flow::new();
+    assert_eq!(routed(&mut other, &mut host, &mut vm, 504, b""), Step::Resume);
+    let last_predict = host.calls.iter().rev().find(|c| c.header(":path") == Some(paths::PREDICT)).unwrap();
+    let asked_default: PredictRequest = codec::decode(Format::MsgPack, &last_predict.body).unwrap();
+    assert_eq!(asked_default.pool, "default");
+    assert!(host.has(Event::Routed(RouteSource::Envoy)), "no state of its own pool: Envoy balances");
+    assert_ne!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.9.1:8000"));
+}
+
 #[test]
 fn a_predictor_timeout_falls_back_to_the_last_fresh_states() {
     let mut host = FakeHost::new();
