@@ -162,6 +162,19 @@ fn slice(name: &str, endpoints: &[(&str, bool)]) -> Value {
         "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}]})
 }
 
+/// The real predictor on 127.0.0.1 with `config`: its address, its stop, its task.
+async fn start_predictor(
+    config: Config,
+) -> (String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let predictor = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(headroom_predictor::serve(config, listener, async {
+        let _ = stopped.await;
+    }));
+    (predictor, stop, server)
+}
+
 async fn pool_endpoints(predictor: &str) -> Vec<(String, u64)> {
     let body: Value = reqwest::get(format!("http://{predictor}/v1/pools")).await.unwrap().json().await.unwrap();
     let mut out: Vec<(String, u64)> = body["pools"][0]["endpoints"]
@@ -176,15 +189,26 @@ async fn pool_endpoints(predictor: &str) -> Vec<(String, u64)> {
 
 async fn wait_for(predictor: &str, want: &[(&str, u64)]) {
     let want: Vec<(String, u64)> = want.iter().map(|(a, n)| (a.to_string(), *n)).collect();
-    let mut seen = Vec::new();
+    let seen = Mutex::new(Vec::new());
+    let reached = poll(|| async {
+        let now = pool_endpoints(predictor).await;
+        let done = now == want;
+        *seen.lock().unwrap() = now;
+        done
+    })
+    .await;
+    assert!(reached, "pool endpoints: want {want:?}, have {:?}", seen.lock().unwrap());
+}
+
+/// Whether `done` comes true within five seconds, asked every 50 ms.
+async fn poll<F: std::future::Future<Output = bool>>(done: impl Fn() -> F) -> bool {
     for _ in 0..100 {
-        seen = pool_endpoints(predictor).await;
-        if seen == want {
-            return;
+        if done().await {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("pool endpoints: want {want:?}, have {seen:?}");
+    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,12 +227,7 @@ async fn endpoint_slices_add_remove_and_readiness_flip() {
          selector = \"kubernetes.io/service-name=vllm\"\nport_name = \"http\"\nhardware = \"h100\"\n"
     ))
     .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let predictor = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(headroom_predictor::serve(config, listener, async {
-        let _ = stopped.await;
-    }));
+    let (predictor, stop, server) = start_predictor(config).await;
 
     // Initial list: the two ready endpoints, not the unready one.
     wait_for(&predictor, &[("127.0.0.11:8000", 0), ("127.0.0.12:8000", 0)]).await;
@@ -279,13 +298,7 @@ fn pod(name: &str, app: &str, ip: &str, ready: bool) -> Value {
 }
 
 async fn wait_until(what: &str, done: impl Fn() -> bool) {
-    for _ in 0..100 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("never: {what}");
+    assert!(poll(|| std::future::ready(done())).await, "never: {what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,12 +314,7 @@ async fn an_inference_pools_ready_pods_follow_its_selector_and_ports() {
          [[pool]]\nname = \"llama\"\n[[pool.inference_pool]]\nnamespace = \"llm\"\nname = \"vllm\"\n"
     ))
     .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let predictor = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(headroom_predictor::serve(config, listener, async {
-        let _ = stopped.await;
-    }));
+    let (predictor, stop, server) = start_predictor(config).await;
 
     // The pool's selector picks a and b; only a is ready.
     wait_for(&predictor, &[("127.0.0.31:8000", 0)]).await;
