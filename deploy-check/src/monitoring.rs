@@ -59,7 +59,11 @@ impl Catalog {
                 series.insert(name, Some(BTreeSet::new()));
             }
         }
-        series.insert("headroom_epp_open_streams".into(), Some(BTreeSet::new()));
+        for picker in
+            [headroom_filter_core::stats::PICKER_OPEN_STREAMS, headroom_filter_core::stats::PICKER_WORKER_RESTARTS]
+        {
+            series.insert(picker.into(), Some(BTreeSet::new()));
+        }
         // Prometheus's own, for each scraped target.
         series.insert("up".into(), Some(["job".to_string(), "instance".to_string()].into()));
         Catalog { series }

@@ -36,6 +36,8 @@ pub struct Stats {
     metrics: HashMap<&'static str, Metric>,
     /// ext_proc streams open now.
     open_streams: AtomicU64,
+    /// Workers restarted after a panic.
+    worker_restarts: AtomicU64,
 }
 
 impl Default for Stats {
@@ -49,7 +51,7 @@ impl Default for Stats {
                 (name, metric)
             })
             .collect();
-        Stats { metrics, open_streams: AtomicU64::new(0) }
+        Stats { metrics, open_streams: AtomicU64::new(0), worker_restarts: AtomicU64::new(0) }
     }
 }
 
@@ -78,6 +80,11 @@ impl Stats {
         }
     }
 
+    /// A worker's step panicked; it restarted with a fresh VM.
+    pub fn worker_restarted(&self) {
+        self.worker_restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition of every stat.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -103,8 +110,10 @@ impl Stats {
                 }
             }
         }
-        let streams = "headroom_epp_open_streams";
+        let streams = stats::PICKER_OPEN_STREAMS;
         let _ = writeln!(out, "# TYPE {streams} gauge\n{streams} {}", self.open_streams.load(Ordering::Relaxed));
+        let restarts = stats::PICKER_WORKER_RESTARTS;
+        let _ = writeln!(out, "# TYPE {restarts} counter\n{restarts} {}", self.worker_restarts.load(Ordering::Relaxed));
         out
     }
 }

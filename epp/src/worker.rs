@@ -69,7 +69,10 @@ struct Stream {
 }
 
 pub struct Worker {
+    index: usize,
     vm: Vm,
+    /// The VM's seed; a restart after a panic adds one.
+    seed: u64,
     streams: HashMap<u32, Stream>,
     calls: Calls,
     stats: Arc<Stats>,
@@ -100,7 +103,9 @@ pub fn spawn(
             };
             let tick = Duration::from_millis(config.flush_interval_ms);
             let worker = Worker {
+                index,
                 vm: Vm::new(config, seed),
+                seed,
                 streams: HashMap::new(),
                 calls: Calls::new(clusters, client, inbox),
                 stats,
@@ -119,12 +124,31 @@ impl Worker {
         loop {
             tokio::select! {
                 input = rx.recv() => match input {
-                    Some(input) => self.handle(input),
+                    Some(input) => self.guarded(|w| w.handle(input)),
                     None => break,
                 },
-                _ = ticks.tick() => self.tick(),
+                _ = ticks.tick() => self.guarded(Worker::tick),
             }
         }
+    }
+
+    /// Runs one step of the worker; a panic in it (a bug: the core is fuzzed not to) costs
+    /// this worker's streams and VM, not the worker: each open stream ends (its gRPC stream
+    /// closes, and Envoy applies `failure_mode_allow` to it as to a picker that is down), the
+    /// VM starts afresh, and `headroom_epp_worker_restarts` counts it. Without this the
+    /// thread would die and every stream it was given later would find no one to answer.
+    fn guarded(&mut self, step: impl FnOnce(&mut Worker)) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(self))).is_ok() {
+            return;
+        }
+        tracing::error!(worker = self.index, streams = self.streams.len(),
+            "headroom-epp: a worker step panicked (a bug: please report it with this log); its streams end and its VM restarts");
+        for _ in self.streams.drain() {
+            self.stats.stream(false);
+        }
+        self.seed = self.seed.wrapping_add(1);
+        self.vm = Vm::new((*self.vm.config).clone(), self.seed);
+        self.stats.worker_restarted();
     }
 
     fn handle(&mut self, input: Input) {
@@ -415,4 +439,43 @@ fn streamed(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
 /// A header map from Envoy as the flow reads it (names lower-case, values as text).
 fn pairs(map: Option<crate::proto::HeaderMap>) -> Vec<(String, String)> {
     map.map(|m| m.headers.into_iter().map(|h| (h.key.to_ascii_lowercase(), h.text())).collect()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_step_ends_the_workers_streams_and_restarts_its_vm_not_the_worker() {
+        let (inbox, _rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(Stats::default());
+        let calls = Calls::new(Arc::new(HashMap::new()), reqwest::Client::new(), inbox);
+        let config = FilterConfig::parse(br#"{"pool": "p"}"#).unwrap_or_else(|e| panic!("{e}"));
+        let mut worker = Worker {
+            index: 0,
+            vm: Vm::new(config, 7),
+            seed: 7,
+            streams: HashMap::new(),
+            calls,
+            stats: stats.clone(),
+            origin: Instant::now(),
+        };
+        let (out, mut answers) = mpsc::unbounded_channel();
+        worker.guarded(|w| w.handle(Input::Open { stream: 1, out }));
+        assert_eq!(worker.streams.len(), 1);
+        let restarts = |stats: &Stats| stats.render().lines().any(|l| l == "headroom_epp_worker_restarts 1");
+
+        worker.guarded(|_| panic!("a bug"));
+        assert!(worker.streams.is_empty(), "the stream ended");
+        assert!(matches!(answers.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)), "its gRPC stream closes");
+        assert!(restarts(&stats), "{}", stats.render());
+        assert!(stats.render().lines().any(|l| l == "headroom_epp_open_streams 0"));
+        assert_eq!((worker.seed, worker.vm.config.pool.as_str()), (8, "p"), "a fresh VM, same configuration");
+
+        // And it goes on: a new stream is served.
+        let (out, _answers) = mpsc::unbounded_channel();
+        worker.guarded(|w| w.handle(Input::Open { stream: 2, out }));
+        worker.guarded(Worker::tick);
+        assert_eq!(worker.streams.len(), 1);
+    }
 }

@@ -58,6 +58,12 @@ pub const FLOW_OUTCOMES: [&str; 6] =
 /// The predict stream closed.
 pub const PREDICT_STREAM_CLOSED: &str = "predict_stream.closed";
 
+/// The endpoint picker's own series beside the table's (it has streams and worker threads
+/// the Wasm filter does not), full names: ext_proc streams open now (a gauge).
+pub const PICKER_OPEN_STREAMS: &str = "headroom_epp_open_streams";
+/// Picker workers restarted after a step panicked, their streams ended (a counter).
+pub const PICKER_WORKER_RESTARTS: &str = "headroom_epp_worker_restarts";
+
 /// Every stat's name and kind: [`STATS`], the flow outcomes, the stream's close.
 pub fn all() -> impl Iterator<Item = (&'static str, Kind)> {
     STATS
