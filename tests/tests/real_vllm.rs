@@ -12,7 +12,7 @@ use std::time::Duration;
 use headroom_e2e::{wait_until, Harness, StackOptions, SLO};
 use headroom_predictor_config::Profile;
 use headroom_stack::{vllm, Engine};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// A predict call for a prompt of `input_tokens`, straight to the predictor: the endpoints'
 /// predicted TTFTs.
@@ -75,6 +75,18 @@ fn routes_real_vllm_from_its_measured_profile_and_learns_its_tokens() {
         }
     }
 
+    // The Responses API as vLLM serves it: the `input` read for the prompt, the pick served,
+    // and the stream's `response.*` events metered (first token, usage) like a completion's.
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend_from_slice(&SLO);
+    let body = json!({"model": vllm::MODEL_NAME, "input": format!("a response: {prompt}"), "max_output_tokens": 12,
+        "stream": true});
+    let r = h.post("/v1/responses", &headers, &body.to_string()).unwrap();
+    assert_eq!(r.status, 200, "/v1/responses: {}", r.body);
+    let chosen = r.chosen.clone().unwrap_or_default();
+    assert!(h.stack.state.servers.iter().any(|s| s.to_string() == chosen), "/v1/responses routed to {chosen:?}");
+    assert!(r.body.contains("response.completed"), "not a Responses stream: {}", r.body);
+
     // vLLM's own metrics are scraped: its KV cache and request gauges reached the pool.
     let pools = h.get(&format!("{}/v1/pools", h.predictor())).unwrap().json();
     let endpoints = pools["pools"][0]["endpoints"].as_array().cloned().unwrap_or_default();
@@ -87,8 +99,14 @@ fn routes_real_vllm_from_its_measured_profile_and_learns_its_tokens() {
     // The filter learnt the model's count: the last dispatches estimate the prompt within
     // 10% of what vLLM counted (the first, at 4 bytes a token, was about half of it).
     let model_count = *counted.last().unwrap() as f64;
-    assert!(wait_until(Duration::from_secs(10), || h.observations().len() >= 70), "reports did not arrive");
+    assert!(wait_until(Duration::from_secs(10), || h.observations().len() >= 71), "reports did not arrive");
     let observations = h.observations();
+    let responses = observations.last().unwrap();
+    assert_eq!(responses["status"], 200, "{responses}");
+    assert_eq!(responses["endpoint"], chosen.as_str(), "served where chosen: {responses}");
+    assert!(responses["ttft_ms"].as_f64().is_some_and(|t| t > 0.0), "first token timed: {responses}");
+    assert!(responses["output_tokens"].as_u64().is_some_and(|n| n > 0), "usage read: {responses}");
+    let observations: Vec<Value> = observations[..70].to_vec();
     let estimates: Vec<f64> = observations.iter().filter_map(|o| o["request"]["input_tokens"].as_f64()).collect();
     let (first, last) = (estimates[0], *estimates.last().unwrap());
     assert!(first < model_count * 0.7, "the approximation first: {first} against the model's {model_count}");
