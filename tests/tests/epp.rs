@@ -285,3 +285,19 @@ fn one_gateway_fronts_two_models_each_in_its_own_pool() {
         }
     }
 }
+
+/// A request naming an InferenceObjective runs at that objective's priority, over its own
+/// claim: what the predictor is told and learns from.
+#[test]
+fn a_named_objective_sets_the_priority_the_predictor_sees() {
+    let h = harness(Router::Epp, json!({"objectives": {"interactive": 3, "batch": -1}}), None);
+    let slo = [("x-slo-ttft-ms", "5000"), ("x-prediction-based-scheduling", "true")];
+    let cases = [("x-llm-d-inference-objective", "interactive", 3), ("x-gateway-inference-objective", "batch", -1)];
+    for (header, objective, _) in cases {
+        let r = h.completion(4, true, &[slo[0], slo[1], (header, objective), ("x-request-priority", "0")]).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert!(wait_until(Duration::from_secs(10), || h.observations().len() >= 2), "reports never arrived");
+    let priorities: Vec<i64> = h.observations().iter().filter_map(|o| o["request"]["priority"].as_i64()).collect();
+    assert_eq!(priorities, cases.map(|(_, _, p)| p), "{:?}", h.observations());
+}
