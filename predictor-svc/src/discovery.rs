@@ -89,41 +89,72 @@ async fn watch(state: Arc<AppState>, client: kube::Client, pool: String, index: 
     let hardware = source.hardware.as_deref().map_or(0, |h| state.core.config.hardware_class(h));
     let config = watcher::Config::default().labels(&source.selector);
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
-    let mut slices: HashMap<String, Vec<String>> = HashMap::new();
-    let mut relist: Option<HashMap<String, Vec<String>>> = None;
+    let described = format!("EndpointSlices {}/{}", source.namespace, source.selector);
+    let mut slices = Listing::default();
     while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!(pool = %pool, namespace = %source.namespace, selector = %source.selector, error = %e, "EndpointSlice watch failed; retrying");
-                continue;
-            }
-        };
-        let key = |s: &EndpointSlice| s.metadata.name.clone().unwrap_or_default();
         match event {
-            Event::Init => relist = Some(HashMap::new()),
-            Event::InitApply(s) => {
-                relist.get_or_insert_with(HashMap::new).insert(key(&s), ready_addresses(&s, &source));
-                continue;
+            Ok(event) => {
+                if slices.apply(event, |s| ready_addresses(s, &source)) {
+                    publish(&state, &pool, index, hardware, slices.addresses(), &described);
+                }
             }
-            Event::InitDone => slices = relist.take().unwrap_or_default(),
-            Event::Apply(s) => {
-                slices.insert(key(&s), ready_addresses(&s, &source));
+            Err(e) => tracing::warn!(pool = %pool, source = %described, error = %e, "watch failed; retrying"),
+        }
+    }
+}
+
+/// The addresses of a watched set of objects (EndpointSlices, pods) by object name, as the
+/// watcher's events leave them. A relist replaces them all at its end only, so a relist
+/// under way never empties the pool.
+#[derive(Default)]
+pub(crate) struct Listing {
+    objects: HashMap<String, Vec<String>>,
+    relist: Option<HashMap<String, Vec<String>>>,
+}
+
+impl Listing {
+    /// Files one event, `addresses` reading an object's; true when the listing is whole
+    /// (no relist under way) and so is what the source contributes now.
+    pub(crate) fn apply<K: kube::Resource>(&mut self, event: Event<K>, addresses: impl Fn(&K) -> Vec<String>) -> bool {
+        let key = |o: &K| o.meta().name.clone().unwrap_or_default();
+        match event {
+            Event::Init => self.relist = Some(HashMap::new()),
+            Event::InitApply(o) => {
+                self.relist.get_or_insert_with(HashMap::new).insert(key(&o), addresses(&o));
             }
-            Event::Delete(s) => {
-                slices.remove(&key(&s));
+            Event::InitDone => self.objects = self.relist.take().unwrap_or_default(),
+            Event::Apply(o) => {
+                self.objects.insert(key(&o), addresses(&o));
+            }
+            Event::Delete(o) => {
+                self.objects.remove(&key(&o));
             }
         }
-        if relist.is_some() {
-            continue; // a relist is complete only at InitDone
-        }
-        let endpoints: Vec<(String, u32)> = union(&slices).into_iter().map(|a| (a, hardware)).collect();
-        let count = endpoints.len();
-        let change = state.core.pools.with(&pool, |p| p.set_discovered(index, endpoints));
-        if let Some(c) = change.filter(|c| c.added + c.removed > 0) {
-            tracing::info!(pool = %pool, namespace = %source.namespace, selector = %source.selector, endpoints = count,
-                added = c.added, removed = c.removed, dropped_in_flight = c.dropped_in_flight, "pool endpoints changed");
-        }
+        self.relist.is_none()
+    }
+
+    /// Every object's addresses, sorted and deduplicated.
+    pub(crate) fn addresses(&self) -> Vec<String> {
+        union(&self.objects)
+    }
+}
+
+/// Makes `addresses` source `index`'s share of `pool` (at hardware class `hardware`),
+/// logging a change; `described` names the source in the log.
+pub(crate) fn publish(
+    state: &AppState,
+    pool: &str,
+    index: usize,
+    hardware: u32,
+    addresses: Vec<String>,
+    described: &str,
+) {
+    let endpoints: Vec<(String, u32)> = addresses.into_iter().map(|a| (a, hardware)).collect();
+    let count = endpoints.len();
+    let change = state.core.pools.with(pool, |p| p.set_discovered(index, endpoints));
+    if let Some(c) = change.filter(|c| c.added + c.removed > 0) {
+        tracing::info!(pool = %pool, source = %described, endpoints = count, added = c.added, removed = c.removed,
+            dropped_in_flight = c.dropped_in_flight, "pool endpoints changed");
     }
 }
 

@@ -7,7 +7,7 @@
 //! replace what the source contributed to the pool on every change, so endpoints that stay
 //! keep their metrics, prefix cache and requests in flight (as with EndpointSlices).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -18,6 +18,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::watch;
 
+use crate::discovery::{publish, Listing};
 use crate::state::AppState;
 use headroom_predictor_core::config::InferencePoolSource;
 
@@ -149,22 +150,11 @@ async fn watch_pods(
     mut shapes: watch::Receiver<Option<PoolShape>>,
 ) {
     let hardware = source.hardware.as_deref().map_or(0, |h| state.core.config.hardware_class(h));
-    let publish = |pods: &HashMap<String, Vec<String>>| {
-        let mut all: Vec<String> = pods.values().flatten().cloned().collect();
-        all.sort();
-        all.dedup();
-        let count = all.len();
-        let endpoints = all.into_iter().map(|a| (a, hardware)).collect();
-        let change = state.core.pools.with(&pool, |p| p.set_discovered(index, endpoints));
-        if let Some(c) = change.filter(|c| c.added + c.removed > 0) {
-            tracing::info!(pool = %pool, namespace = %source.namespace, inference_pool = %source.name, endpoints = count,
-                added = c.added, removed = c.removed, dropped_in_flight = c.dropped_in_flight, "pool endpoints changed");
-        }
-    };
+    let described = format!("InferencePool {}/{}", source.namespace, source.name);
     loop {
         let shape = shapes.borrow_and_update().clone();
         let Some(shape) = shape else {
-            publish(&HashMap::new());
+            publish(&state, &pool, index, hardware, Vec::new(), &described);
             if shapes.changed().await.is_err() {
                 return;
             }
@@ -173,8 +163,7 @@ async fn watch_pods(
         let api: Api<Pod> = Api::namespaced(client.clone(), &source.namespace);
         let config = watcher::Config::default().labels(&shape.selector);
         let mut events = watcher::watcher(api, config).default_backoff().boxed();
-        let mut pods: HashMap<String, Vec<String>> = HashMap::new();
-        let mut relist: Option<HashMap<String, Vec<String>>> = None;
+        let mut pods = Listing::default();
         loop {
             let event = tokio::select! {
                 changed = shapes.changed() => match changed {
@@ -186,28 +175,14 @@ async fn watch_pods(
                     None => return,
                 },
             };
-            let key = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
             match event {
-                Ok(Event::Init) => relist = Some(HashMap::new()),
-                Ok(Event::InitApply(p)) => {
-                    relist.get_or_insert_with(HashMap::new).insert(key(&p), pod_addresses(&p, &shape.ports));
-                    continue;
+                Ok(event) => {
+                    if pods.apply(event, |p| pod_addresses(p, &shape.ports)) {
+                        publish(&state, &pool, index, hardware, pods.addresses(), &described);
+                    }
                 }
-                Ok(Event::InitDone) => pods = relist.take().unwrap_or_default(),
-                Ok(Event::Apply(p)) => {
-                    pods.insert(key(&p), pod_addresses(&p, &shape.ports));
-                }
-                Ok(Event::Delete(p)) => {
-                    pods.remove(&key(&p));
-                }
-                Err(e) => {
-                    tracing::warn!(pool = %pool, namespace = %source.namespace, selector = %shape.selector, error = %e,
-                        "pod watch failed; retrying");
-                    continue;
-                }
-            }
-            if relist.is_none() {
-                publish(&pods);
+                Err(e) => tracing::warn!(pool = %pool, source = %described, selector = %shape.selector, error = %e,
+                    "pod watch failed; retrying"),
             }
         }
     }
