@@ -79,6 +79,16 @@ pub struct PoolPodLabels {
     pub model_server_pod: String,
 }
 
+/// Whether `value` gets series of its own: it has them already, or fewer than `max` values
+/// have (then it joins them). A label value a client chooses is bounded this way.
+fn admitted<T: Ord + ToOwned + ?Sized>(seen: &Mutex<BTreeSet<T::Owned>>, value: &T, max: usize) -> bool
+where
+    T::Owned: Ord + std::borrow::Borrow<T>,
+{
+    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+    seen.contains(value) || (seen.len() < max && seen.insert(value.to_owned()))
+}
+
 type ModelHistogram = Family<ModelLabels, Histogram, fn() -> Histogram>;
 
 fn latency_buckets() -> Histogram {
@@ -607,20 +617,14 @@ impl Metrics {
     /// The series label of a model name: its own while fewer than [`MAX_MODEL_SERIES`]
     /// names have series, else [`OTHER_MODEL`].
     fn model_labels(&self, model: &str) -> ModelLabels {
-        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
-        let name = if models.contains(model) || (models.len() < MAX_MODEL_SERIES && models.insert(model.to_string())) {
-            model.to_string()
-        } else {
-            OTHER_MODEL.to_string()
-        };
+        let name = if admitted(&self.models, model, MAX_MODEL_SERIES) { model } else { OTHER_MODEL }.to_string();
         ModelLabels { model_name: name.clone(), target_model_name: name }
     }
 
     /// The series label of a priority: its own while fewer than [`MAX_PRIORITY_SERIES`] have
     /// series, else [`OTHER_PRIORITY`].
     fn priority_label(&self, priority: i32) -> String {
-        let mut seen = self.priorities.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.contains(&priority) || (seen.len() < MAX_PRIORITY_SERIES && seen.insert(priority)) {
+        if admitted(&self.priorities, &priority, MAX_PRIORITY_SERIES) {
             priority.to_string()
         } else {
             OTHER_PRIORITY.to_string()
