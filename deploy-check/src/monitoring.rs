@@ -77,7 +77,7 @@ impl Catalog {
         };
         let mut out = Vec::new();
         let mut selectors = Vec::new();
-        selectors_of(&expr, &mut selectors, &mut BTreeSet::new());
+        selectors_of(&expr, &mut selectors, &BTreeSet::new());
         for (name, labels, grouping) in selectors {
             let Some(name) = name else {
                 out.push(format!("{where_}: a selector without a metric name"));
@@ -185,7 +185,7 @@ impl Catalog {
         self.check_query(at, &query)
     }
 
-    /// Problems of a PrometheusRule: every rule's `expr`, and an alert's name and severity.
+    /// Problems of a PrometheusRule: every rule's `expr`, and each alert's `labels.severity`.
     pub fn check_rules(&self, rule: &Value) -> Vec<String> {
         let mut out = Vec::new();
         for group in rule["spec"]["groups"].as_array().into_iter().flatten() {
@@ -226,18 +226,14 @@ fn sample_labels(line: &str) -> (String, Vec<String>) {
 
 /// Each vector selector of `expr`: its metric name, the label names it matches on, and the
 /// labels its enclosing aggregations group by (`grouping`, carried down as found).
-fn selectors_of(
-    expr: &Expr,
-    out: &mut Vec<(Option<String>, Vec<String>, Vec<String>)>,
-    grouping: &mut BTreeSet<String>,
-) {
+fn selectors_of(expr: &Expr, out: &mut Vec<(Option<String>, Vec<String>, Vec<String>)>, grouping: &BTreeSet<String>) {
     match expr {
         Expr::Aggregate(a) => {
             let mut inner = grouping.clone();
             if let Some(promql_parser::parser::LabelModifier::Include(labels)) = &a.modifier {
                 inner.extend(labels.labels.iter().cloned());
             }
-            selectors_of(&a.expr, out, &mut inner);
+            selectors_of(&a.expr, out, &inner);
             if let Some(p) = &a.param {
                 selectors_of(p, out, grouping);
             }
@@ -265,7 +261,8 @@ fn selector(
     grouping: &BTreeSet<String>,
 ) -> (Option<String>, Vec<String>, Vec<String>) {
     let labels: Vec<String> = vs.matchers.matchers.iter().map(|m| m.name.clone()).filter(|n| n != "__name__").collect();
-    // `le` is grouped by for histogram_quantile over a histogram's buckets: it is on every `_bucket`.
+    // Grouped-by labels are held to the selector's series as its matchers are (`le` for a
+    // histogram's `_bucket`s is one of them).
     (vs.name.clone(), labels, grouping.iter().cloned().collect())
 }
 
