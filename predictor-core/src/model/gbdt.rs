@@ -133,6 +133,9 @@ pub fn fit_residual<const F: usize>(
             b
         })
         .collect();
+    // The same bins by feature: a split reads one feature of each of its samples, and a
+    // column of bytes stays in the nearest cache where rows of every feature do not.
+    let columns: Vec<Vec<u8>> = (0..F).map(|f| bins.iter().map(|b| b[f]).collect()).collect();
     let base = match params.objective {
         Objective::Mean => y.iter().sum::<f64>() / y.len() as f64,
         Objective::Quantile { q } => quantile(&mut y.clone(), q),
@@ -153,7 +156,14 @@ pub fn fit_residual<const F: usize>(
         let mut tree = Vec::new();
         order.clear();
         order.extend(0..y.len());
-        let data = Data { bins: &bins, thresholds: &thresholds, gradient: &gradient, residual: &residual, params };
+        let data = Data {
+            bins: &bins,
+            columns: &columns,
+            thresholds: &thresholds,
+            gradient: &gradient,
+            residual: &residual,
+            params,
+        };
         let root = (params.max_depth > 0 && y.len() >= 2 * params.min_samples_leaf)
             .then(|| Histogram::of(&order, &bins, &gradient));
         grow(&mut tree, &mut order, &mut scratch, 0, &data, &mut pred, root.as_ref());
@@ -165,7 +175,8 @@ pub fn fit_residual<const F: usize>(
 /// Up to [`MAX_BINS`] distinct split points at quantiles of the values.
 fn thresholds_of(values: impl Iterator<Item = f32>) -> Vec<f32> {
     let mut v: Vec<f32> = values.filter(|x| x.is_finite()).collect();
-    v.sort_by(f32::total_cmp);
+    // Unstable is as good: values equal under `total_cmp` are the same bits.
+    v.sort_unstable_by(f32::total_cmp);
     v.dedup();
     if v.len() <= 1 {
         return Vec::new();
@@ -180,10 +191,12 @@ fn thresholds_of(values: impl Iterator<Item = f32>) -> Vec<f32> {
     out
 }
 
-/// What a tree is grown from: the samples' bins, the thresholds the bins stand for, and
-/// this round's gradient (what splits are judged on) and residual (what leaves hold).
+/// What a tree is grown from: the samples' bins (by sample, and by feature), the thresholds
+/// the bins stand for, and this round's gradient (what splits are judged on) and residual
+/// (what leaves hold).
 struct Data<'a, const F: usize> {
     bins: &'a [[u8; F]],
+    columns: &'a [Vec<u8>],
     thresholds: &'a [Vec<f32>],
     gradient: &'a [f64],
     residual: &'a [f64],
@@ -208,7 +221,8 @@ fn grow<const F: usize>(
     let params = d.params;
     match hist.and_then(|h| best_split(h, samples.len(), d.thresholds, params)) {
         Some((feature, bin)) => {
-            let n = split_in_place(samples, scratch, |s| usize::from(d.bins[s][feature]) <= bin);
+            let column = &d.columns[feature];
+            let n = split_in_place(samples, scratch, |s| usize::from(column[s]) <= bin);
             let (l, r) = samples.split_at_mut(n);
             let (ls, rs) = scratch.split_at_mut(n);
             // Only the smaller side is counted; the larger side's histogram is the parent's
@@ -279,24 +293,32 @@ impl<const F: usize> Histogram<F> {
 /// Moves the samples that `goes_left` to the front of `samples`, the rest after them, each
 /// side in its original order; returns how many went left. `scratch` holds the right side
 /// meanwhile (at least as long as `samples`).
+///
+/// Without a branch: each sample is written to both sides and only the side it belongs to
+/// moves on. A branch on where it goes is a coin toss the CPU mispredicts half the time,
+/// and splitting was a third of a tree's growing (docs/benchmark.md, "Speed").
 fn split_in_place(samples: &mut [usize], scratch: &mut [usize], goes_left: impl Fn(usize) -> bool) -> usize {
     let (mut l, mut r) = (0, 0);
     for i in 0..samples.len() {
         let s = samples[i];
-        if goes_left(s) {
-            samples[l] = s;
-            l += 1;
-        } else {
-            scratch[r] = s;
-            r += 1;
-        }
+        let left = goes_left(s);
+        // `l <= i`: the write never lands ahead of what is still to be read.
+        samples[l] = s;
+        scratch[r] = s;
+        l += usize::from(left);
+        r += usize::from(!left);
     }
     samples[l..].copy_from_slice(&scratch[..r]);
     l
 }
 
 /// The (feature, bin) split of a node of `n` samples with the best gain, if any improves
-/// on none, read from the node's histogram.
+/// on none, read from the node's histogram; the first such bin on a tie.
+///
+/// Each feature's gains are summed up first and then computed in one loop without a branch
+/// (which the compiler runs four bins at a time): the two divisions a bin were most of the
+/// time a tree took to grow. A bin that cannot split (an empty one splits as the one before
+/// it, a side with fewer than `min_samples_leaf`) gets no gain.
 fn best_split<const F: usize>(
     h: &Histogram<F>,
     n: usize,
@@ -305,19 +327,27 @@ fn best_split<const F: usize>(
 ) -> Option<(usize, usize)> {
     let total = h.total;
     let parent = total * total / (n as f64 + params.lambda);
+    let (n, min_leaf) = (n as f64, params.min_samples_leaf as f64);
     let mut best: Option<(f64, usize, usize)> = None;
+    let (mut left_sum, mut left_count) = ([0.0f64; MAX_BINS + 1], [0.0f64; MAX_BINS + 1]);
+    let mut gains = [0.0f64; MAX_BINS + 1];
     for (f, (sums, counts)) in h.sum.iter().zip(&h.count).enumerate() {
         let k = thresholds[f].len();
-        let (mut gl, mut nl) = (0.0, 0usize);
-        for (b, (sum, count)) in sums.iter().zip(counts).take(k).enumerate() {
-            gl += sum;
-            nl += *count as usize;
-            let nr = n - nl;
-            if nl < params.min_samples_leaf || nr < params.min_samples_leaf {
-                continue;
-            }
-            let gr = total - gl;
-            let gain = gl * gl / (nl as f64 + params.lambda) + gr * gr / (nr as f64 + params.lambda) - parent;
+        let (mut gl, mut nl) = (0.0, 0.0);
+        for b in 0..k {
+            gl += sums[b];
+            nl += f64::from(counts[b]);
+            left_sum[b] = gl;
+            left_count[b] = nl;
+        }
+        for b in 0..k {
+            let (gl, nl) = (left_sum[b], left_count[b]);
+            let (gr, nr) = (total - gl, n - nl);
+            let gain = gl * gl / (nl + params.lambda) + gr * gr / (nr + params.lambda) - parent;
+            let splits = counts[b] != 0 && nl >= min_leaf && nr >= min_leaf;
+            gains[b] = if splits { gain } else { f64::NEG_INFINITY };
+        }
+        for (b, &gain) in gains.iter().enumerate().take(k) {
             if gain > 1e-12 && best.is_none_or(|(g, _, _)| gain > g) {
                 best = Some((gain, f, b));
             }
