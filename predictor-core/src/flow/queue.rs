@@ -149,8 +149,10 @@ impl Queue {
         for band in bands {
             let mut tenants: HashMap<&str, (u64, Vec<&Waiter>)> = HashMap::new();
             for w in self.waiters.iter().filter(|w| w.band == band) {
-                let served = self.served.get(&(band, w.tenant.clone())).copied().unwrap_or(0);
-                tenants.entry(w.tenant.as_str()).or_insert((served, Vec::new())).1.push(w);
+                // Each tenant's count is looked up once, when its first waiter is met: a round
+                // orders every waiter, and most share a few tenants.
+                let served = || self.served.get(&(band, w.tenant.clone())).copied().unwrap_or(0);
+                tenants.entry(w.tenant.as_str()).or_insert_with(|| (served(), Vec::new())).1.push(w);
             }
             for (_, list) in tenants.values_mut() {
                 // Latest deadline first, so the next one pops off the end.
@@ -258,8 +260,12 @@ impl Flows {
     /// Runs `f` on `pool`'s queue (created on first use).
     pub fn with<R>(&self, pool: &str, f: impl FnOnce(&mut Queue) -> R) -> R {
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        let queue = queues.entry(pool.to_string()).or_insert_with(|| Queue::new(&self.config));
-        f(queue)
+        // Looked up before it is made: a flow round asks for its pool's queue several times
+        // per waiter, and a key made each time was an allocation each.
+        if let Some(queue) = queues.get_mut(pool) {
+            return f(queue);
+        }
+        f(queues.entry(pool.to_string()).or_insert_with(|| Queue::new(&self.config)))
     }
 
     /// Capacity may have freed (a report, a first token, a scrape): judge the waiters now.
