@@ -316,9 +316,10 @@ fn split_in_place(samples: &mut [usize], scratch: &mut [usize], goes_left: impl 
 /// on none, read from the node's histogram; the first such bin on a tie.
 ///
 /// Each feature's gains are summed up first and then computed in one loop without a branch
-/// (which the compiler runs four bins at a time): the two divisions a bin were most of the
-/// time a tree took to grow. A bin that cannot split (an empty one splits as the one before
-/// it, a side with fewer than `min_samples_leaf`) gets no gain.
+/// (which the compiler runs two bins at a time, with SSE2's packed division): the two
+/// divisions a bin were most of the time a tree took to grow. A bin that cannot split (an
+/// empty one splits as the one before it, a side with fewer than `min_samples_leaf`) gets
+/// no gain.
 fn best_split<const F: usize>(
     h: &Histogram<F>,
     n: usize,
