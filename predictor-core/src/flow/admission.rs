@@ -208,9 +208,9 @@ pub fn serve_pool(state: &Predictor, pool: &str, now: Instant) {
             reply.send(a);
         }
     }
-    let order = state.flows.with(pool, |q| q.order());
+    let order = state.flows.with(pool, |q| q.order(MAX_JUDGED_PER_ROUND));
     let mut blocked_below: Option<i32> = None;
-    for id in order.into_iter().take(MAX_JUDGED_PER_ROUND) {
+    for id in order {
         let Some((req, band, arrived, gone)) = state.flows.with(pool, |q| {
             q.get(id).map(|w| (w.request.clone(), w.band, w.arrived, w.reply.as_ref().is_none_or(|r| r.is_closed())))
         }) else {
