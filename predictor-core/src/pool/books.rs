@@ -9,9 +9,16 @@
 //! books ([`Books::booked`]); what depends on the asker (its band, its own TPOT SLO) reads
 //! a handful of (band, SLO) counts. Every change to the books goes through [`Books`], which
 //! counts it, so a sum is never read after the books it came from changed.
+//!
+//! Summing at each moment still read every request in flight, most of them decoding and
+//! long past prefill, and the moment moves with every arrival: a tenth of the simulated
+//! bench's CPU. So what does not depend on the moment (counts, tokens, SLOs) is kept per
+//! endpoint as requests come and go, and the prompts that may still be prefilling are kept
+//! by when their prefill is predicted to end: a sum reads only those whose end is not long
+//! past ([`in_prefill`]).
 
-use std::collections::HashMap;
-use std::time::Instant;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use super::InFlight;
 
@@ -45,30 +52,108 @@ impl Booked {
     }
 }
 
+/// How long after its predicted TTFT a request's prompt still counts as prefill work
+/// when the gateway reports first tokens: long enough for a late first token, short
+/// enough that a lost event does not count a prompt for long.
+pub(super) const FIRST_TOKEN_GRACE: Duration = Duration::from_secs(2);
+
+/// Whether a prompt still counts as prefill work at `now`: until its first token is
+/// observed (`past_prefill`, with first-token `events`; a grace period after its predicted
+/// end of prefill, `done_by`, covers a lost one), else until that end.
+fn in_prefill(now: Instant, events: bool, done_by: Option<Instant>, past_prefill: bool) -> bool {
+    match (events, done_by) {
+        (true, _) if past_prefill => false,
+        (true, Some(t)) => now < t.checked_add(FIRST_TOKEN_GRACE).unwrap_or(t),
+        (false, Some(t)) => now < t,
+        (_, None) => !past_prefill,
+    }
+}
+
 /// The sums of one moment, kept while the books do not change.
 #[derive(Debug)]
 struct Sums {
     at: Instant,
+    events: bool,
     version: u64,
     booked: Vec<Booked>,
+}
+
+/// What a request in flight adds to its endpoint whatever the moment.
+#[derive(Debug, Clone, Default)]
+struct Standing {
+    in_flight: u32,
+    tokens_in_flight: u64,
+    /// `(priority, TPOT SLO, requests)`, as [`Booked::slos`].
+    slos: Vec<(i32, f64, u32)>,
+}
+
+impl Standing {
+    fn add(&mut self, f: &InFlight) {
+        self.in_flight = self.in_flight.saturating_add(1);
+        self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens(f));
+        if let Some(slo) = f.tpot_slo_ms {
+            match self.slos.iter_mut().find(|(band, s, _)| *band == f.priority && *s == slo) {
+                Some((_, _, n)) => *n = n.saturating_add(1),
+                None => self.slos.push((f.priority, slo, 1)),
+            }
+        }
+    }
+
+    fn take(&mut self, f: &InFlight) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.tokens_in_flight = self.tokens_in_flight.saturating_sub(tokens(f));
+        if let Some(slo) = f.tpot_slo_ms {
+            if let Some(k) = self.slos.iter().position(|(band, s, _)| *band == f.priority && *s == slo) {
+                self.slos[k].2 -= 1;
+                if self.slos[k].2 == 0 {
+                    self.slos.swap_remove(k);
+                }
+            }
+        }
+    }
+}
+
+fn tokens(f: &InFlight) -> u64 {
+    u64::from(f.input_tokens) + u64::from(f.expected_output)
+}
+
+/// A prompt that may still be prefilling: what a sum reads of it.
+#[derive(Debug, Clone, Copy)]
+struct Prompt {
+    endpoint: usize,
+    dispatched_at: Instant,
+    uncached_tokens: u64,
+}
+
+impl Prompt {
+    fn of(f: &InFlight) -> Prompt {
+        Prompt { endpoint: f.endpoint, dispatched_at: f.dispatched_at, uncached_tokens: f.uncached_tokens }
+    }
 }
 
 /// The requests in flight by id; every change counted.
 #[derive(Debug, Default)]
 pub(super) struct Books {
-    map: HashMap<String, InFlight>,
+    /// Each request with the number it is filed under in the indexes below.
+    map: HashMap<String, (u64, InFlight)>,
+    filed: u64,
     version: u64,
     sums: Option<Sums>,
+    /// Per endpoint, what its requests add at any moment.
+    standing: Vec<Standing>,
+    /// Requests with a predicted end of prefill, by it: without first-token events a prompt
+    /// counts until then.
+    dated: BTreeMap<(Instant, u64), Prompt>,
+    /// Of those, the ones whose first token was not seen: with events a prompt counts
+    /// until it is, or until [`FIRST_TOKEN_GRACE`] past that end.
+    unseen: BTreeMap<(Instant, u64), Prompt>,
+    /// Requests without a predicted end of prefill whose first token was not seen.
+    undated: BTreeMap<u64, Prompt>,
 }
 
 impl Books {
     pub fn get(&self, id: &str) -> Option<&InFlight> {
-        self.map.get(id)
-    }
-
-    pub fn get_mut(&mut self, id: &str) -> Option<&mut InFlight> {
-        self.version += 1;
-        self.map.get_mut(id)
+        self.map.get(id).map(|(_, f)| f)
     }
 
     pub fn contains_key(&self, id: &str) -> bool {
@@ -81,63 +166,145 @@ impl Books {
 
     pub fn insert(&mut self, id: String, f: InFlight) {
         self.version += 1;
-        self.map.insert(id, f);
+        self.filed += 1;
+        self.file(self.filed, &f);
+        if let Some((n, old)) = self.map.insert(id, (self.filed, f)) {
+            self.unfile(n, &old);
+        }
     }
 
     pub fn remove(&mut self, id: &str) -> Option<InFlight> {
         self.version += 1;
-        self.map.remove(id)
+        let (n, f) = self.map.remove(id)?;
+        self.unfile(n, &f);
+        Some(f)
     }
 
-    pub fn retain(&mut self, keep: impl FnMut(&String, &mut InFlight) -> bool) {
+    /// Keeps the requests `keep` says to.
+    pub fn retain(&mut self, keep: impl Fn(&InFlight) -> bool) {
+        let gone: Vec<String> = self.map.iter().filter(|(_, (_, f))| !keep(f)).map(|(id, _)| id.clone()).collect();
+        for id in gone {
+            self.remove(&id);
+        }
+    }
+
+    /// Moves each request to the endpoint `to` gives for its endpoint, dropping those it
+    /// gives none (the pool's endpoints changed).
+    pub fn renumber(&mut self, to: impl Fn(usize) -> Option<usize>) {
         self.version += 1;
-        self.map.retain(keep);
+        let map = std::mem::take(&mut self.map);
+        *self = Books { filed: self.filed, version: self.version, ..Books::default() };
+        for (id, (_, mut f)) in map {
+            if let Some(i) = to(f.endpoint) {
+                f.endpoint = i;
+                self.insert(id, f);
+            }
+        }
+    }
+
+    /// The request `id`, dispatched to `endpoint`, is past prefill (its first token was
+    /// seen). Returns whether it applied (tracked, at that endpoint).
+    pub fn seen_first_token(&mut self, id: &str, endpoint: usize) -> bool {
+        let Some((n, f)) = self.map.get_mut(id).filter(|(_, f)| f.endpoint == endpoint) else { return false };
+        self.version += 1;
+        f.past_prefill = true;
+        match f.prefill_done_by {
+            Some(t) => self.unseen.remove(&(t, *n)),
+            None => self.undated.remove(n),
+        };
+        true
     }
 
     pub fn values(&self) -> impl Iterator<Item = &InFlight> {
-        self.map.values()
+        self.map.values().map(|(_, f)| f)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &InFlight)> {
-        self.map.iter()
+        self.map.iter().map(|(id, (_, f))| (id, f))
+    }
+
+    fn file(&mut self, n: u64, f: &InFlight) {
+        if self.standing.len() <= f.endpoint {
+            self.standing.resize(f.endpoint + 1, Standing::default());
+        }
+        self.standing[f.endpoint].add(f);
+        let prompt = Prompt::of(f);
+        match f.prefill_done_by {
+            Some(t) => {
+                self.dated.insert((t, n), prompt);
+                if !f.past_prefill {
+                    self.unseen.insert((t, n), prompt);
+                }
+            }
+            None if !f.past_prefill => {
+                self.undated.insert(n, prompt);
+            }
+            None => {}
+        }
+    }
+
+    fn unfile(&mut self, n: u64, f: &InFlight) {
+        if let Some(s) = self.standing.get_mut(f.endpoint) {
+            s.take(f);
+        }
+        match f.prefill_done_by {
+            Some(t) => {
+                self.dated.remove(&(t, n));
+                self.unseen.remove(&(t, n));
+            }
+            None => {
+                self.undated.remove(&n);
+            }
+        }
     }
 
     /// What the requests in flight add to each of `endpoints` endpoints at `now`, summed
-    /// once per moment and change. `in_prefill` says whether a request's prompt still counts
-    /// as prefill work then; `backlog` turns an endpoint's prompts in prefill (dispatch
-    /// instant, uncached tokens) into the tokens not prefilled yet.
+    /// once per moment and change. `events`: the gateway reports first tokens ([`in_prefill`]);
+    /// `backlog` turns an endpoint's prompts in prefill (dispatch instant, uncached tokens)
+    /// into the tokens not prefilled yet.
     pub fn booked(
         &mut self,
         endpoints: usize,
         now: Instant,
-        in_prefill: impl Fn(&InFlight) -> bool,
+        events: bool,
         backlog: impl Fn(usize, &mut [(Instant, u64)]) -> Option<u64>,
     ) -> &[Booked] {
-        let fresh =
-            self.sums.as_ref().is_some_and(|s| s.at == now && s.version == self.version && s.booked.len() == endpoints);
+        let fresh = self.sums.as_ref().is_some_and(|s| {
+            s.at == now && s.events == events && s.version == self.version && s.booked.len() == endpoints
+        });
         if !fresh {
-            let mut booked = vec![Booked::default(); endpoints];
-            let mut prefilling: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); endpoints];
-            for f in self.map.values() {
-                let Some(b) = booked.get_mut(f.endpoint) else { continue };
-                b.in_flight = b.in_flight.saturating_add(1);
-                b.tokens_in_flight =
-                    b.tokens_in_flight.saturating_add(u64::from(f.input_tokens) + u64::from(f.expected_output));
-                if in_prefill(f) {
-                    b.uncached_tokens_in_flight = b.uncached_tokens_in_flight.saturating_add(f.uncached_tokens);
-                    prefilling[f.endpoint].push((f.dispatched_at, f.uncached_tokens));
-                }
-                if let Some(slo) = f.tpot_slo_ms {
-                    match b.slos.iter_mut().find(|(band, s, _)| *band == f.priority && *s == slo) {
-                        Some((_, _, n)) => *n = n.saturating_add(1),
-                        None => b.slos.push((f.priority, slo, 1)),
+            let mut booked: Vec<Booked> = (0..endpoints)
+                .map(|i| {
+                    let s = self.standing.get(i).cloned().unwrap_or_default();
+                    Booked {
+                        in_flight: s.in_flight,
+                        tokens_in_flight: s.tokens_in_flight,
+                        slos: s.slos,
+                        ..Booked::default()
                     }
-                }
+                })
+                .collect();
+            let mut prefilling: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); endpoints];
+            // Only prompts whose predicted end of prefill is ahead (or, with events, within
+            // the grace behind) can count; the rule itself decides which do.
+            let (from, dated) =
+                if events { (now.checked_sub(FIRST_TOKEN_GRACE), &self.unseen) } else { (Some(now), &self.dated) };
+            let ahead = match from {
+                Some(from) => dated.range((from, 0)..),
+                None => dated.range(..),
+            };
+            // Every candidate is unseen but in `dated` without events, where the rule does not
+            // read whether it was seen.
+            let candidates = ahead.map(|(&(t, _), p)| (Some(t), p)).chain(self.undated.values().map(|p| (None, p)));
+            for (_, p) in candidates.filter(|(t, _)| in_prefill(now, events, *t, false)) {
+                let Some(b) = booked.get_mut(p.endpoint) else { continue };
+                b.uncached_tokens_in_flight = b.uncached_tokens_in_flight.saturating_add(p.uncached_tokens);
+                prefilling[p.endpoint].push((p.dispatched_at, p.uncached_tokens));
             }
             for (i, (b, prompts)) in booked.iter_mut().zip(&mut prefilling).enumerate() {
                 b.prefill_backlog_tokens = backlog(i, prompts);
             }
-            self.sums = Some(Sums { at: now, version: self.version, booked });
+            self.sums = Some(Sums { at: now, events, version: self.version, booked });
         }
         self.sums.as_ref().map_or(&[], |s| s.booked.as_slice())
     }

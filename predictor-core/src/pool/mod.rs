@@ -150,10 +150,6 @@ impl InFlight {
 /// (the filter flushes dispatches every `flush_interval_ms`, 20 ms by default).
 const RESERVATION_TTL: Duration = Duration::from_secs(2);
 
-/// How long after its predicted TTFT a request's prompt still counts as prefill work
-/// when the gateway reports first tokens: long enough for a late first token, short
-/// enough that a lost event does not count a prompt for long.
-const FIRST_TOKEN_GRACE: Duration = Duration::from_secs(2);
 /// A pool whose gateway reported a first token this recently is taken to report them all.
 const FIRST_TOKENS_RECENT: Duration = Duration::from_secs(60);
 
@@ -566,13 +562,7 @@ impl Pool {
         }
         change.removed = old.iter().flatten().count();
         let before = self.in_flight.len();
-        self.in_flight.retain(|_, f| match remap.get(&f.endpoint) {
-            Some(&i) => {
-                f.endpoint = i;
-                true
-            }
-            None => false,
-        });
+        self.in_flight.renumber(|i| remap.get(&i).copied());
         change.dropped_in_flight = before - self.in_flight.len();
         change
     }
@@ -715,8 +705,9 @@ impl Pool {
     /// prefill. Returns whether it applied (tracked here, at that endpoint).
     pub fn first_token(&mut self, request_id: &str, endpoint: &str, now: Instant) -> bool {
         let Some(i) = self.index_of(endpoint) else { return false };
-        let Some(f) = self.in_flight.get_mut(request_id).filter(|f| f.endpoint == i) else { return false };
-        f.past_prefill = true;
+        if !self.in_flight.seen_first_token(request_id, i) {
+            return false;
+        }
         self.last_first_token = Some(now);
         true
     }
@@ -724,18 +715,6 @@ impl Pool {
     /// Whether the gateway reports first tokens (one arrived recently).
     fn first_token_events(&self, now: Instant) -> bool {
         self.last_first_token.is_some_and(|t| now.saturating_duration_since(t) < FIRST_TOKENS_RECENT)
-    }
-
-    /// Whether `f`'s prompt still counts as prefill work at `now`: until its first token
-    /// is observed (with first-token `events`; a grace period after the predicted TTFT
-    /// covers a lost one), else until its predicted TTFT.
-    fn in_prefill(f: &InFlight, now: Instant, events: bool) -> bool {
-        match (events, f.prefill_done_by) {
-            (true, _) if f.past_prefill => false,
-            (true, Some(t)) => now < t.checked_add(FIRST_TOKEN_GRACE).unwrap_or(t),
-            (false, Some(t)) => now < t,
-            (_, None) => !f.past_prefill,
-        }
     }
 
     /// Ends tracking of a reported request (known or not): how it stood in the books.
@@ -756,7 +735,7 @@ impl Pool {
     pub fn expire(&mut self, now: Instant) -> usize {
         // A reservation never confirmed (the client left, the filter fell back) is no
         // dispatch: dropped without counting.
-        self.in_flight.retain(|_, f| !f.reserved || now.saturating_duration_since(f.dispatched_at) < RESERVATION_TTL);
+        self.in_flight.retain(|f| !f.reserved || now.saturating_duration_since(f.dispatched_at) < RESERVATION_TTL);
         let due: Vec<String> =
             self.in_flight.iter().filter(|(_, f)| now >= f.expires_at).map(|(id, _)| id.clone()).collect();
         for id in &due {
@@ -829,12 +808,9 @@ impl Pool {
         let events = self.first_token_events(now);
         let costs: Vec<Option<f64>> =
             (0..self.endpoints.len()).map(|i| self.cost_of(i).map(|c| c.prefill_ms_per_token)).collect();
-        let booked = self.in_flight.booked(
-            self.endpoints.len(),
-            now,
-            |f| Self::in_prefill(f, now, events),
-            |i, prompts| costs.get(i).copied().flatten().map(|ms| prefill_backlog(prompts, ms, now)),
-        );
+        let booked = self.in_flight.booked(self.endpoints.len(), now, events, |i, prompts| {
+            costs.get(i).copied().flatten().map(|ms| prefill_backlog(prompts, ms, now))
+        });
         let own_tpot_slo = request.streamed_tpot_slo_ms();
         self.endpoints
             .iter()
@@ -949,6 +925,7 @@ impl Pools {
 
 #[cfg(test)]
 mod tests {
+    use super::books::FIRST_TOKEN_GRACE;
     use super::*;
     use headroom_protocol::Slo;
 
@@ -1433,6 +1410,7 @@ mod books_tests {
     // Test code: a failed unwrap is a failed test.
     #![allow(clippy::unwrap_used)]
 
+    use super::books::FIRST_TOKEN_GRACE;
     use super::*;
 
     fn dispatch(id: &str, endpoint: &str, tokens: u32, tpot_slo: f64) -> Dispatch {
@@ -1481,5 +1459,118 @@ mod books_tests {
         asking.priority = 0;
         let s = p.states_for(&asking, now);
         assert_eq!((s[0].tightest_tpot_slo_ms, s[0].tighter_tpot_in_flight), (Some(50.0), 1));
+    }
+
+    /// An endpoint's (requests, tokens, uncached tokens in prefill, SLOs as [`merged`]).
+    type Sums = (u32, u64, u64, Vec<(i32, u64, u32)>);
+
+    /// What the books say at a moment, summed from scratch over every request in flight by
+    /// the rule (the definition the kept sums must equal).
+    fn summed_from_scratch(p: &Pool, now: Instant) -> Vec<Sums> {
+        let events = p.first_token_events(now);
+        let mut out = vec![(0u32, 0u64, 0u64, Vec::new()); p.endpoints.len()];
+        for f in p.in_flight.values() {
+            let Some(o) = out.get_mut(f.endpoint) else { continue };
+            o.0 += 1;
+            o.1 += u64::from(f.input_tokens) + u64::from(f.expected_output);
+            let prefilling = match (events, f.prefill_done_by) {
+                (true, _) if f.past_prefill => false,
+                (true, Some(t)) => now < t + FIRST_TOKEN_GRACE,
+                (false, Some(t)) => now < t,
+                (_, None) => !f.past_prefill,
+            };
+            if prefilling {
+                o.2 += f.uncached_tokens;
+            }
+            if let Some(slo) = f.tpot_slo_ms {
+                o.3.push((f.priority, slo.to_bits(), 1));
+            }
+        }
+        out.into_iter().map(|(n, t, u, slos)| (n, t, u, merged(slos))).collect()
+    }
+
+    /// (band, SLO bits, requests) sorted, equal ones merged: the SLOs as a set with counts.
+    fn merged(mut slos: Vec<(i32, u64, u32)>) -> Vec<(i32, u64, u32)> {
+        slos.sort_unstable();
+        let mut out: Vec<(i32, u64, u32)> = Vec::new();
+        for s in slos {
+            match out.last_mut() {
+                Some(last) if (last.0, last.1) == (s.0, s.1) => last.2 += s.2,
+                _ => out.push(s),
+            }
+        }
+        out
+    }
+
+    /// Dispatches, reservations, first tokens, reports, expiry and a change of endpoints in
+    /// a pseudo-random mix, on a clock that moves on: after each, the sums kept as requests
+    /// come and go equal the sums from scratch, with and without first-token events.
+    #[test]
+    fn the_kept_sums_equal_a_sum_from_scratch_through_any_history() {
+        let t0 = Instant::now();
+        let mut p = Pool::new("p", &[], 64);
+        let listed = |names: &[&str]| names.iter().map(|a| (a.to_string(), 0)).collect::<Vec<_>>();
+        p.set_discovered(0, listed(&["a:1", "b:1", "c:1"]));
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut now = t0;
+        let mut ids: Vec<String> = Vec::new();
+        for step in 0..3_000u64 {
+            now += Duration::from_millis(next(400));
+            let endpoint = ["a:1", "b:1", "c:1"][next(3) as usize];
+            match next(12) {
+                0..=3 => {
+                    let id = format!("r{step}");
+                    let mut d = dispatch(&id, endpoint, 1 + next(900) as u32, [20.0, 50.0, 80.0][next(3) as usize]);
+                    d.request.priority = next(2) as i32 - 1;
+                    d.predicted_ttft_ms = [None, Some(50.0), Some(900.0), Some(4_000.0)][next(4) as usize];
+                    p.dispatch(&d, now);
+                    ids.push(id);
+                }
+                4 => {
+                    let id = format!("r{step}");
+                    p.reserve(&id, endpoint, &RequestFeatures { input_tokens: 30, ..Default::default() }, 200.0, now);
+                    ids.push(id);
+                }
+                5..=6 if !ids.is_empty() => {
+                    let id = &ids[next(ids.len() as u64) as usize];
+                    let at = p.in_flight.get(id).and_then(|f| p.endpoints.get(f.endpoint)).map(|e| e.address.clone());
+                    p.first_token(id, &at.unwrap_or_default(), now);
+                }
+                7..=8 if !ids.is_empty() => {
+                    let id = ids.swap_remove(next(ids.len() as u64) as usize);
+                    p.finish(&id, now);
+                }
+                9 => {
+                    p.expire(now);
+                }
+                10 if step % 300 == 10 => {
+                    // Endpoints renumbered, one gone with its requests, one new; then back.
+                    p.set_discovered(0, listed(&["c:1", "a:1", "d:1"]));
+                    assert_eq!(p.in_flight.values().filter(|f| f.endpoint >= 3).count(), 0);
+                    p.set_discovered(0, listed(&["a:1", "b:1", "c:1"]));
+                }
+                _ => {}
+            }
+            // Asked at this moment and a little later (a prompt's prefill may end between).
+            for at in [now, now + Duration::from_millis(next(3_000))] {
+                p.states_for(&RequestFeatures::default(), at);
+                let kept: Vec<_> = p
+                    .in_flight
+                    .booked(p.endpoints.len(), at, p.first_token_events(at), |_, _| None)
+                    .iter()
+                    .map(|b| {
+                        let slos = b.slos.iter().map(|&(band, slo, n)| (band, slo.to_bits(), n)).collect();
+                        (b.in_flight, b.tokens_in_flight, b.uncached_tokens_in_flight, merged(slos))
+                    })
+                    .collect();
+                assert_eq!(kept, summed_from_scratch(&p, at), "step {step}");
+            }
+        }
     }
 }
