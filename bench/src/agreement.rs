@@ -1,8 +1,10 @@
 //! `headroom-bench agreement REAL SIM`: how far the simulated-time bench (`sim`) agrees with
 //! the real one (`run`, the judge of record) on the same traffic. Per workload, three rungs
 //! near the real run's cliffs that both measured for the same routers, each class's
-//! attainment side by side (the mean over the seeds both measured there), and each workload's verdict (the best headroom router against
-//! the best baseline, by capacity and critical capacity) both ways.
+//! attainment side by side (the mean over the seeds both measured there), how far apart the
+//! real bench's own seeds lie there (what a difference is read against: on a cliff rung a
+//! few requests turn a class's attainment), and each workload's verdict (the best headroom
+//! router against the best baseline, by capacity and critical capacity) both ways.
 
 use std::fmt::Write;
 
@@ -24,8 +26,16 @@ fn measured(run: &RouterRun, rate: f64) -> Vec<&Summary> {
     run.points.iter().chain(&run.repeats).filter(|(r, _)| *r == rate).map(|(_, s)| s).collect()
 }
 
-/// Each class's attainment over the first `n` of `runs`, the mean of the seeds'.
-fn class_means(runs: &[&Summary], n: usize) -> Vec<(String, f64)> {
+/// A class's attainment over some seeds: their mean, and how far apart the seeds lie
+/// (highest less lowest).
+#[derive(Debug, Clone, Copy)]
+struct Seeds {
+    mean: f64,
+    spread: f64,
+}
+
+/// Each class's attainment over the first `n` of `runs`.
+fn class_means(runs: &[&Summary], n: usize) -> Vec<(String, Seeds)> {
     let Some(first) = runs.first() else { return Vec::new() };
     first
         .per_class
@@ -33,7 +43,8 @@ fn class_means(runs: &[&Summary], n: usize) -> Vec<(String, f64)> {
         .filter_map(|class| {
             let values: Vec<f64> =
                 runs.iter().take(n).filter_map(|s| Some(s.per_class.get(class)?.attainment)).collect();
-            (values.len() == n).then(|| (class.clone(), values.iter().sum::<f64>() / n as f64))
+            let spread = values.iter().copied().reduce(f64::max)? - values.iter().copied().reduce(f64::min)?;
+            (values.len() == n).then(|| (class.clone(), Seeds { mean: values.iter().sum::<f64>() / n as f64, spread }))
         })
         .collect()
 }
@@ -76,14 +87,15 @@ fn pct(x: f64) -> String {
 /// The agreement tables of every workload both runs measured, as markdown.
 pub fn table(real: &BenchResults, sim: &BenchResults) -> String {
     let mut out = String::new();
-    let mut compared = (0usize, 0usize);
+    let mut compared = (0usize, 0usize, 0usize);
     for rw in &real.workloads {
         let Some(sw) = sim.workloads.iter().find(|s| s.workload == rw.workload) else { continue };
         let rates = rungs(rw, sw);
         let _ = writeln!(out, "### {}\n", rw.workload);
-        let _ = writeln!(out, "| router | rate (req/s) | seeds | class | real | sim | difference |");
-        let _ = writeln!(out, "| --- | ---: | ---: | --- | ---: | ---: | ---: |");
-        let (mut within, mut total, mut widest) = (0usize, 0usize, 0f64);
+        let _ =
+            writeln!(out, "| router | rate (req/s) | seeds | class | real | sim | difference | real's seeds apart |");
+        let _ = writeln!(out, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
+        let (mut within, mut total, mut widest, mut in_spread) = (0usize, 0usize, 0f64, 0usize);
         for (r, s) in common(rw, sw) {
             for &rate in &rates {
                 // The seeds both measured at this rate, the mean of each side's.
@@ -91,25 +103,28 @@ pub fn table(real: &BenchResults, sim: &BenchResults) -> String {
                 let n = a.len().min(b.len());
                 let sim_means = class_means(&b, n);
                 for (class, ca) in class_means(&a, n) {
-                    let Some(cb) = sim_means.iter().find(|(c, _)| *c == class).map(|(_, v)| *v) else { continue };
-                    let diff = 100.0 * (cb - ca);
+                    let Some(cb) = sim_means.iter().find(|(c, _)| *c == class).map(|(_, v)| v.mean) else { continue };
+                    let diff = 100.0 * (cb - ca.mean);
                     let mark = if diff.abs() > AGREE_POINTS { " **" } else { "" };
+                    let apart = if n > 1 { format!("{:.1}", 100.0 * ca.spread) } else { "-".to_string() };
                     let _ = writeln!(
                         out,
-                        "| {} | {rate} | {n} | {class} | {} | {} | {diff:+.1}{mark} |",
+                        "| {} | {rate} | {n} | {class} | {} | {} | {diff:+.1}{mark} | {apart} |",
                         r.router,
-                        pct(ca),
+                        pct(ca.mean),
                         pct(cb)
                     );
                     total += 1;
                     within += usize::from(diff.abs() <= AGREE_POINTS);
+                    in_spread += usize::from(diff.abs() > AGREE_POINTS && n > 1 && diff.abs() <= 100.0 * ca.spread);
                     widest = widest.max(diff.abs());
                 }
             }
         }
         let _ = writeln!(
             out,
-            "\n{within} of {total} class attainments within {AGREE_POINTS} points (widest {widest:.1}; ** marks the others).\n"
+            "\n{within} of {total} class attainments within {AGREE_POINTS} points (widest {widest:.1}; ** marks the others); \
+             {in_spread} of the others within the real bench's own seeds' spread there.\n"
         );
         let verdict = |w: &WorkloadRun| {
             ratios(w).map_or("-".to_string(), |v| {
@@ -123,12 +138,13 @@ pub fn table(real: &BenchResults, sim: &BenchResults) -> String {
             verdict(rw),
             verdict(sw)
         );
-        compared = (compared.0 + within, compared.1 + total);
+        compared = (compared.0 + within, compared.1 + total, compared.2 + in_spread);
     }
     let _ = writeln!(
         out,
-        "All workloads: {} of {} class attainments within {AGREE_POINTS} points.",
-        compared.0, compared.1
+        "All workloads: {} of {} class attainments within {AGREE_POINTS} points; {} of the others within the real \
+         bench's own seeds' spread at their rung.",
+        compared.0, compared.1, compared.2
     );
     out
 }
@@ -178,14 +194,27 @@ mod tests {
             workloads: vec![w],
         };
         let text = table(&results(real.clone()), &results(sim.clone()));
-        assert!(text.contains("| envoy least request | 30 | 1 | interactive | 80.0% | 70.0% | -10.0 ** |"), "{text}");
+        assert!(
+            text.contains("| envoy least request | 30 | 1 | interactive | 80.0% | 70.0% | -10.0 ** | - |"),
+            "{text}"
+        );
         assert!(text.contains("2 of 3 class attainments within 3 points"), "{text}");
+        assert!(text.contains("0 of the others within the real bench's own seeds' spread"), "{text}");
 
         // Repeats: the seeds both measured, each side's mean; a seed one side alone ran is left out.
         let (mut real, mut sim) = (real, sim);
         real.runs[0].repeats = vec![(30.0, summary(0.9))];
         sim.runs[0].repeats = vec![(30.0, summary(0.84)), (30.0, summary(0.0))];
+        let text = table(&results(real.clone()), &results(sim.clone()));
+        assert!(
+            text.contains("| envoy least request | 30 | 2 | interactive | 85.0% | 77.0% | -8.0 ** | 10.0 |"),
+            "{text}"
+        );
+        assert!(text.contains("1 of the others within the real bench's own seeds' spread"), "{text}");
+        // Seeds that lie closer together than the difference: outside it.
+        real.runs[0].repeats = vec![(30.0, summary(0.84))];
         let text = table(&results(real), &results(sim));
-        assert!(text.contains("| envoy least request | 30 | 2 | interactive | 85.0% | 77.0% | -8.0 ** |"), "{text}");
+        assert!(text.contains("| 82.0% | 77.0% | -5.0 ** | 4.0 |"), "{text}");
+        assert!(text.contains("0 of the others within the real bench's own seeds' spread"), "{text}");
     }
 }

@@ -1450,6 +1450,16 @@ mod tests {
                 );
             }
         }
+        // And the simulated bench's agreement with the real one, from both results.
+        let read = |dir: &Path| -> BenchResults {
+            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap()
+        };
+        let agreement = crate::agreement::table(&read(&docs), &read(&docs.join("sim")));
+        assert!(
+            std::fs::read_to_string(docs.join("sim/agreement.md")).unwrap_or_default() == agreement,
+            "docs/bench/sim/agreement.md is not what `headroom-bench agreement --real docs/bench/results.json \
+             --sim docs/bench/sim/results.json` prints: regenerate it, never edit it"
+        );
     }
 
     #[test]
