@@ -1511,13 +1511,7 @@ mod books_tests {
         let mut p = Pool::new("p", &[], 64);
         let listed = |names: &[&str]| names.iter().map(|a| (a.to_string(), 0)).collect::<Vec<_>>();
         p.set_discovered(0, listed(&["a:1", "b:1", "c:1"]));
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = crate::testing::below(0x9e37_79b9_7f4a_7c15u64);
         let mut now = t0;
         let mut ids: Vec<String> = Vec::new();
         for step in 0..3_000u64 {
