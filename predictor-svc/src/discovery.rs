@@ -5,16 +5,16 @@
 //! so an added, deleted or no-longer-ready endpoint takes effect on the next event.
 //! Endpoints that stay keep their metrics, prefix cache and requests in flight.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 
 use crate::inference_pool;
+use crate::listing::{publish, Listing};
 use crate::state::AppState;
 use headroom_predictor_core::config::{Config, KubernetesSource};
 
@@ -41,14 +41,6 @@ pub fn ready_addresses(slice: &EndpointSlice, source: &KubernetesSource) -> Vec<
         .flat_map(|e| e.addresses.iter())
         .map(|a| if ipv6 { format!("[{a}]:{port}") } else { format!("{a}:{port}") })
         .collect()
-}
-
-/// The union of every slice's addresses, sorted (a stable order for the pool).
-fn union(slices: &HashMap<String, Vec<String>>) -> Vec<String> {
-    let mut all: Vec<String> = slices.values().flatten().cloned().collect();
-    all.sort();
-    all.dedup();
-    all
 }
 
 /// A client for the configured API server, or the in-cluster / kubeconfig one.
@@ -100,61 +92,6 @@ async fn watch(state: Arc<AppState>, client: kube::Client, pool: String, index: 
             }
             Err(e) => tracing::warn!(pool = %pool, source = %described, error = %e, "watch failed; retrying"),
         }
-    }
-}
-
-/// The addresses of a watched set of objects (EndpointSlices, pods) by object name, as the
-/// watcher's events leave them. A relist replaces them all at its end only, so a relist
-/// under way never empties the pool.
-#[derive(Default)]
-pub(crate) struct Listing {
-    objects: HashMap<String, Vec<String>>,
-    relist: Option<HashMap<String, Vec<String>>>,
-}
-
-impl Listing {
-    /// Files one event, `addresses` reading an object's; true when the listing is whole
-    /// (no relist under way) and so is what the source contributes now.
-    pub(crate) fn apply<K: kube::Resource>(&mut self, event: Event<K>, addresses: impl Fn(&K) -> Vec<String>) -> bool {
-        let key = |o: &K| o.meta().name.clone().unwrap_or_default();
-        match event {
-            Event::Init => self.relist = Some(HashMap::new()),
-            Event::InitApply(o) => {
-                self.relist.get_or_insert_with(HashMap::new).insert(key(&o), addresses(&o));
-            }
-            Event::InitDone => self.objects = self.relist.take().unwrap_or_default(),
-            Event::Apply(o) => {
-                self.objects.insert(key(&o), addresses(&o));
-            }
-            Event::Delete(o) => {
-                self.objects.remove(&key(&o));
-            }
-        }
-        self.relist.is_none()
-    }
-
-    /// Every object's addresses, sorted and deduplicated.
-    pub(crate) fn addresses(&self) -> Vec<String> {
-        union(&self.objects)
-    }
-}
-
-/// Makes `addresses` source `index`'s share of `pool` (at hardware class `hardware`),
-/// logging a change; `described` names the source in the log.
-pub(crate) fn publish(
-    state: &AppState,
-    pool: &str,
-    index: usize,
-    hardware: u32,
-    addresses: Vec<String>,
-    described: &str,
-) {
-    let endpoints: Vec<(String, u32)> = addresses.into_iter().map(|a| (a, hardware)).collect();
-    let count = endpoints.len();
-    let change = state.core.pools.with(pool, |p| p.set_discovered(index, endpoints));
-    if let Some(c) = change.filter(|c| c.added + c.removed > 0) {
-        tracing::info!(pool = %pool, source = %described, endpoints = count, added = c.added, removed = c.removed,
-            dropped_in_flight = c.dropped_in_flight, "pool endpoints changed");
     }
 }
 
@@ -214,14 +151,5 @@ mod tests {
             "endpoints": [{"addresses": ["fd00::5"]}], "ports": [{"port": 8000}]
         }));
         assert_eq!(ready_addresses(&s, &source(None, None)), ["[fd00::5]:8000"]);
-    }
-
-    #[test]
-    fn union_is_sorted_and_deduplicated() {
-        let slices: HashMap<String, Vec<String>> =
-            [("a".to_string(), vec!["b:1".to_string(), "a:1".to_string()]), ("b".to_string(), vec!["a:1".to_string()])]
-                .into_iter()
-                .collect();
-        assert_eq!(union(&slices), ["a:1", "b:1"]);
     }
 }

@@ -18,7 +18,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::watch;
 
-use crate::discovery::{publish, Listing};
+use crate::listing::{publish, Listing};
 use crate::state::AppState;
 use headroom_predictor_core::config::InferencePoolSource;
 

@@ -5,7 +5,8 @@
 //!
 //! Modules, one job each, layered one way on top of predictor-core: `ort` (ONNX Runtime,
 //! the model runtime), `discovery` (EndpointSlices, and starting every Kubernetes watch),
-//! `inference_pool` (an InferencePool's pods), `scrape` (engine metrics), `auth` (the
+//! `inference_pool` (an InferencePool's pods), `listing` (what both do with a watch's
+//! events), `scrape` (engine metrics), `auth` (the
 //! token guarding what teaches the model), `state` (what handlers share: the predictor and
 //! the process's own state), `heartbeat` (whether each background task goes round), `flow`
 //! (the flow-control task), `api` (HTTP: decode, call the service, encode), `stream` (the
@@ -20,6 +21,7 @@ pub mod discovery;
 pub mod flow;
 pub mod heartbeat;
 pub mod inference_pool;
+pub mod listing;
 pub mod ort;
 pub mod routes;
 pub mod scrape;
