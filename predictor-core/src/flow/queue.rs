@@ -45,8 +45,8 @@ pub enum Refused {
 /// The waiters are kept twice: in one list (what expiry, `/metrics` and the gateway's word
 /// of a client gone scan) and, by band and tenant, in lanes ordered by deadline (what a
 /// round's order reads). A round judges at most a few dozen waiters; ordering the whole
-/// queue for them compared every waiter's tenant, every round, and at azure's overload
-/// that was a twentieth of the simulated bench's CPU.
+/// queue for them compared every waiter's tenant, every round: 4% of the simulated bench's
+/// CPU.
 #[derive(Debug)]
 pub struct Queue {
     /// Every waiter; a removal moves the last one into its place.
