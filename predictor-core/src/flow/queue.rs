@@ -103,7 +103,7 @@ impl Queue {
 
     /// Adds a waiter, unless its band or the queue is full.
     pub fn push(&mut self, waiter: Waiter) -> Result<(), Refused> {
-        let in_band = self.depth_by_band().into_iter().find(|b| b.0 == waiter.band).map_or(0, |b| b.1);
+        let in_band = self.lanes.get(&Reverse(waiter.band)).map_or(0, |t| t.values().map(|l| l.waiting.len()).sum());
         if self.waiters.len() >= self.max_queued || in_band >= self.max_per_band || self.at.contains_key(&waiter.id) {
             return Err(Refused::Full);
         }
@@ -172,11 +172,11 @@ impl Queue {
         for tenants in self.lanes.values() {
             // Each tenant's next waiter, keyed by what picks it: the heap's top goes next,
             // and its tenant's following waiter takes its place a turn later.
-            let mut lanes: Vec<_> = tenants.values().map(|l| l.waiting.iter()).collect();
+            let mut lanes: Vec<_> = tenants.values().map(|l| (l.served, l.waiting.iter())).collect();
             let mut heads = BinaryHeap::new();
-            for (k, (lane, l)) in lanes.iter_mut().zip(tenants.values()).enumerate() {
+            for (k, (served, lane)) in lanes.iter_mut().enumerate() {
                 if let Some(&(deadline, id)) = lane.next() {
-                    heads.push(Reverse((l.served, deadline, id, k)));
+                    heads.push(Reverse((*served, deadline, id, k)));
                 }
             }
             while let Some(Reverse((served, _, id, k))) = heads.pop() {
@@ -184,7 +184,7 @@ impl Queue {
                     return out;
                 }
                 out.push(id);
-                if let Some(&(deadline, id)) = lanes[k].next() {
+                if let Some(&(deadline, id)) = lanes[k].1.next() {
                     heads.push(Reverse((served + 1, deadline, id, k)));
                 }
             }

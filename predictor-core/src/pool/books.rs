@@ -78,16 +78,8 @@ struct Sums {
     booked: Vec<Booked>,
 }
 
-/// What a request in flight adds to its endpoint whatever the moment.
-#[derive(Debug, Clone, Default)]
-struct Standing {
-    in_flight: u32,
-    tokens_in_flight: u64,
-    /// `(priority, TPOT SLO, requests)`, as [`Booked::slos`].
-    slos: Vec<(i32, f64, u32)>,
-}
-
-impl Standing {
+impl Booked {
+    /// Counts `f` in what does not depend on the moment (requests, tokens, SLOs).
     fn add(&mut self, f: &InFlight) {
         self.in_flight = self.in_flight.saturating_add(1);
         self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens(f));
@@ -99,6 +91,7 @@ impl Standing {
         }
     }
 
+    /// Undoes [`Booked::add`] of `f`.
     fn take(&mut self, f: &InFlight) {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.tokens_in_flight = self.tokens_in_flight.saturating_sub(tokens(f));
@@ -134,13 +127,14 @@ impl Prompt {
 /// The requests in flight by id; every change counted.
 #[derive(Debug, Default)]
 pub(super) struct Books {
-    /// Each request with the number it is filed under in the indexes below.
+    /// Each request with the number it is filed under in the indexes below: the books'
+    /// version its insert made.
     map: HashMap<String, (u64, InFlight)>,
-    filed: u64,
     version: u64,
     sums: Option<Sums>,
-    /// Per endpoint, what its requests add at any moment.
-    standing: Vec<Standing>,
+    /// Per endpoint, what its requests add at any moment ([`Booked::add`]; the prompts in
+    /// prefill are left to each moment).
+    standing: Vec<Booked>,
     /// Requests with a predicted end of prefill, by it: without first-token events a prompt
     /// counts until then.
     dated: BTreeMap<(Instant, u64), Prompt>,
@@ -166,9 +160,8 @@ impl Books {
 
     pub fn insert(&mut self, id: String, f: InFlight) {
         self.version += 1;
-        self.filed += 1;
-        self.file(self.filed, &f);
-        if let Some((n, old)) = self.map.insert(id, (self.filed, f)) {
+        self.file(self.version, &f);
+        if let Some((n, old)) = self.map.insert(id, (self.version, f)) {
             self.unfile(n, &old);
         }
     }
@@ -193,7 +186,7 @@ impl Books {
     pub fn renumber(&mut self, to: impl Fn(usize) -> Option<usize>) {
         self.version += 1;
         let map = std::mem::take(&mut self.map);
-        *self = Books { filed: self.filed, version: self.version, ..Books::default() };
+        *self = Books { version: self.version, ..Books::default() };
         for (id, (_, mut f)) in map {
             if let Some(i) = to(f.endpoint) {
                 f.endpoint = i;
@@ -225,7 +218,7 @@ impl Books {
 
     fn file(&mut self, n: u64, f: &InFlight) {
         if self.standing.len() <= f.endpoint {
-            self.standing.resize(f.endpoint + 1, Standing::default());
+            self.standing.resize(f.endpoint + 1, Booked::default());
         }
         self.standing[f.endpoint].add(f);
         let prompt = Prompt::of(f);
@@ -273,17 +266,8 @@ impl Books {
             s.at == now && s.events == events && s.version == self.version && s.booked.len() == endpoints
         });
         if !fresh {
-            let mut booked: Vec<Booked> = (0..endpoints)
-                .map(|i| {
-                    let s = self.standing.get(i).cloned().unwrap_or_default();
-                    Booked {
-                        in_flight: s.in_flight,
-                        tokens_in_flight: s.tokens_in_flight,
-                        slos: s.slos,
-                        ..Booked::default()
-                    }
-                })
-                .collect();
+            let mut booked: Vec<Booked> =
+                (0..endpoints).map(|i| self.standing.get(i).cloned().unwrap_or_default()).collect();
             let mut prefilling: Vec<Vec<(Instant, u64)>> = vec![Vec::new(); endpoints];
             // Only prompts whose predicted end of prefill is ahead (or, with events, within
             // the grace behind) can count; the rule itself decides which do.
