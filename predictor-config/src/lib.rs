@@ -104,6 +104,11 @@ pub struct Config {
     /// Bounds of the flow-control queue (used when the filter sets `flow_control`).
     #[serde(default)]
     pub flow: FlowConfig,
+    /// When an endpoint whose requests fail (as the gateways report them) gets no prediction,
+    /// and so no traffic routed by one, however idle its metrics look
+    /// (`headroom_protocol::health`); `consecutive_failures = 0` turns it off.
+    #[serde(default)]
+    pub passive_health: headroom_protocol::health::EjectionPolicy,
 }
 
 /// The `[flow]` section: the queue requests wait in when no endpoint has headroom for
@@ -369,6 +374,7 @@ impl Config {
             model: ModelConfig::default(),
             kubernetes: KubernetesConfig::default(),
             flow: FlowConfig::default(),
+            passive_health: Default::default(),
         }
     }
 
@@ -506,6 +512,9 @@ impl Config {
         // Every profile must load: a typo in a path fails at start, not at the first request.
         self.prior_profiles().map_err(|e| anyhow::anyhow!("model.prior_profiles: {e}"))?;
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
+        if let Some((field, why)) = self.passive_health.invalid() {
+            anyhow::bail!("{field} {why}");
+        }
         for pool in &self.pools {
             engine::resolve(&pool.engine, &self.engines)
                 .map_err(|e| anyhow::anyhow!("pool {:?}: engine: {e}", pool.name))?;

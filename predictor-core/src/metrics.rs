@@ -216,6 +216,8 @@ pub struct Metrics {
     flow_outcomes: Family<OutcomeLabel, Counter>,
     flow_expired: Family<PoolLabel, Counter>,
     flow_left: Family<PoolLabel, Counter>,
+    endpoint_failures: Family<PoolLabel, Counter>,
+    endpoint_ejections: Family<PoolLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -300,6 +302,8 @@ impl Metrics {
             flow_outcomes: Family::default(),
             flow_expired: Family::default(),
             flow_left: Family::default(),
+            endpoint_failures: Family::default(),
+            endpoint_ejections: Family::default(),
             registry: Registry::default(),
             rendering: Mutex::new(()),
         };
@@ -485,6 +489,16 @@ impl Metrics {
             m.flow_left.clone(),
         );
         r.register(
+            "headroom_endpoint_failures",
+            "Requests the gateways reported failed at an endpoint (a 5xx, or retried elsewhere after failing there)",
+            m.endpoint_failures.clone(),
+        );
+        r.register(
+            "headroom_endpoint_ejections",
+            "Endpoints ejected for failing requests: they get no prediction for the ejection's term",
+            m.endpoint_ejections.clone(),
+        );
+        r.register(
             "headroom_saturation",
             "Time to drain the queue at the current rate over the mean time its requests have left (0: nothing waits; above 1: they cannot all make their SLOs)",
             m.saturation.clone(),
@@ -512,6 +526,7 @@ impl Metrics {
             output_tokens: Some(2),
             cached_tokens: None,
             status: 200,
+            failed_at: None,
         };
         o.request.slo = headroom_protocol::Slo { ttft_ms: Some(1.0), tpot_ms: Some(1.0) };
         m.observed(&o);
@@ -522,6 +537,7 @@ impl Metrics {
         }
         m.flow_outcome("p", headroom_protocol::FlowOutcome::Expired, 1.0);
         m.flow_left("p");
+        m.endpoint_failed("p", true);
         m.task_restarted("scraper");
         m.invalid("/v1/predict");
         m.in_flight.get_or_create(&EndpointLabel { pool: "p".into(), endpoint: "e:1".into() }).set(1);
@@ -553,6 +569,15 @@ impl Metrics {
     /// A queued request's caller left before its answer.
     pub fn flow_left(&self, pool: &str) {
         self.flow_left.get_or_create(&PoolLabel { pool: pool.to_string() }).inc();
+    }
+
+    /// A request of `pool` failed at an endpoint, and whether that ejected it.
+    pub fn endpoint_failed(&self, pool: &str, ejected: bool) {
+        let label = PoolLabel { pool: pool.to_string() };
+        self.endpoint_failures.get_or_create(&label).inc();
+        if ejected {
+            self.endpoint_ejections.get_or_create(&label).inc();
+        }
     }
 
     /// One predict call (TTFT and TPOT of every candidate come from the same batched run).
@@ -785,6 +810,7 @@ mod tests {
             output_tokens: Some(1),
             cached_tokens: None,
             status: 200,
+            failed_at: None,
         }
     }
 

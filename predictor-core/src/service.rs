@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use headroom_protocol::health::Outcome;
 use headroom_protocol::{
     limits, BatchAck, DispatchBatch, EndpointPrediction, Observation, PredictRequest, PredictResponse, ReportBatch,
     CONTRACT,
@@ -55,16 +56,21 @@ fn predicted(
     let mut pending = Vec::with_capacity(reqs.len());
     let mut rows: Vec<features::Row> = Vec::new();
     for (i, req) in reqs.into_iter().enumerate() {
-        let (addresses, states) = state
+        let (addresses, states, ejected) = state
             .pools
             .with(&req.pool, |pool| {
                 let addresses: Vec<String> = pool.endpoints.iter().map(|e| e.address.clone()).collect();
-                (addresses, pool.states_for(&req.request, now))
+                (addresses, pool.states_for(&req.request, now), pool.ejected(now))
             })
             .ok_or_else(|| (i, req.pool.clone()))?;
-        // Endpoints without fresh engine metrics get no prediction: say nothing rather than guess.
-        let fresh: Vec<usize> =
-            (0..states.len()).filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms)).collect();
+        // Endpoints without fresh engine metrics get no prediction: say nothing rather than
+        // guess. Nor do endpoints ejected for failing requests: their metrics may look idle
+        // (a server answering 500 at once is the idlest in the pool), and no prediction
+        // keeps them out of every tier and of flow control's choice.
+        let fresh: Vec<usize> = (0..states.len())
+            .filter(|&i| states[i].metrics_age_ms.is_some_and(|age| age <= stale_ms))
+            .filter(|&i| !ejected.get(i).copied().unwrap_or(false))
+            .collect();
         rows.extend(fresh.iter().map(|&i| state.models.row(&req.request, &states[i])));
         pending.push((req, addresses, states, fresh));
     }
@@ -160,6 +166,15 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
         // dispatched, fold its TPOT into that endpoint's recent average.
         let tpot = o.tpot_ms.filter(|_| o.status == 200 && o.request.streaming);
         let finished = state.pools.with(&o.pool, |p| {
+            // Passive health: where it failed before a retry served it elsewhere, and what
+            // the endpoint that answered did.
+            let failed = o.failed_at.iter().map(|f| (f.as_str(), Outcome::Failure));
+            for (at, outcome) in failed.chain(std::iter::once((o.endpoint.as_str(), Outcome::of_status(o.status)))) {
+                let ejected = p.answered(at, outcome, now);
+                if outcome == Outcome::Failure {
+                    state.metrics.endpoint_failed(&o.pool, ejected);
+                }
+            }
             let finished = p.finish(&o.request_id, now);
             if let (Finished::Tracked(at, _), Some(tpot)) = (&finished, tpot) {
                 if *at == o.endpoint {

@@ -110,3 +110,63 @@ fn a_refused_scrape_ends_predictions_at_once_and_a_failed_one_lets_them_age() {
     assert!(!predicted(), "nothing accepted the connection: no state to predict from");
     assert_eq!(scraped(&state, "default", "10.0.0.9:8000", Scraped::Failed, clock.now()), None, "not in the pool");
 }
+
+/// A gateway's reports of an endpoint failing fast (a 5xx each, or a retry away from it)
+/// eject it: it gets no prediction, however idle its metrics, until its term ends on the
+/// predictor's clock; then one more failure ejects it again. With every endpoint ejected,
+/// none is.
+#[test]
+fn reports_of_an_endpoint_failing_eject_it_from_the_predictions_for_a_term() {
+    use headroom_protocol::{Observation, ReportBatch, RouteSource};
+    let config = Config::parse(
+        "stale_after_ms = 600000\n[[pool]]\nname = \"default\"\nendpoints = [\"10.0.0.1:8000\", \"10.0.0.2:8000\"]\n",
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let state = Predictor::new(config, Arc::new(Native), clock.clone()).unwrap();
+    let idle = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, decode: None };
+    state.pools.with("default", |p| p.endpoints.iter_mut().for_each(|e| e.scraped(idle, clock.now())));
+    let predicted = |i: usize| service::predict(&state, request(), clock.now()).unwrap().endpoints[i].ttft_ms.is_some();
+    let report = |id: &str, endpoint: &str, status: u16, failed_at: Option<&str>| ReportBatch {
+        observations: vec![Observation {
+            pool: "default".into(),
+            request_id: id.into(),
+            endpoint: endpoint.into(),
+            request: Default::default(),
+            state_at_dispatch: None,
+            predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
+            source: RouteSource::PredictedPositive,
+            ttft_ms: None,
+            tpot_ms: None,
+            e2e_ms: 2.0,
+            output_tokens: None,
+            cached_tokens: None,
+            status,
+            failed_at: failed_at.map(str::to_string),
+        }],
+        ..Default::default()
+    };
+    // Two 500s, a 400 (the client's) and a status 0 (maybe the client's): not yet.
+    for (id, status) in [("a", 500), ("b", 500), ("c", 400), ("d", 0)] {
+        service::report(&state, report(id, "10.0.0.1:8000", status, None), clock.now());
+    }
+    assert!(predicted(0), "two failures in a row do not eject");
+    // The third, a retry served elsewhere: ejected; the one that served is not.
+    service::report(&state, report("e", "10.0.0.2:8000", 200, Some("10.0.0.1:8000")), clock.now());
+    assert!(!predicted(0) && predicted(1), "ejected: no prediction, idle as it looks");
+    let metrics = state.metrics.render();
+    assert!(metrics.contains("headroom_endpoint_ejections_total{pool=\"default\"} 1"), "{metrics}");
+    assert!(metrics.contains("headroom_endpoint_failures_total{pool=\"default\"} 3"), "{metrics}");
+    clock.advance(Duration::from_secs(5));
+    assert!(predicted(0), "its term ends");
+    service::report(&state, report("f", "10.0.0.1:8000", 503, None), clock.now());
+    assert!(!predicted(0), "on probation one failure ejects it again");
+    clock.advance(Duration::from_secs(9));
+    assert!(!predicted(0), "for twice as long");
+    // The other fails too: with every endpoint ejected, none is.
+    for id in ["g", "h", "i"] {
+        service::report(&state, report(id, "10.0.0.2:8000", 502, None), clock.now());
+    }
+    assert!(predicted(0) && predicted(1), "a pool all ejected is placed by load");
+}

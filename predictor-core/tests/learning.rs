@@ -61,6 +61,7 @@ fn observation(i: u64, input: u32, state: EndpointState, truth: (f64, f64), serv
         output_tokens: Some(100),
         cached_tokens: None,
         status: 200,
+        failed_at: None,
     }
 }
 

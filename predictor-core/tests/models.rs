@@ -50,6 +50,7 @@ fn observation(i: u64) -> Observation {
         output_tokens: Some(100),
         cached_tokens: None,
         status: 200,
+        failed_at: None,
     }
 }
 

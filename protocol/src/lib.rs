@@ -5,12 +5,13 @@
 //! peers) or as JSON when a person asks for it with `content-type` / `accept`.
 //! `docs/protocol.md` shows one example of each message. Also here, because every
 //! component must agree on them: the header names (`headers`), the bounds of every
-//! value (`limits`), what "headroom" is (`headroom`), the token approximation (`tokens`), OpenAI body parsing
+//! value (`limits`), what "headroom" is (`headroom`), when an endpoint is ejected for failing (`health`), the token approximation (`tokens`), OpenAI body parsing
 //! (`openai`) and the response meter that reads TTFT/TPOT off a stream (`meter`).
 
 pub mod codec;
 pub mod headers;
 pub mod headroom;
+pub mod health;
 pub mod limits;
 pub mod messages;
 pub mod meter;

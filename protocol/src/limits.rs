@@ -283,6 +283,9 @@ impl Observation {
         opt_ms(at, "predicted_tpot_ms", self.predicted_tpot_ms)?;
         opt_ms(at, "ttft_ms", self.ttft_ms)?;
         opt_ms(at, "tpot_ms", self.tpot_ms)?;
+        if let Some(failed_at) = &self.failed_at {
+            text(at, "failed_at", failed_at, MAX_NAME_BYTES, true)?;
+        }
         ms(at, "e2e_ms", self.e2e_ms)
     }
 }
@@ -347,6 +350,7 @@ mod tests {
             output_tokens: None,
             cached_tokens: None,
             status: 200,
+            failed_at: None,
         }
     }
 

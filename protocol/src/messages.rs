@@ -390,6 +390,11 @@ pub struct Observation {
     /// HTTP status returned by the model server; 0: no response, or a 200 cut off before
     /// its end (the server or its connection failed mid-body). Only 200s teach the model.
     pub status: u16,
+    /// The endpoint the gateway chose, when it failed there (a connect failure, a reset, a
+    /// 5xx before any byte) and Envoy's retry served it at `endpoint`: that failure counts
+    /// against the chosen endpoint's passive health (`health`) though the client never saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<String>,
 }
 
 /// A routed request's first token passed the gateway: it is past prefill. Sent
@@ -527,6 +532,7 @@ mod tests {
                 output_tokens: Some(10),
                 cached_tokens: None,
                 status: 200,
+                failed_at: None,
             };
             let old: ObservationV1 = codec::decode(format, &codec::encode(format, &o).unwrap_or_default())
                 .unwrap_or_else(|e| panic!("{e:?}"));

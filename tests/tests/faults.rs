@@ -162,6 +162,60 @@ fn predictor_frozen_past_the_timeout_under_load_falls_back_then_recovers() {
     assert!(after >= 10, "routing by prediction resumes after the thaw ({after} requests)");
 }
 
+/// What a simulated server's fault met so far (`GET /fault/completions`).
+fn faulted(h: &Harness, server: std::net::SocketAddr) -> u64 {
+    let body = h.get(&format!("http://{server}/fault/completions")).map(|r| r.json()).unwrap_or_default();
+    body["faulted"].as_u64().unwrap_or(0)
+}
+
+fn set_fault(h: &Harness, server: std::net::SocketAddr, mode: &str) {
+    let put = h.http.put(format!("http://{server}/fault/completions")).body(mode.to_string()).send();
+    assert!(put.is_ok_and(|r| r.status().as_u16() == 204), "fault {mode} set on {server}");
+}
+
+/// A server that answers 500 at once while its metrics look idle is, to every load signal,
+/// the idlest in the pool: routing on load alone sent it 46% of a three-server pool's
+/// requests. The gateway's passive health ejects it after three failures in a row (the
+/// filter's and the predictor's, and Envoy's outlier detection), Envoy's retry serves each
+/// of its 500s on the next endpoint of the destination list, and once ejected it is probed
+/// once a term. Measured: the share it drew after the first 5 s, and that no client saw a
+/// failure.
+#[test]
+fn a_server_failing_fast_with_idle_metrics_is_ejected_and_no_client_sees_its_500s() {
+    let h = Harness::start_opts(options()).unwrap();
+    let victim = h.stack.state.servers[0];
+    set_fault(&h, victim, "fail");
+    let load = SteadyLoad::start(h.gateway(), 6, 8, true, Duration::from_millis(250));
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let (settled, faulted_then) = (Instant::now(), faulted(&h, victim));
+    std::thread::sleep(Duration::from_secs(15));
+    let sent = load.stop();
+    let faulted_after = faulted(&h, victim) - faulted_then;
+    let after = sent.iter().filter(|s| s.at >= settled).count();
+    let share = faulted_after as f64 / after.max(1) as f64;
+    eprintln!(
+        "failing server: {} requests in the first 5 s, {faulted_after} of {after} after ({:.1}%); {} sent in {:?}",
+        faulted_then,
+        100.0 * share,
+        sent.len(),
+        started.elapsed()
+    );
+    assert!(after >= 100, "load went on ({after} requests after 5 s)");
+    assert_eq!(failures(&sent), Vec::<String>::new(), "every 500 was retried on another server");
+    assert!(share <= 0.05, "the failing server drew {faulted_after} of {after} requests after 5 s");
+    assert!(h.envoy_stat("headroom_endpoint_ejected") >= 1.0, "the filter ejected it");
+    let ejections = metric_sum(&predictor_metrics(&h), "headroom_endpoint_ejections_total");
+    assert!(ejections >= 1.0, "the predictor ejected it from reports ({ejections})");
+    assert!(sent.iter().all(|s| s.served_by.as_deref() != Some(victim.to_string().as_str())));
+    // Back to health: once a probe succeeds it draws its share again.
+    set_fault(&h, victim, "ok");
+    let load = SteadyLoad::start(h.gateway(), 6, 8, true, Duration::from_millis(250));
+    let back = wait_until(Duration::from_secs(70), || h.server_metric(victim, "vllm:prompt_tokens_total") > 0.0);
+    load.stop();
+    assert!(back, "served again after its ejection ended");
+}
+
 #[test]
 fn a_model_server_killed_mid_stream_fails_only_its_streams_teaches_nothing_and_returns() {
     // One fallback, as docs/deploy.md advises: a request sent to the server in the instant

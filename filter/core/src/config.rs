@@ -1,6 +1,7 @@
 //! The plugin configuration: parsed and validated once in `on_configure`,
 //! then shared read-only with every request.
 
+use headroom_protocol::health::EjectionPolicy;
 use headroom_protocol::{headers, limits};
 use serde::Deserialize;
 
@@ -128,8 +129,12 @@ pub struct FilterConfig {
     /// Knobs of the `prefix_load` default profile.
     pub prefix_load: PrefixLoadConfig,
     /// Extra endpoints listed after the chosen one in the destination header
-    /// (`ip:port,ip:port,...`); override_host tries them on retry.
+    /// (`ip:port,ip:port,...`); override_host tries them on retry (a connect failure, a
+    /// reset or a 5xx before any byte, as the route's `retry_on` allows).
     pub fallback_endpoints: usize,
+    /// When an endpoint that fails requests is ejected from this VM's choices, whatever
+    /// its metrics say (`headroom_protocol::health`); `consecutive_failures: 0` turns it off.
+    pub passive_health: EjectionPolicy,
     /// Prefix match at or above which an endpoint is strictly preferred.
     pub prefix_strict_threshold: f64,
     /// Prefix match at or above which an endpoint is preferred in a second pass.
@@ -222,7 +227,9 @@ impl Default for FilterConfig {
             strategy: Strategy::Most,
             default_profile: DefaultProfile::LowestLatency,
             prefix_load: PrefixLoadConfig::default(),
-            fallback_endpoints: 0,
+            // Two more: a failing choice is retried on the next best, not by round robin.
+            fallback_endpoints: 2,
+            passive_health: EjectionPolicy::default(),
             prefix_strict_threshold: 0.99,
             prefix_loose_threshold: 0.80,
             prefix_ttft_penalty_ms: 5000.0,
@@ -434,6 +441,9 @@ impl FilterConfig {
         }
         if self.fallback_endpoints > 16 {
             return Err(bad("fallback_endpoints", "must be within 0..=16"));
+        }
+        if let Some((field, why)) = self.passive_health.invalid() {
+            return Err(bad(field, why));
         }
         Ok(())
     }

@@ -19,6 +19,7 @@ use headroom_protocol::headers::{
     DROPPED_REASON,
 };
 use headroom_protocol::headroom::after_waiting;
+use headroom_protocol::health::{Outcome, Recorded};
 use headroom_protocol::meter::{Measurement, ResponseMeter};
 use headroom_protocol::{
     codec, limits, openai, paths, tokens, Abandoned, Dispatch, EndpointState, FirstToken, FlowAnswer, FlowOutcome,
@@ -280,6 +281,9 @@ impl Flow {
         vm.contract.heard(answer.contract, host.now_ms());
         let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
         vm.states.update(&self.pool, states, host.now_ms());
+        // An endpoint failing requests is left out while ejected, however idle its metrics
+        // make it look (unless every endpoint is).
+        vm.health.keep_healthy(&mut answer.endpoints, |e| &e.address, host.now_ms());
         // Kept in the states above for the requests the gateway allows them.
         if let Some(subset) = &self.subset {
             answer.endpoints.retain(|e| subset.contains(&e.address));
@@ -470,8 +474,10 @@ impl Flow {
         if elsewhere {
             host.record(Event::ServedElsewhere);
         }
+        let failed_at = choice.as_ref().filter(|_| elsewhere).map(|c| c.endpoint.clone());
         let chosen = choice.as_ref().filter(|_| !elsewhere);
         let endpoint = served.or_else(|| choice.as_ref().map(|c| c.endpoint.clone())).unwrap_or_default();
+        self.judge_health(host, vm, failed_at.as_deref(), &endpoint);
         let mut request = std::mem::take(&mut self.features);
         request.prefix_hashes = Vec::new();
         if self.status == 200 && request.streaming {
@@ -499,8 +505,30 @@ impl Flow {
             output_tokens: measured.output_tokens,
             cached_tokens: measured.cached_tokens,
             status: self.status,
+            failed_at,
         };
         vm.outbox.report(std::mem::take(&mut self.dispatch_seq), observation);
+    }
+
+    /// Files what the request's endpoints did in the VM's passive health: the chosen one
+    /// failed when Envoy served the request elsewhere (`failed_at`: it retried a connect
+    /// failure, a reset or a 5xx there), and the endpoint that answered by its status.
+    fn judge_health(&self, host: &mut dyn Host, vm: &mut Vm, failed_at: Option<&str>, endpoint: &str) {
+        let now = host.now_ms();
+        let outcome = Outcome::of_status(self.status);
+        let served = (!endpoint.is_empty()).then_some((endpoint, outcome));
+        for (at, outcome) in failed_at.map(|f| (f, Outcome::Failure)).into_iter().chain(served) {
+            let recorded = vm.health.record(at, outcome, now);
+            if outcome == Outcome::Failure {
+                host.record(Event::EndpointFailed { ejected: recorded != Recorded::Nothing });
+                if let Recorded::Ejected(ms) = recorded {
+                    host.log(
+                        Level::Warn,
+                        &format!("headroom: endpoint {at} ejected for {ms} ms after failing requests"),
+                    );
+                }
+            }
+        }
     }
 
     /// Where the request runs (`upstream.address`), asked of the host until it is known:
@@ -641,8 +669,9 @@ impl Flow {
         let max_age = vm.config.fallback_state_max_age_ms;
         let subset = self.subset.as_deref();
         let choice = vm.states.fresh(&self.pool, host.now_ms(), max_age).and_then(|states| {
-            let states: Vec<&(String, EndpointState)> =
+            let mut states: Vec<&(String, EndpointState)> =
                 states.iter().filter(|(e, _)| subset.is_none_or(|allowed| allowed.contains(e))).collect();
+            vm.health.keep_healthy(&mut states, |(e, _)| e, host.now_ms());
             // A cached state's prefix match is that of the request it was predicted for, not
             // this one's: left out.
             let now: Vec<EndpointState> =

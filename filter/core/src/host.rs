@@ -116,6 +116,11 @@ pub enum Event {
     /// A routed request served by another endpoint than the chosen one (a retry,
     /// or a chosen endpoint missing from Envoy's cluster).
     ServedElsewhere,
+    /// An endpoint failed a request (a 5xx, or Envoy retried it elsewhere), and whether
+    /// that ejected it from this VM's choices (`headroom_protocol::health`).
+    EndpointFailed {
+        ejected: bool,
+    },
     /// A 200 response cut off before its end (the server or its connection failed mid-body):
     /// reported with status 0, learnt from by nothing.
     CutOff,

@@ -391,6 +391,7 @@ mod tests {
             output_tokens: None,
             cached_tokens: None,
             status: 200,
+            failed_at: None,
         }
     }
 

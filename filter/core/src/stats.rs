@@ -16,7 +16,7 @@ pub enum Kind {
 }
 
 /// Every stat an [`Event`] records, by its name under `headroom.`.
-pub const STATS: [(&str, Kind); 31] = [
+pub const STATS: [(&str, Kind); 33] = [
     ("routed.predicted_positive", Kind::Counter),
     ("routed.predicted_negative", Kind::Counter),
     ("routed.fallback", Kind::Counter),
@@ -39,6 +39,8 @@ pub const STATS: [(&str, Kind); 31] = [
     ("predictor.ejected", Kind::Counter),
     ("flow.withheld", Kind::Counter),
     ("served_elsewhere", Kind::Counter),
+    ("endpoint.failed", Kind::Counter),
+    ("endpoint.ejected", Kind::Counter),
     ("response_cut_off", Kind::Counter),
     ("priority_clamped", Kind::Counter),
     ("slo_violation.ttft", Kind::Counter),
@@ -117,6 +119,10 @@ pub fn record(event: Event, mut add: impl FnMut(&'static str, u64)) {
         Event::PredictorEjected => put("predictor.ejected", 1),
         Event::FlowWithheld => put("flow.withheld", 1),
         Event::ServedElsewhere => put("served_elsewhere", 1),
+        Event::EndpointFailed { ejected } => {
+            put("endpoint.failed", 1);
+            put("endpoint.ejected", u64::from(ejected));
+        }
         Event::CutOff => put("response_cut_off", 1),
         Event::SloViolation { ttft, tpot } => {
             put("slo_violation.ttft", u64::from(ttft));
@@ -175,6 +181,7 @@ mod tests {
             Event::PredictorEjected,
             Event::FlowWithheld,
             Event::ServedElsewhere,
+            Event::EndpointFailed { ejected: true },
             Event::CutOff,
             Event::SloViolation { ttft: true, tpot: true },
             Event::Outbox(counts),

@@ -196,6 +196,12 @@ impl FakeHost {
         self.header(Map::RequestHeaders, name)
     }
 
+    /// The endpoint chosen: the first of the destination header's list.
+    fn chosen(&self) -> Option<String> {
+        self.request_header("x-gateway-destination-endpoint")
+            .map(|d| d.split(',').next().unwrap_or_default().to_string())
+    }
+
     fn has(&self, event: Event) -> bool {
         self.events.contains(&event)
     }
@@ -504,7 +510,7 @@ fn while_the_predictor_is_down_the_fallback_spreads_requests_over_its_frozen_sta
     for _ in 0..30 {
         let mut flow = Flow::new();
         assert_eq!(routed(&mut flow, &mut host, &mut vm, 504, b""), Step::Resume);
-        let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+        let destination = host.chosen().unwrap_or_default();
         open.push((flow, destination));
     }
     let per_endpoint: Vec<usize> = endpoints.iter().map(|e| open.iter().filter(|(_, d)| d == e).count()).collect();
@@ -633,11 +639,11 @@ fn a_subset_hint_keeps_the_pick_among_the_endpoints_the_gateway_allows() {
     let mut vm = vm(r#"{"negative_tier_epsilon": 0.0}"#);
     let answer = predictions(&[("10.0.0.1:8000", Some(100.0)), ("10.0.0.2:8000", Some(5000.0))]);
     assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer), Step::Resume);
-    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.1:8000"));
+    assert_eq!(host.chosen().as_deref(), Some("10.0.0.1:8000"));
     // Only the endpoint predicted to miss is allowed: it gets the request, in the negative tier.
     host.subset = Some(vec!["10.0.0.2:8000".into()]);
     assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &answer), Step::Resume);
-    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+    assert_eq!(host.chosen().as_deref(), Some("10.0.0.2:8000"));
     assert!(host.has(Event::Routed(RouteSource::PredictedNegative)));
 }
 
@@ -893,6 +899,124 @@ fn a_request_served_elsewhere_is_reported_where_it_ran_without_the_chosen_predic
     let o = &reported[0].observations[0];
     assert_eq!(o.endpoint, "10.0.0.7:8000");
     assert_eq!((o.predicted_ttft_ms, o.predicted_tpot_ms, o.state_at_dispatch.is_some()), (None, None, false));
+}
+
+/// The server answers `status` at once with a JSON error, served where the destination's
+/// first endpoint is (`served`: elsewhere, as after Envoy's retry), then the log.
+fn answered_at_once(flow: &mut Flow, host: &mut FakeHost, vm: &mut Vm, status: u16, served: Option<&str>) -> String {
+    let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+    let first = destination.split(',').next().unwrap_or_default().to_string();
+    host.upstream = Some(served.map_or(first.clone(), str::to_string));
+    host.headers.insert((Map::ResponseHeaders, ":status".into()), status.to_string());
+    host.headers.insert((Map::ResponseHeaders, "content-type".into()), "application/json".into());
+    assert_eq!(flow.on_response_headers(host, vm), Step::Continue);
+    let body = br#"{"error":{"message":"boom"}}"#.to_vec();
+    host.buffers.insert(Buffer::ResponseBody, body.clone());
+    flow.on_response_body(host, vm, body.len());
+    flow.on_log(host, vm);
+    first
+}
+
+#[test]
+fn a_server_failing_fast_is_ejected_from_every_choice_then_probed_again() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let (bad, good) = ("10.0.0.1:8000", "10.0.0.2:8000");
+    // Its metrics look idle: predicted far faster than the other, so it is favoured.
+    let answer = predictions(&[(bad, Some(10.0)), (good, Some(450.0))]);
+    let mut failures = 0;
+    let mut chosen = Vec::new();
+    for _ in 0..40 {
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &answer);
+        let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+        let first = destination.split(',').next().unwrap_or_default().to_string();
+        let status = if first == bad { 500 } else { 200 };
+        failures += usize::from(status == 500);
+        answered_at_once(&mut flow, &mut host, &mut vm, status, None);
+        chosen.push(first);
+        host.now_ns += 10 * MS;
+    }
+    assert_eq!(failures, 3, "three failures in a row eject it: {chosen:?}");
+    assert!(vm.health.is_ejected(bad, host.now_ms()));
+    assert!(host.has(Event::EndpointFailed { ejected: true }));
+    // The destination lists the next best after the choice, for Envoy's retry.
+    let mut flow = Flow::new();
+    routed(&mut flow, &mut host, &mut vm, 200, &answer);
+    assert_eq!(
+        host.request_header("x-gateway-destination-endpoint").as_deref(),
+        Some(good),
+        "the ejected one is not even a fallback"
+    );
+    answered_at_once(&mut flow, &mut host, &mut vm, 200, None);
+    // The fallback (the predictor timing out) keeps off it too.
+    for _ in 0..20 {
+        let mut flow = Flow::new();
+        assert_eq!(routed(&mut flow, &mut host, &mut vm, 504, b""), Step::Resume);
+        assert!(host.has(Event::Routed(RouteSource::Fallback)));
+        assert_eq!(answered_at_once(&mut flow, &mut host, &mut vm, 200, None), good);
+    }
+    // When the term ends it is probed; one more failure ejects it at once, for twice as long.
+    host.now_ns += 5_000 * MS;
+    let mut probes = 0;
+    for _ in 0..40 {
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &answer);
+        let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+        let status = if destination.starts_with(bad) { 500 } else { 200 };
+        probes += usize::from(status == 500);
+        answered_at_once(&mut flow, &mut host, &mut vm, status, None);
+        host.now_ns += 10 * MS;
+    }
+    assert_eq!(probes, 1, "probed once when its term ended, then ejected again");
+    assert!(vm.health.is_ejected(bad, host.now_ms() + 9_000), "the second term is 10 s");
+}
+
+#[test]
+fn a_choice_that_envoy_retried_elsewhere_counts_against_it_and_the_report_says_where() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let (bad, good) = ("10.0.0.1:8000", "10.0.0.2:8000");
+    // Only the bad one is positive: each request goes there first, and Envoy's retry serves
+    // it at the other (the client sees a 200).
+    let answer = predictions(&[(bad, Some(100.0)), (good, Some(900.0))]);
+    for _ in 0..3 {
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &answer);
+        let destination = host.request_header("x-gateway-destination-endpoint").unwrap_or_default();
+        assert_eq!(destination, format!("{bad},{good}"), "the choice, then the next best");
+        answered_at_once(&mut flow, &mut host, &mut vm, 200, Some(good));
+    }
+    assert!(vm.health.is_ejected(bad, host.now_ms()), "three retries away from it eject it");
+    assert!(!vm.health.is_ejected(good, host.now_ms()));
+    deliver_all(&mut host, &mut vm, 200);
+    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
+    let o = &reported[0].observations[0];
+    assert_eq!((o.endpoint.as_str(), o.failed_at.as_deref(), o.status), (good, Some(bad), 200));
+    // Now the request goes to the healthy one, negative tier or not.
+    let mut flow = Flow::new();
+    routed(&mut flow, &mut host, &mut vm, 200, &answer);
+    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some(good));
+}
+
+#[test]
+fn client_errors_and_cut_streams_eject_nobody() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
+    for status in [400, 404, 429, 400, 400] {
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &answer);
+        answered_at_once(&mut flow, &mut host, &mut vm, status, None);
+    }
+    for _ in 0..5 {
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &answer);
+        host.upstream = Some("10.0.0.1:8000".into());
+        stream_until(&mut flow, &mut host, &mut vm, 30, false);
+    }
+    assert!(!host.has(Event::EndpointFailed { ejected: false }));
+    assert!(!vm.health.is_ejected("10.0.0.1:8000", host.now_ms()));
 }
 
 #[test]
@@ -1164,7 +1288,7 @@ fn predict_calls_made_while_one_is_out_go_together_in_the_next() {
     let d = deliveries.into_iter().next().unwrap();
     assert_eq!(d.context, 2);
     assert_eq!(a.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
-    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+    assert_eq!(host.chosen().as_deref(), Some("10.0.0.2:8000"));
     assert!(host.has(Event::CoalescedCall { requests: 2, stream: false }));
 
     // Each of the next answer's shares goes to its own request, in order.
@@ -1175,7 +1299,7 @@ fn predict_calls_made_while_one_is_out_go_together_in_the_next() {
     assert_eq!(host.calls.len(), 2, "nothing left to send");
     for ((d, flow), want) in deliveries.into_iter().zip([&mut b, &mut c]).zip(["10.0.0.1:8000", "10.0.0.2:8000"]) {
         assert_eq!(flow.on_coalesced_answer(&mut host, &mut vm, d.answer), Step::Resume);
-        assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some(want));
+        assert_eq!(host.chosen().as_deref(), Some(want));
     }
     // Both now placed by prediction; a share handed twice changes nothing.
     assert_eq!(host.events.iter().filter(|e| **e == Event::Routed(RouteSource::PredictedPositive)).count(), 3);
@@ -1465,7 +1589,7 @@ fn coalesced_calls_go_on_the_stream_once_the_predictor_has_answered_its_headers(
     assert!(host.has(Event::CoalescedCall { requests: 2, stream: true }));
     let share = shares.into_iter().next().unwrap();
     assert_eq!(b.on_coalesced_answer(&mut host, &mut vm, share.answer), Step::Resume);
-    assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000"));
+    assert_eq!(host.chosen().as_deref(), Some("10.0.0.2:8000"));
 
     // An answer refused in the stream, or with the wrong count, sends its requests to the fallback.
     let size = stream_answer(&mut host, 404, &[]);

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
+use headroom_protocol::health::PassiveHealth;
 use headroom_protocol::{codec, paths};
 
 use crate::coalesce::{CallId, Coalescer, Delivery, Ride};
@@ -58,6 +59,9 @@ pub struct Vm {
     /// Requests this VM placed on each endpoint and not yet ended: the one load figure
     /// that stays live when the predictor is gone and the fallback ranks frozen states.
     pub placed: Placed,
+    /// What each endpoint answered this VM: one that keeps failing is left out of its
+    /// choices, the fallback's included, for a while (`headroom_protocol::health`).
+    pub health: PassiveHealth,
     /// Dispatches and observations waiting for the tick.
     pub outbox: Outbox,
     /// Predict calls coalesced per round trip (`coalesce`).
@@ -98,6 +102,7 @@ impl Vm {
             rng: Rng::new(seed),
             states: StateCache::default(),
             placed: Placed::default(),
+            health: PassiveHealth::new(config.passive_health),
             outbox: Outbox::new(config.max_queued, config.max_batch, config.max_batch_bytes),
             predictions: Coalescer::default(),
             stream: PredictStream::default(),
@@ -120,6 +125,7 @@ impl Vm {
         self.outbox.set_limits(config.max_batch, config.max_batch_bytes);
         self.shards = Shards::new(config.predictor_clusters(), &config.pool);
         self.authorization = authorization(&config);
+        self.health.set_policy(config.passive_health);
         self.config = Rc::new(config);
     }
 

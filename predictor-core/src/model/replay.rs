@@ -79,6 +79,7 @@ mod tests {
             output_tokens: Some(100),
             cached_tokens: None,
             status: 200,
+            failed_at: None,
         }
     }
 

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use headroom_protocol::health::{EjectionPolicy, Outcome, PassiveHealth, Recorded};
 use headroom_protocol::{Dispatch, EndpointState, RequestFeatures};
 
 use crate::config::Config;
@@ -379,6 +380,11 @@ pub struct Pool {
     /// class 0 does. Empty: the backlog is not drained (every prompt in prefill counts
     /// whole) and every running TPOT SLO tightens.
     costs: Vec<ClassCost>,
+    /// What the gateways reported each endpoint answered: one that keeps failing gets no
+    /// prediction while ejected (`headroom_protocol::health`), on milliseconds since
+    /// `health_epoch`, the first outcome filed.
+    health: PassiveHealth,
+    health_epoch: Option<Instant>,
 }
 
 /// What a hardware class's engine costs, as the prior charges it (`model::prior`), so the
@@ -508,6 +514,8 @@ impl Pool {
             expiry: Expiry::default(),
             last_first_token: None,
             costs: Vec::new(),
+            health: PassiveHealth::new(EjectionPolicy::default()),
+            health_epoch: None,
         };
         pool.rebuild();
         pool
@@ -588,6 +596,35 @@ impl Pool {
     pub fn with_class_costs(mut self, costs: Vec<ClassCost>) -> Self {
         self.costs = costs;
         self
+    }
+
+    /// Endpoints failing requests are ejected as `policy` says.
+    pub fn with_passive_health(mut self, policy: EjectionPolicy) -> Self {
+        self.health = PassiveHealth::new(policy);
+        self
+    }
+
+    /// Files what `address` answered a request at `now` (as a gateway reported it):
+    /// whether that ejected it.
+    pub fn answered(&mut self, address: &str, outcome: Outcome, now: Instant) -> bool {
+        if self.index_of(address).is_none() {
+            return false; // not an endpoint of this pool: nothing to keep
+        }
+        let epoch = *self.health_epoch.get_or_insert(now);
+        let ms = now.saturating_duration_since(epoch).as_millis() as u64;
+        self.health.record(address, outcome, ms) != Recorded::Nothing
+    }
+
+    /// Which endpoints are ejected at `now`, in endpoint order: none when every one is
+    /// (with the whole pool failing, placing by load beats answering nothing).
+    pub fn ejected(&self, now: Instant) -> Vec<bool> {
+        let Some(epoch) = self.health_epoch else { return vec![false; self.endpoints.len()] };
+        let ms = now.saturating_duration_since(epoch).as_millis() as u64;
+        let ejected: Vec<bool> = self.endpoints.iter().map(|e| self.health.is_ejected(&e.address, ms)).collect();
+        if ejected.iter().all(|&x| x) {
+            return vec![false; ejected.len()];
+        }
+        ejected
     }
 
     /// What the engine of the endpoint at index `i` costs, if known.
@@ -902,7 +939,8 @@ impl Pools {
                         multiple: config.in_flight_expiry_multiple,
                         floor: Duration::from_secs(config.in_flight_min_s),
                     })
-                    .with_class_costs(costs.to_vec());
+                    .with_class_costs(costs.to_vec())
+                    .with_passive_health(config.passive_health);
                 (p.name.clone(), Mutex::new(pool))
             })
             .collect();

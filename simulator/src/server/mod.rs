@@ -55,6 +55,10 @@ struct Shared {
     next_id: AtomicU64,
     /// What `/metrics` does: a [`MetricsFault`] (tests make a server's scrape fail).
     metrics_fault: AtomicU8,
+    /// What inference requests meet: a [`CompletionsFault`].
+    completions_fault: AtomicU8,
+    /// Inference requests the fault answered (failed or held).
+    faulted: AtomicU64,
 }
 
 /// How `/metrics` misbehaves, set by `PUT /fault/metrics` with `ok`, `hang` or `garbage`:
@@ -68,6 +72,32 @@ pub enum MetricsFault {
     Hang = 1,
     /// Answers 200 with bytes that are not the Prometheus text format.
     Garbage = 2,
+}
+
+/// How inference requests misbehave, set by `PUT /fault/completions` with `ok`, `fail` or
+/// `hang` (`GET` says the mode and how many requests it met): the end-to-end tests' way to
+/// give the gateway a server that fails while its metrics look idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CompletionsFault {
+    Ok = 0,
+    /// Answers `500` at once, as a server whose engine died behind a live API server does.
+    Fail = 1,
+    /// Never answers.
+    Hang = 2,
+}
+
+impl CompletionsFault {
+    const ALL: [(CompletionsFault, &'static str); 3] =
+        [(CompletionsFault::Ok, "ok"), (CompletionsFault::Fail, "fail"), (CompletionsFault::Hang, "hang")];
+
+    fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(f, _)| *f == self).map_or("ok", |(_, n)| n)
+    }
+
+    fn from_u8(v: u8) -> CompletionsFault {
+        Self::ALL.iter().map(|(f, _)| *f).find(|f| *f as u8 == v).unwrap_or(CompletionsFault::Ok)
+    }
 }
 
 /// Binds `config.address` and serves until `shutdown` resolves.
@@ -96,6 +126,8 @@ pub async fn serve(
         telemetry: Arc::new(Telemetry::new()),
         next_id: AtomicU64::new(1),
         metrics_fault: AtomicU8::new(MetricsFault::Ok as u8),
+        completions_fault: AtomicU8::new(CompletionsFault::Ok as u8),
+        faulted: AtomicU64::new(0),
     });
     let engine = tokio::spawn(driver::drive(
         shared.config.profile.clone(),
@@ -112,6 +144,7 @@ pub async fn serve(
         .route("/health", get(|| async { "" }))
         .route("/metrics", get(metrics))
         .route("/fault/metrics", axum::routing::put(set_metrics_fault))
+        .route("/fault/completions", get(completions_fault).put(set_completions_fault))
         .with_state(shared)
         .layer(axum::middleware::map_response(move |mut res: Response| {
             let served_by = served_by.clone();
@@ -150,6 +183,17 @@ async fn responses(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: 
 }
 
 async fn generate(shared: Arc<Shared>, raw: &[u8], api: Api) -> Response {
+    match CompletionsFault::from_u8(shared.completions_fault.load(Ordering::Relaxed)) {
+        CompletionsFault::Ok => {}
+        CompletionsFault::Fail => {
+            shared.faulted.fetch_add(1, Ordering::Relaxed);
+            return openai_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", None, "engine dead");
+        }
+        CompletionsFault::Hang => {
+            shared.faulted.fetch_add(1, Ordering::Relaxed);
+            std::future::pending::<()>().await;
+        }
+    }
     let body = match parse_inference_body(raw, api) {
         Ok(b) => b,
         Err(e) => return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some(&e.field), &e.message),
@@ -203,6 +247,19 @@ async fn set_metrics_fault(State(shared): State<Arc<Shared>>, body: Bytes) -> Re
     };
     shared.metrics_fault.store(fault as u8, Ordering::Relaxed);
     StatusCode::NO_CONTENT.into_response()
+}
+
+async fn set_completions_fault(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let Some((fault, _)) = CompletionsFault::ALL.iter().find(|(_, name)| name.as_bytes() == body.as_ref()) else {
+        return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some("body"), "ok, fail or hang");
+    };
+    shared.completions_fault.store(*fault as u8, Ordering::Relaxed);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn completions_fault(State(shared): State<Arc<Shared>>) -> Response {
+    let mode = CompletionsFault::from_u8(shared.completions_fault.load(Ordering::Relaxed));
+    axum::Json(json!({"mode": mode.name(), "faulted": shared.faulted.load(Ordering::Relaxed)})).into_response()
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {

@@ -338,7 +338,7 @@ fn fallback_list_is_ranked_and_distinct() {
         assert_eq!(unique.len(), 3, "{ranked:?}");
     }
     let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, 0.0, &cfg(), &mut rng);
-    assert!(matches!(d, Decision::Route { ref ranked, .. } if ranked.len() == 1), "no fallbacks by default");
+    assert!(matches!(d, Decision::Route { ref ranked, .. } if ranked.len() == 3), "two fallbacks by default");
 }
 
 #[test]
