@@ -110,7 +110,7 @@ const FLOW_P90: Contender =
     Contender { name: "headroom flow control p90", flow_control: true, objective: "p90", ..PREDICTED };
 
 /// Every router the benchmark knows, baselines first.
-pub const CONTENDERS: [Contender; 10] = [
+pub const CONTENDERS: [Contender; 11] = [
     Contender {
         name: "envoy round robin",
         router: Router::RoundRobin,
@@ -125,6 +125,20 @@ pub const CONTENDERS: [Contender; 10] = [
     Contender {
         name: "envoy least request",
         router: Router::LeastRequest,
+        prediction_based: None,
+        strategy: "",
+        default_profile: "",
+        baseline: true,
+        flow_control: false,
+        objective: "mean",
+        train: true,
+    },
+    // Sticky sessions: a consistent hash of the client's `x-session-id`, what operators run
+    // for chat so a conversation's turns find their prefix cached. On traffic without
+    // sessions it is a random pick.
+    Contender {
+        name: "envoy sticky sessions",
+        router: Router::StickySession,
         prediction_based: None,
         strategy: "",
         default_profile: "",
@@ -1538,6 +1552,7 @@ mod tests {
             stream: true,
             class: workload::SloClass::interactive(),
             shared_prefix: None,
+            conversation: None,
             run: 0,
         };
         let wall = to_wall(vec![spec], 0.25);

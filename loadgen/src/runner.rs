@@ -217,6 +217,9 @@ pub fn request_headers(target: &Target, spec: &RequestSpec) -> Vec<(&'static str
     if let Some(p) = target.prediction_based {
         headers.push((headers::PREDICTION_BASED, p.to_string()));
     }
+    if let Some(c) = &spec.conversation {
+        headers.push((headers::SESSION_ID, c.session_id(spec.run)));
+    }
     headers
 }
 
@@ -388,6 +391,7 @@ mod tests {
             stream: false,
             class: SloClass::batch(),
             shared_prefix: None,
+            conversation: None,
             run: 0,
         }
     }

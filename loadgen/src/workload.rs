@@ -1,8 +1,9 @@
 //! Workloads: when each request is sent and what it asks for.
 //!
 //! Every synthetic workload is Poisson arrivals (seeded) plus a request shape;
-//! the trace replay takes arrivals and sizes from a real trace. Each request
-//! carries an SLO class.
+//! the trace replay takes arrivals and sizes from a real trace; the conversational
+//! workloads (`multi-turn`, `rag`) send turns whose prompts share what came before. Each
+//! request carries an SLO class.
 
 use headroom_protocol::tokens::BYTES_PER_TOKEN;
 use rand::rngs::StdRng;
@@ -52,6 +53,67 @@ pub struct RequestSpec {
     /// the same indices) then finds none of its prompts in the servers' prefix caches.
     #[serde(default)]
     pub run: u32,
+    /// The conversation it is a turn of: its prompt is the conversation so far
+    /// ([`Conversation::prompt`]), and the client names the session (`x-session-id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<Conversation>,
+}
+
+/// One turn of a conversation about a document: the document, every earlier turn (the
+/// user's message and the model's answer), then this turn's message. A chat resends the
+/// whole conversation each turn, so each prompt starts with the last one: where the last
+/// turn ran, its prefix is cached. Many conversations may open with the same document
+/// (shared documents: `rag`), or each with its own (`multi-turn`). The answers in later
+/// prompts are text made here, not what the model said: the prefix cached from the last
+/// turn's prompt still matches, its answer's few dozen tokens do not.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Conversation {
+    /// The session, named to the gateway in `x-session-id` (with the run).
+    pub session: u32,
+    /// This turn, from 0.
+    pub turn: u32,
+    /// The document it opens with, and its tokens (by the shared approximation).
+    pub document: (u32, u32),
+    /// Each user message's tokens, and each earlier answer's.
+    pub message_tokens: u32,
+    pub answer_tokens: u32,
+}
+
+impl Conversation {
+    /// The prompt's tokens: the document, every earlier message and answer, this message.
+    pub fn prompt_tokens(&self) -> u32 {
+        self.document.1 + self.turn * (self.message_tokens + self.answer_tokens) + self.message_tokens
+    }
+
+    /// The prompt of this turn in sending `run` of its workload: every piece made to its
+    /// exact size from its place in the conversation, so each turn's prompt begins with the
+    /// last one's (and with every other conversation's on the same document).
+    pub fn prompt(&self, run: u32) -> String {
+        let mut text = String::with_capacity(self.prompt_tokens() as usize * BYTES_PER_TOKEN);
+        piece(&mut text, &format!("document {run:04}-{:06}: ", self.document.0), self.document.1);
+        for t in 0..=self.turn {
+            piece(&mut text, &format!(" user {run:04}-{:08}-{t}: ", self.session), self.message_tokens);
+            if t < self.turn {
+                piece(&mut text, &format!(" assistant {t}: "), self.answer_tokens);
+            }
+        }
+        text
+    }
+
+    /// The session's name in `x-session-id`: unique to the session and the run.
+    pub fn session_id(&self, run: u32) -> String {
+        format!("{run:04}-{:08}", self.session)
+    }
+}
+
+/// Appends `tokens` tokens of text (by the shared approximation) starting with `label`.
+fn piece(text: &mut String, label: &str, tokens: u32) {
+    let end = text.len() + tokens as usize * BYTES_PER_TOKEN;
+    text.push_str(label);
+    while text.len() < end {
+        text.push_str(FILLER);
+    }
+    text.truncate(end);
 }
 
 const FILLER: &str = "lorem ipsum dolor sit amet ";
@@ -70,6 +132,9 @@ impl RequestSpec {
     /// A prompt of exactly `prompt_tokens` tokens (by the shared approximation):
     /// the shared system prompt if any, then text unique to request `index` of `run`.
     pub fn prompt(&self, index: usize) -> String {
+        if let Some(c) = &self.conversation {
+            return c.prompt(self.run);
+        }
         let target = self.prompt_tokens as usize * BYTES_PER_TOKEN;
         let mut text = String::with_capacity(target + FILLER.len());
         if let Some((id, tokens)) = self.shared_prefix {
@@ -118,7 +183,7 @@ fn mixed_class(rng: &mut StdRng) -> SloClass {
 }
 
 fn spec(at_s: f64, prompt_tokens: u32, max_tokens: u32, stream: bool, class: SloClass) -> RequestSpec {
-    RequestSpec { at_s, prompt_tokens, max_tokens, stream, class, shared_prefix: None, run: 0 }
+    RequestSpec { at_s, prompt_tokens, max_tokens, stream, class, shared_prefix: None, run: 0, conversation: None }
 }
 
 /// The demo's mix: short-prompt/long-answer, long-prompt/short-answer and medium
@@ -227,6 +292,88 @@ pub fn long_prompts(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
     })
 }
 
+/// SLOs of the conversational workloads against [`mixed`]'s: an engine that queues (the
+/// ~100M-parameter local model on a CPU core prefills 1,024 tokens in ~1.5 s) is ~4x slower
+/// than the simulated H100 for the same tokens, and the interactive class's goals become
+/// those of the real-engine issue's measurement (TTFT 1.5 s, TPOT 150 ms).
+pub const ENGINE_BOUND_SLO_FACTOR: f64 = 3.75;
+
+/// Turns of a `multi-turn` session, and the seconds between their sends.
+pub const TURNS: u32 = 6;
+pub const TURN_GAP_S: f64 = 5.0;
+
+/// Chat and agent sessions arriving open-loop (Poisson, `rate` turns a second over all
+/// sessions): each opens with a document of its own (600-1,000 tokens by the shared
+/// approximation, about twice that to the local model's tokenizer), then [`TURNS`] turns
+/// [`TURN_GAP_S`] apart (an answer's time plus a person's thinking), each a 20-40-token
+/// message answered in 24-48 tokens, streamed. The last turn's prompt is 860-1,480
+/// approximate tokens (about 1.7-3k model tokens). A session keeps one SLO class of [`mixed`]'s,
+/// scaled by [`ENGINE_BOUND_SLO_FACTOR`]. The turns are sent on a schedule, not after the
+/// last answer: past a router's cliff a turn can go before its predecessor ended, as an
+/// impatient user's does.
+pub fn multi_turn(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    let mut out = Vec::new();
+    let mut session = 0u32;
+    let starts = poisson(seed, rate / f64::from(TURNS), duration_s, |rng, t| {
+        let class = scaled(mixed_class(rng), ENGINE_BOUND_SLO_FACTOR);
+        let (document, message, answer) = (rng.gen_range(600..1000), rng.gen_range(20..40), rng.gen_range(24..48));
+        let mut s = spec(t, 0, answer, true, class);
+        let conversation = Conversation {
+            session,
+            turn: 0,
+            document: (session, document),
+            message_tokens: message,
+            answer_tokens: answer,
+        };
+        session += 1;
+        s.conversation = Some(conversation);
+        s
+    });
+    for first in starts {
+        let Some(c) = first.conversation else { continue };
+        for turn in 0..TURNS {
+            let at_s = first.at_s + f64::from(turn) * TURN_GAP_S;
+            if at_s >= duration_s {
+                break;
+            }
+            let c = Conversation { turn, ..c };
+            out.push(RequestSpec { at_s, prompt_tokens: c.prompt_tokens(), conversation: Some(c), ..first.clone() });
+        }
+    }
+    out.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    out
+}
+
+/// Documents of a `rag` workload.
+pub const RAG_DOCUMENTS: u32 = 32;
+
+/// Questions on shared documents, interleaved: each request asks a 10-40-token question
+/// about one of [`RAG_DOCUMENTS`] documents of 600-1,000 tokens (by the shared
+/// approximation; each document's size fixed by the seed), answered in 16-64 tokens,
+/// streamed, from a session of its own. A document's questions share its prefix wherever
+/// one of them ran; a session-hashing router spreads them over every server. The SLO
+/// classes of [`multi_turn`].
+pub fn rag(seed: u64, rate: f64, duration_s: f64) -> Vec<RequestSpec> {
+    let mut sizes = StdRng::seed_from_u64(seed ^ 0x5eed_d0c5);
+    let documents: Vec<u32> = (0..RAG_DOCUMENTS).map(|_| sizes.gen_range(600..1000)).collect();
+    let mut session = 0u32;
+    poisson(seed, rate, duration_s, |rng, t| {
+        let class = scaled(mixed_class(rng), ENGINE_BOUND_SLO_FACTOR);
+        let d = rng.gen_range(0..RAG_DOCUMENTS);
+        let c = Conversation {
+            session,
+            turn: 0,
+            document: (d, documents[d as usize]),
+            message_tokens: rng.gen_range(10..40),
+            answer_tokens: 0,
+        };
+        session += 1;
+        let mut s = spec(t, c.prompt_tokens(), rng.gen_range(16..64), true, class);
+        s.conversation = Some(c);
+        s
+    })
+}
+
 /// One request of a trace: arrival (s), prompt and output tokens.
 type TraceRow = (f64, u32, u32);
 
@@ -330,8 +477,9 @@ pub fn azure_window(seed: u64, window: usize, rate: f64, duration_s: f64) -> Res
     trace_window(AZURE_CONV_2023, seed, window, rate, duration_s)
 }
 
-/// A workload by name: `mixed`, `short-long`, `long-short`, `shared-prefix`, `hetero`, or
-/// `azure` (the bundled trace, `speedup` times faster; `rate` is then unused).
+/// A workload by name: `mixed`, `short-long`, `long-short`, `shared-prefix`, `hetero`,
+/// `multi-turn`, `rag`, or `azure` (the bundled trace, `speedup` times faster; `rate` is
+/// then unused).
 pub fn by_name(name: &str, seed: u64, rate: f64, duration_s: f64, speedup: f64) -> Result<Vec<RequestSpec>, String> {
     match name {
         "mixed" => Ok(mixed(seed, rate, duration_s)),
@@ -341,8 +489,10 @@ pub fn by_name(name: &str, seed: u64, rate: f64, duration_s: f64, speedup: f64) 
         "shared-prefix" => Ok(shared_prefix(seed, rate, duration_s)),
         "hetero" => Ok(heterogeneous(seed, rate, duration_s)),
         "azure" => trace_replay(AZURE_CONV_2023, seed, speedup, duration_s),
+        "multi-turn" => Ok(multi_turn(seed, rate, duration_s)),
+        "rag" => Ok(rag(seed, rate, duration_s)),
         other => {
-            let known = "mixed, mixed-small, short-long, long-short, shared-prefix, hetero, azure";
+            let known = "mixed, mixed-small, short-long, long-short, shared-prefix, hetero, azure, multi-turn, rag";
             Err(format!("unknown workload {other:?}: {known}"))
         }
     }
@@ -386,6 +536,56 @@ mod tests {
         let shared = ha.iter().zip(&hb).take_while(|(x, y)| x == y).count();
         assert!(shared >= 90, "1,500 shared tokens are ~93 blocks: {shared}");
         assert_ne!(ha.last(), hb.last());
+    }
+
+    #[test]
+    fn each_turn_resends_the_conversation_so_far() {
+        let w = multi_turn(3, 3.0, 120.0);
+        assert_eq!(w, multi_turn(3, 3.0, 120.0));
+        assert!(w.windows(2).all(|p| p[0].at_s <= p[1].at_s));
+        let first = w[0].conversation.expect("a turn");
+        let turns: Vec<&RequestSpec> =
+            w.iter().filter(|r| r.conversation.is_some_and(|c| c.session == first.session)).collect();
+        assert_eq!(turns.len(), TURNS as usize, "every turn of an early session is sent");
+        for pair in turns.windows(2) {
+            let (a, b) = (pair[0].prompt(0), pair[1].prompt(0));
+            assert!(b.starts_with(&a), "each turn begins with the last one's prompt");
+            assert_eq!(estimate_tokens(&b), pair[1].prompt_tokens);
+            assert!((pair[1].at_s - pair[0].at_s - TURN_GAP_S).abs() < 1e-9);
+            assert_eq!(pair[0].class, pair[1].class, "a session keeps its class");
+        }
+        let last = turns[turns.len() - 1].prompt_tokens;
+        assert!((860..=1_480).contains(&last), "the last turn's context: {last}");
+        // Sessions share nothing: another session's first block differs; another run's too.
+        let other = w.iter().find(|r| r.conversation.is_some_and(|c| c.session != first.session)).unwrap();
+        let blocks = |s: &str| prefix_block_hashes(s, 1000);
+        assert_ne!(blocks(&other.prompt(0))[0], blocks(&w[0].prompt(0))[0]);
+        let again = RequestSpec { run: 1, ..w[0].clone() };
+        assert_ne!(blocks(&again.prompt(0))[0], blocks(&w[0].prompt(0))[0]);
+        assert_ne!(first.session_id(0), first.session_id(1));
+        // About `rate` turns a second once the sessions are under way.
+        let late = w.iter().filter(|r| r.at_s >= 40.0 && r.at_s < 120.0).count() as f64 / 80.0;
+        assert!((late - 3.0).abs() < 0.8, "{late} turns/s");
+    }
+
+    #[test]
+    fn rag_questions_share_their_documents_blocks() {
+        let w = rag(4, 10.0, 60.0);
+        let on = |d: u32| w.iter().filter(move |r| r.conversation.is_some_and(|c| c.document.0 == d));
+        let (a, b) = {
+            let mut same = on(w[0].conversation.unwrap().document.0);
+            (same.next().unwrap().prompt(0), same.next().unwrap().prompt(0))
+        };
+        let (ha, hb) = (prefix_block_hashes(&a, 1000), prefix_block_hashes(&b, 1000));
+        let shared = ha.iter().zip(&hb).take_while(|(x, y)| x == y).count();
+        assert!(shared >= 30, "600+ shared tokens are 37+ blocks: {shared}");
+        assert_ne!(ha.last(), hb.last(), "the questions differ");
+        let documents: std::collections::BTreeSet<u32> =
+            w.iter().filter_map(|r| r.conversation.map(|c| c.document.0)).collect();
+        assert_eq!(documents.len(), RAG_DOCUMENTS as usize);
+        let sessions: std::collections::BTreeSet<u32> =
+            w.iter().filter_map(|r| r.conversation.map(|c| c.session)).collect();
+        assert_eq!(sessions.len(), w.len(), "a session per question");
     }
 
     #[test]

@@ -64,6 +64,11 @@ impl DroppedReason {
     }
 }
 
+/// The client's conversation, as chat clients send one: headroom does not read it (a turn's
+/// prompt says where its conversation is cached); the sticky-session baseline hashes it
+/// (`envoy/baseline.yaml.tmpl`), as operators' session affinity does.
+pub const SESSION_ID: &str = "x-session-id";
+
 /// Response header of the simulated model server: its own address.
 pub const SERVED_BY: &str = "x-served-by";
 

@@ -34,6 +34,10 @@ pub enum Router {
     RoundRobin,
     /// Plain Envoy, least request.
     LeastRequest,
+    /// Plain Envoy, sticky sessions: a consistent hash (`RING_HASH`) of the client's
+    /// `x-session-id`, what operators deploy for chat traffic so a conversation's turns find
+    /// its prefix cached (a request without the header goes to a random server).
+    StickySession,
     /// The headroom bootstrap with its Wasm filter left out, as Envoy runs it when the
     /// VM failed and `FAIL_OPEN` skips the filter (tests what Envoy enforces alone).
     HeadroomFilterSkipped,
@@ -50,6 +54,7 @@ impl Router {
             Router::Headroom => "headroom",
             Router::RoundRobin => "envoy round robin",
             Router::LeastRequest => "envoy least request",
+            Router::StickySession => "envoy sticky sessions",
             Router::HeadroomFilterSkipped => "headroom, filter skipped",
             Router::Epp => "headroom epp",
         }
@@ -761,6 +766,7 @@ impl Stack {
             Router::Headroom | Router::HeadroomFilterSkipped | Router::Epp => ("envoy/envoy.yaml.tmpl", ""),
             Router::RoundRobin => ("envoy/baseline.yaml.tmpl", "ROUND_ROBIN"),
             Router::LeastRequest => ("envoy/baseline.yaml.tmpl", "LEAST_REQUEST"),
+            Router::StickySession => ("envoy/baseline.yaml.tmpl", "RING_HASH"),
         };
         let mut template = std::fs::read_to_string(locate::root().join(file))?;
         let plugin = Value::Object(self.plugin.clone());

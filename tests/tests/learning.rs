@@ -41,6 +41,7 @@ fn traffic_trains_a_model_that_takes_over_and_survives_a_restart() {
             stream: true,
             class: class.clone(),
             shared_prefix: None,
+            conversation: None,
             run: 0,
         })
         .collect();
@@ -142,6 +143,7 @@ fn a_measured_profile_is_the_prior_of_a_class_from_the_first_request() {
             stream: true,
             class: class.clone(),
             shared_prefix: None,
+            conversation: None,
             run: 1 + i as u32,
         })
         .collect();

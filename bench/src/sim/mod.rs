@@ -77,6 +77,7 @@ pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
     let gateway = match c.router {
         Router::RoundRobin => Gateway::Envoy(Balancer::RoundRobin),
         Router::LeastRequest => Gateway::Envoy(Balancer::LeastRequest),
+        Router::StickySession => Gateway::Envoy(Balancer::SessionHash),
         Router::Headroom | Router::HeadroomFilterSkipped | Router::Epp => {
             let mut plugin = headroom_stack::default_plugin_config();
             plugin.extend(crate::plugin(c, time_scale));

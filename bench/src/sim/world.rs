@@ -79,6 +79,11 @@ pub enum Balancer {
     RoundRobin,
     /// Power of two choices on active requests (Envoy's `LEAST_REQUEST` with equal weights).
     LeastRequest,
+    /// A consistent hash of the session header (Envoy's `RING_HASH` on `x-session-id`): a
+    /// session's requests go to one server; one without the header to a random server.
+    /// (Envoy's ring places hashes differently; what matters here is that each session
+    /// keeps its server and sessions spread evenly.)
+    SessionHash,
 }
 
 /// What the world is built from.
@@ -463,7 +468,8 @@ impl World {
     /// body (one chunk: the clients send small bodies whole) and starts its callout.
     fn at_gateway(&mut self, id: u64) {
         if self.headroom.is_none() {
-            let server = self.balance();
+            let session = self.reqs.get(&id).and_then(|r| r.spec.conversation.map(|c| c.session_id(r.spec.run)));
+            let server = self.balance(session.as_deref());
             self.forward(id, server);
             return;
         }
@@ -588,9 +594,14 @@ impl World {
         self.round_robin
     }
 
-    /// Plain Envoy's pick.
-    fn balance(&mut self) -> usize {
+    /// Plain Envoy's pick for a request of `session` (its `x-session-id`).
+    fn balance(&mut self, session: Option<&str>) -> usize {
         match self.balancer {
+            Some(Balancer::SessionHash) => {
+                let n = self.servers.len().max(1) as u64;
+                let hash = session.map_or_else(|| self.rng.next_u64(), |s| fnv1a(s.as_bytes()));
+                (hash % n) as usize
+            }
             Some(Balancer::LeastRequest) if self.servers.len() > 1 => {
                 let n = self.servers.len() as u64;
                 let a = (self.rng.next_u64() % n) as usize;
@@ -978,4 +989,9 @@ impl ReplyText<'_> {
             self.usage(n, cached)
         )
     }
+}
+
+/// FNV-1a of `bytes`: the sticky-session balancer's hash (any well-spread hash will do).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
