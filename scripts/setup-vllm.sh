@@ -7,6 +7,10 @@
 #   - .venv-vllm/headroom-model: the model the local servers serve, made offline by
 #     stack/vllm/make_model.py (a random-weight Llama and a tokenizer trained on
 #     stack/vllm/corpus.txt); nothing is loaded from a model hub.
+#   - .venv-vllm/headroom-model-engine-bound: the same at 107.5M parameters (215 MB, about
+#     10 s to make), whose engine queues on a CPU core: 1,024 prompt tokens take ~1.5 s, so
+#     the engine, not this host's other work, is what load saturates, and a prefix-cache
+#     hit is worth seconds (docs/real-engine.md). Served with HEADROOM_VLLM_MODEL=<that dir>.
 # Stops with a message naming what could not be installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +60,9 @@ fi
 
 "$VENV/bin/python" stack/vllm/make_model.py --out "$MODEL" >/dev/null \
   || fail "the model" "stack/vllm/make_model.py failed"
+"$VENV/bin/python" stack/vllm/make_model.py --out "$VENV/headroom-model-engine-bound" \
+  --hidden 1024 --intermediate 2816 --layers 8 --heads 16 >/dev/null \
+  || fail "the engine-bound model" "stack/vllm/make_model.py --hidden 1024 ... failed"
 "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" 2>/dev/null \
   || fail "vllm" "vllm.entrypoints.openai.api_server does not import in $VENV"
 echo "setup-vllm: ok (model: $MODEL)"
