@@ -228,16 +228,24 @@ impl Worker {
             Request::RequestBody(b) => {
                 let end = b.end_of_stream;
                 let chunk_len = b.body.len();
-                if let Some(io) = host.io.as_mut() {
-                    io.body.extend_from_slice(&b.body);
-                }
                 // A body whose headers were answered passes as it comes (full duplex: handed
                 // back chunk by chunk), after the flow has counted it.
                 let passing = duplex && s.owed != Some(Owed::HeadersAndBody);
-                if duplex && !passing && !end {
+                // A body held for the decision grows no further than the cap: the flow
+                // answers 413 on the size it would have reached.
+                let held = host.io.as_ref().map_or(0, |io| io.body.len());
+                let over = read_body && !passing && held.saturating_add(chunk_len) > self.vm.config.max_body_bytes;
+                if let Some(io) = host.io.as_mut().filter(|_| !over) {
+                    io.body.extend_from_slice(&b.body);
+                }
+                if duplex && !passing && !end && !over {
                     return; // held whole until the decision
                 }
-                let size = if read_body { host.io.as_ref().map_or(0, |io| io.body.len()) } else { chunk_len };
+                let size = match (over, read_body) {
+                    (true, _) => held.saturating_add(chunk_len),
+                    (false, true) => host.io.as_ref().map_or(0, |io| io.body.len()),
+                    (false, false) => chunk_len,
+                };
                 let step = s.flow.on_request_body(&mut host, &mut self.vm, size, end);
                 if !read_body && !duplex {
                     s.io.body.clear(); // counted, and passed on by Envoy: nothing to keep
@@ -444,22 +452,76 @@ fn pairs(map: Option<crate::proto::HeaderMap>) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::{processing_request, HeaderMap, HeaderValue, HttpBody, HttpHeaders, ProtocolConfiguration};
 
-    #[test]
-    fn a_panicking_step_ends_the_workers_streams_and_restarts_its_vm_not_the_worker() {
+    fn worker(config: &[u8], stats: Arc<Stats>) -> Worker {
         let (inbox, _rx) = mpsc::unbounded_channel();
-        let stats = Arc::new(Stats::default());
         let calls = Calls::new(Arc::new(HashMap::new()), reqwest::Client::new(), inbox);
-        let config = FilterConfig::parse(br#"{"pool": "p"}"#).unwrap_or_else(|e| panic!("{e}"));
-        let mut worker = Worker {
+        let config = FilterConfig::parse(config).unwrap_or_else(|e| panic!("{e}"));
+        Worker {
             index: 0,
             vm: Vm::new(config, 7),
             seed: 7,
             streams: HashMap::new(),
             calls,
-            stats: stats.clone(),
+            stats,
             origin: Instant::now(),
+        }
+    }
+
+    fn body(chunk: usize, end: bool) -> Input {
+        let request =
+            processing_request::Request::RequestBody(HttpBody { body: vec![b'x'; chunk], end_of_stream: end });
+        Input::Message {
+            stream: 1,
+            message: Box::new(ProcessingRequest { request: Some(request), ..Default::default() }),
+        }
+    }
+
+    /// A client's body held for the decision (full duplex: Envoy streams it without waiting)
+    /// stops growing at `max_body_bytes` and is answered 413 naming `body`, never buffered
+    /// whole: 300 MB used to go into the picker's memory.
+    #[test]
+    fn a_body_over_the_cap_is_a_413_and_is_not_buffered() {
+        let mut w = worker(br#"{"pool": "p", "max_body_bytes": 4096}"#, Arc::new(Stats::default()));
+        let (out, mut answers) = mpsc::unbounded_channel();
+        w.handle(Input::Open { stream: 1, out });
+        let header = |k: &str, v: &str| HeaderValue { key: k.into(), value: v.into(), raw_value: Vec::new() };
+        let headers = HeaderMap {
+            headers: vec![
+                header(":method", "POST"),
+                header(":path", "/v1/completions"),
+                header("x-slo-ttft-ms", "500"),
+            ],
         };
+        let request =
+            processing_request::Request::RequestHeaders(HttpHeaders { headers: Some(headers), end_of_stream: false });
+        let duplex = ProtocolConfiguration {
+            request_body_mode: BodySendMode::FullDuplexStreamed as i32,
+            response_body_mode: BodySendMode::Streamed as i32,
+            ..Default::default()
+        };
+        let first = ProcessingRequest { request: Some(request), protocol_config: Some(duplex), ..Default::default() };
+        w.handle(Input::Message { stream: 1, message: Box::new(first) });
+        w.handle(body(3000, false));
+        assert!(answers.try_recv().is_err(), "held, under the cap");
+        for _ in 0..100 {
+            w.handle(body(3000, false));
+        }
+        let held = w.streams.get(&1).map_or(0, |s| s.io.body.len());
+        assert!(held <= 4096, "the picker holds {held} bytes");
+        let Ok(ProcessingResponse { response: Some(Response::ImmediateResponse(reply)), .. }) = answers.try_recv()
+        else {
+            panic!("a local reply");
+        };
+        assert_eq!(reply.status.map(|s| s.code), Some(413));
+        assert!(String::from_utf8_lossy(&reply.body).contains("\"body\""), "{:?}", reply.body);
+    }
+
+    #[test]
+    fn a_panicking_step_ends_the_workers_streams_and_restarts_its_vm_not_the_worker() {
+        let stats = Arc::new(Stats::default());
+        let mut worker = worker(br#"{"pool": "p"}"#, stats.clone());
         let (out, mut answers) = mpsc::unbounded_channel();
         worker.guarded(|w| w.handle(Input::Open { stream: 1, out }));
         assert_eq!(worker.streams.len(), 1);

@@ -132,6 +132,11 @@ pub struct FilterConfig {
     /// (`ip:port,ip:port,...`); override_host tries them on retry (a connect failure, a
     /// reset or a 5xx before any byte, as the route's `retry_on` allows).
     pub fallback_endpoints: usize,
+    /// The largest request body read (bytes): a longer one is answered `413` naming `body`
+    /// before it is buffered further. In Envoy the listener's buffer limit applies too (1 MiB
+    /// unless raised: Envoy answers 413 itself past it); the endpoint picker buffers a body
+    /// itself (`BUFFERED` and `FULL_DUPLEX_STREAMED` modes), and this is its bound.
+    pub max_body_bytes: usize,
     /// When an endpoint that fails requests is ejected from this VM's choices, whatever
     /// its metrics say (`headroom_protocol::health`); `consecutive_failures: 0` turns it off.
     pub passive_health: EjectionPolicy,
@@ -230,6 +235,9 @@ impl Default for FilterConfig {
             // Two more: a failing choice is retried on the next best, not by round robin.
             fallback_endpoints: 2,
             passive_health: EjectionPolicy::default(),
+            // Past any long-context prompt as text (128k tokens are ~512 KiB), short of what
+            // lets one client hold much of a picker's memory.
+            max_body_bytes: 4 << 20,
             prefix_strict_threshold: 0.99,
             prefix_loose_threshold: 0.80,
             prefix_ttft_penalty_ms: 5000.0,
@@ -441,6 +449,9 @@ impl FilterConfig {
         }
         if self.fallback_endpoints > 16 {
             return Err(bad("fallback_endpoints", "must be within 0..=16"));
+        }
+        if !(1024..=(256 << 20)).contains(&self.max_body_bytes) {
+            return Err(bad("max_body_bytes", "must be within 1024..=268435456"));
         }
         if let Some((field, why)) = self.passive_health.invalid() {
             return Err(bad(field, why));

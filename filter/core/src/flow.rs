@@ -203,6 +203,10 @@ impl Flow {
         if !self.routed || self.choice.is_some() {
             return Step::Continue;
         }
+        if body_size > vm.config.max_body_bytes {
+            let message = format!("the request body is over {} bytes (max_body_bytes)", vm.config.max_body_bytes);
+            return self.reject(host, 413, "body", &message);
+        }
         if !end {
             return Step::Pause;
         }

@@ -873,6 +873,18 @@ fn a_request_whose_client_leaves_while_the_predictor_holds_it_is_reported_abando
 }
 
 #[test]
+fn a_body_over_max_body_bytes_is_a_413_naming_body() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"max_body_bytes": 1024}"#);
+    let big = format!(r#"{{"model":"m","prompt":"{}","max_tokens":4}}"#, "x".repeat(2000));
+    let step = send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, &big);
+    let Step::Reply { status, body, .. } = step else { panic!("expected a 413, got {step:?}") };
+    assert_eq!(status, 413);
+    assert!(String::from_utf8_lossy(&body).contains("\"body\""), "{}", String::from_utf8_lossy(&body));
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, BODY), Step::Pause, "a small body goes on");
+}
+
+#[test]
 fn a_tenant_name_longer_than_the_contract_allows_is_a_400_naming_the_header() {
     let mut host = FakeHost::new();
     let mut vm = vm(r#"{"flow_control":true}"#);
