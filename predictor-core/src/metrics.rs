@@ -21,11 +21,13 @@ use prometheus_client::registry::Registry;
 use crate::model::store::TrainOutcome;
 use crate::pool::PoolGauges;
 
-/// At most this many model names get series of their own; requests for others count as
-/// [`OTHER_MODEL`]. The name comes from the client's body, so without a bound a client could
-/// grow `/metrics` by one series set per name it makes up.
+/// At most this many model names get series of their own: names a model server lists in its
+/// `/v1/models` ([`Metrics::model_served`]); requests for any other name count as
+/// [`OTHER_MODEL`]. The name comes from the client's body: admitted on first sight, 3,000
+/// invented names grew `/metrics` from 36 to 771 KB and the first 63 kept their series
+/// until a restart, crowding out the real ones.
 pub const MAX_MODEL_SERIES: usize = 64;
-/// The `model_name` of requests past [`MAX_MODEL_SERIES`].
+/// The `model_name` of requests for a model no server lists (or past [`MAX_MODEL_SERIES`]).
 pub const OTHER_MODEL: &str = "other";
 
 /// llm-d's and the GIE's model labels. headroom does not rewrite models, so the target
@@ -529,6 +531,7 @@ impl Metrics {
             failed_at: None,
         };
         o.request.slo = headroom_protocol::Slo { ttft_ms: Some(1.0), tpot_ms: Some(1.0) };
+        m.model_served("m");
         m.observed(&o);
         m.observed(&Observation { status: 503, ..o });
         m.predicted(0.001);
@@ -639,10 +642,16 @@ impl Metrics {
         Self::count(&self.trainings, result, 1);
     }
 
-    /// The series label of a model name: its own while fewer than [`MAX_MODEL_SERIES`]
-    /// names have series, else [`OTHER_MODEL`].
+    /// A model server lists `model` in its `/v1/models`: requests for it get series of their
+    /// own (the first [`MAX_MODEL_SERIES`] names served).
+    pub fn model_served(&self, model: &str) {
+        admitted(&self.models, model, MAX_MODEL_SERIES);
+    }
+
+    /// The series label of a model name: its own when a server serves it, else [`OTHER_MODEL`].
     fn model_labels(&self, model: &str) -> ModelLabels {
-        let name = if admitted(&self.models, model, MAX_MODEL_SERIES) { model } else { OTHER_MODEL }.to_string();
+        let served = self.models.lock().unwrap_or_else(|p| p.into_inner()).contains(model);
+        let name = if served { model } else { OTHER_MODEL }.to_string();
         ModelLabels { model_name: name.clone(), target_model_name: name }
     }
 
@@ -844,6 +853,7 @@ mod tests {
     #[test]
     fn the_objective_families_carry_llm_ds_model_labels_and_split_violations_by_type() {
         let m = Metrics::default();
+        m.model_served("llama");
         let mut o = placed(RouteSource::PredictedPositive, 100.0, 300.0);
         o.request.model = "llama".into();
         o.request.slo.tpot_ms = Some(10.0);
@@ -873,18 +883,32 @@ mod tests {
     }
 
     #[test]
-    fn model_names_past_the_bound_share_one_series() {
+    fn only_served_model_names_get_series_and_invented_ones_share_one() {
         let m = Metrics::default();
-        for i in 0..MAX_MODEL_SERIES + 10 {
+        m.model_served("llama");
+        for i in 0..3_000 {
             let mut o = placed(RouteSource::Fallback, 500.0, 100.0);
             o.request.model = format!("made-up-{i}");
             m.observed(&o);
         }
+        let mut real = placed(RouteSource::Fallback, 500.0, 100.0);
+        real.request.model = "llama".into();
+        m.observed(&real);
         let text = m.render();
         let families = text.lines().filter(|l| l.starts_with("inference_objective_request_total{")).count();
-        assert_eq!(families, MAX_MODEL_SERIES + 1);
+        assert_eq!(families, 2, "the served model and other");
         let other = r#"inference_objective_request_total{model_name="other",target_model_name="other"}"#;
-        assert_eq!(series(&m, other), 10.0);
+        assert_eq!(series(&m, other), 3_000.0);
+        let llama = r#"inference_objective_request_total{model_name="llama",target_model_name="llama"}"#;
+        assert_eq!(series(&m, llama), 1.0, "a model served after invented names still gets its series");
+        // Servers listing more names than the bound: the first ones served keep theirs.
+        for i in 0..MAX_MODEL_SERIES + 10 {
+            m.model_served(&format!("served-{i}"));
+        }
+        let mut late = placed(RouteSource::Fallback, 500.0, 100.0);
+        late.request.model = format!("served-{}", MAX_MODEL_SERIES + 5);
+        m.observed(&late);
+        assert_eq!(series(&m, other), 3_001.0);
     }
 
     #[test]

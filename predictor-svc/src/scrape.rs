@@ -144,10 +144,10 @@ pub async fn run(state: Arc<AppState>) {
                         let names = engines.get(&pool).cloned().unwrap_or_else(|| std::sync::Arc::new(vllm().clone()));
                         running.push(async move {
                             let result = scrape_one(&client, &address, max_bytes, &names).await;
-                            // Its context length once, when it first answers: a server's
-                            // model does not change while it runs.
+                            // Its model and context length once, when it first answers: a
+                            // server's model does not change while it runs.
                             let context = match (&result, context_known) {
-                                (Ok(_), false) => context_length(&client, &address).await,
+                                (Ok(_), false) => served(&client, &address).await,
                                 _ => None,
                             };
                             (pool, address, result, context)
@@ -162,10 +162,12 @@ pub async fn run(state: Arc<AppState>) {
             Some((pool, address, result, context)) = running.next(), if !running.is_empty() => {
                 busy.remove(&(pool.clone(), address.clone()));
                 apply(&state, &pool, &address, &result, state.core.clock.now());
-                if let Some(tokens) = context {
+                if let Some((model, tokens)) = context {
+                    // Requests for the model it serves get series of their own on /metrics.
+                    state.core.metrics.model_served(&model);
                     state.core.pools.with(&pool, |p| {
                         if let Some(e) = p.endpoints.iter_mut().find(|e| e.address == address) {
-                            e.max_context_tokens = Some(tokens);
+                            e.max_context_tokens = tokens;
                         }
                     });
                 }
@@ -227,12 +229,13 @@ pub async fn expire(state: Arc<AppState>) {
     }
 }
 
-/// The context length the server at `address` serves (`max_model_len` of the first model of
-/// its `/v1/models`, as vLLM and the simulator list it); `None` when it does not say.
-async fn context_length(client: &reqwest::Client, address: &str) -> Option<u32> {
+/// The model the server at `address` serves and its context length (the first model of its
+/// `/v1/models` and its `max_model_len`, as vLLM and the simulator list them); `None` when it
+/// lists none.
+async fn served(client: &reqwest::Client, address: &str) -> Option<(String, Option<u32>)> {
     let response = client.get(format!("http://{address}/v1/models")).send().await.ok()?;
     let bytes = response.bytes().await.ok().filter(|b| b.len() <= 1 << 20)?;
-    headroom_protocol::openai::served_model(&bytes)?.1
+    headroom_protocol::openai::served_model(&bytes)
 }
 
 /// One scrape; the body is read only up to `max_bytes` (a larger one fails the scrape).
