@@ -32,8 +32,8 @@ enum Cmd {
         #[arg(long, default_value = "sim")]
         engine: String,
         /// Comma-separated workloads (mixed, short-long, long-short, shared-prefix, hetero, azure;
-        /// mixed-small, sized for a small model on CPU). Default: the six on the simulator,
-        /// mixed-small on vLLM.
+        /// mixed-small, sized for a small model on CPU; multi-turn and rag, conversations sized
+        /// for the engine-bound model). Default: the six on the simulator, mixed-small on vLLM.
         #[arg(long)]
         workloads: Option<String>,
         /// Comma-separated rate ladder in requests/s (default: one per workload and engine; azure
