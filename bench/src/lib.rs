@@ -109,44 +109,30 @@ const PREDICTED: Contender = Contender {
 const FLOW_P90: Contender =
     Contender { name: "headroom flow control p90", flow_control: true, objective: "p90", ..PREDICTED };
 
+/// Plain Envoy balancing as `router` does: a baseline without the filter (the filter's and
+/// the predictor's settings mean nothing to it).
+const fn plain_envoy(name: &'static str, router: Router) -> Contender {
+    Contender {
+        name,
+        router,
+        prediction_based: None,
+        strategy: "",
+        default_profile: "",
+        baseline: true,
+        flow_control: false,
+        objective: "mean",
+        train: true,
+    }
+}
+
 /// Every router the benchmark knows, baselines first.
 pub const CONTENDERS: [Contender; 11] = [
-    Contender {
-        name: "envoy round robin",
-        router: Router::RoundRobin,
-        prediction_based: None,
-        strategy: "",
-        default_profile: "",
-        baseline: true,
-        flow_control: false,
-        objective: "mean",
-        train: true,
-    },
-    Contender {
-        name: "envoy least request",
-        router: Router::LeastRequest,
-        prediction_based: None,
-        strategy: "",
-        default_profile: "",
-        baseline: true,
-        flow_control: false,
-        objective: "mean",
-        train: true,
-    },
+    plain_envoy("envoy round robin", Router::RoundRobin),
+    plain_envoy("envoy least request", Router::LeastRequest),
     // Sticky sessions: a consistent hash of the client's `x-session-id`, what operators run
     // for chat so a conversation's turns find their prefix cached. On traffic without
     // sessions it is a random pick.
-    Contender {
-        name: "envoy sticky sessions",
-        router: Router::StickySession,
-        prediction_based: None,
-        strategy: "",
-        default_profile: "",
-        baseline: true,
-        flow_control: false,
-        objective: "mean",
-        train: true,
-    },
+    plain_envoy("envoy sticky sessions", Router::StickySession),
     Contender {
         name: "headroom composite",
         router: Router::Headroom,
