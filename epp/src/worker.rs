@@ -241,11 +241,8 @@ impl Worker {
                 if duplex && !passing && !end && !over {
                     return; // held whole until the decision
                 }
-                let size = match (over, read_body) {
-                    (true, _) => held.saturating_add(chunk_len),
-                    (false, true) => host.io.as_ref().map_or(0, |io| io.body.len()),
-                    (false, false) => chunk_len,
-                };
+                // What the held body is, or would be past the cap.
+                let size = if read_body { held.saturating_add(chunk_len) } else { chunk_len };
                 let step = s.flow.on_request_body(&mut host, &mut self.vm, size, end);
                 if !read_body && !duplex {
                     s.io.body.clear(); // counted, and passed on by Envoy: nothing to keep

@@ -168,8 +168,7 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
         let finished = state.pools.with(&o.pool, |p| {
             // Passive health: where it failed before a retry served it elsewhere, and what
             // the endpoint that answered did.
-            let failed = o.failed_at.iter().map(|f| (f.as_str(), Outcome::Failure));
-            for (at, outcome) in failed.chain(std::iter::once((o.endpoint.as_str(), Outcome::of_status(o.status)))) {
+            for (at, outcome) in Outcome::of_request(o.failed_at.as_deref(), &o.endpoint, o.status) {
                 let ejected = p.answered(at, outcome, now);
                 if outcome == Outcome::Failure {
                     state.metrics.endpoint_failed(&o.pool, ejected);

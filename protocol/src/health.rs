@@ -79,6 +79,18 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// What one finished request says of its endpoints: a failure of `failed_at` (the
+    /// gateway's choice, where it failed before a retry served it elsewhere), then the
+    /// status's outcome for `endpoint`, the one that answered (none when unknown).
+    pub fn of_request<'a>(
+        failed_at: Option<&'a str>,
+        endpoint: &'a str,
+        status: u16,
+    ) -> impl Iterator<Item = (&'a str, Outcome)> {
+        let served = (!endpoint.is_empty()).then_some((endpoint, Outcome::of_status(status)));
+        failed_at.map(|f| (f, Outcome::Failure)).into_iter().chain(served)
+    }
+
     /// The outcome of an HTTP status as the gateway reports it (0: no whole response).
     pub fn of_status(status: u16) -> Outcome {
         match status {
@@ -179,13 +191,23 @@ impl PassiveHealth {
         self.records.values().filter(|r| now_ms < r.until_ms).count()
     }
 
-    /// The items of `items` whose endpoint (`address`) is not ejected at `now_ms`, or all
-    /// of them when every one is: with the whole pool failing, ejecting it all would only
-    /// turn each request into a local error (Envoy's panic threshold does the same).
-    pub fn keep_healthy<T>(&self, items: &mut Vec<T>, address: impl Fn(&T) -> &str, now_ms: u64) {
-        if items.iter().any(|t| !self.is_ejected(address(t), now_ms)) {
-            items.retain(|t| !self.is_ejected(address(t), now_ms));
+    /// Which of `addresses` are ejected at `now_ms`, in their order: none when every one is.
+    /// With the whole pool failing, ejecting it all would only turn each request into a local
+    /// error (Envoy's panic threshold does the same).
+    pub fn ejected_among<'a>(&self, addresses: impl Iterator<Item = &'a str>, now_ms: u64) -> Vec<bool> {
+        let ejected: Vec<bool> = addresses.map(|a| self.is_ejected(a, now_ms)).collect();
+        if ejected.iter().all(|&x| x) {
+            return vec![false; ejected.len()];
         }
+        ejected
+    }
+
+    /// The items of `items` whose endpoint (`address`) is not ejected at `now_ms`
+    /// ([`PassiveHealth::ejected_among`]: all of them when every one is).
+    pub fn keep_healthy<T>(&self, items: &mut Vec<T>, address: impl Fn(&T) -> &str, now_ms: u64) {
+        let ejected = self.ejected_among(items.iter().map(&address), now_ms);
+        let mut flags = ejected.into_iter();
+        items.retain(|_| !flags.next().unwrap_or(false));
     }
 }
 

@@ -519,9 +519,7 @@ impl Flow {
     /// failure, a reset or a 5xx there), and the endpoint that answered by its status.
     fn judge_health(&self, host: &mut dyn Host, vm: &mut Vm, failed_at: Option<&str>, endpoint: &str) {
         let now = host.now_ms();
-        let outcome = Outcome::of_status(self.status);
-        let served = (!endpoint.is_empty()).then_some((endpoint, outcome));
-        for (at, outcome) in failed_at.map(|f| (f, Outcome::Failure)).into_iter().chain(served) {
+        for (at, outcome) in Outcome::of_request(failed_at, endpoint, self.status) {
             let recorded = vm.health.record(at, outcome, now);
             if outcome == Outcome::Failure {
                 host.record(Event::EndpointFailed { ejected: recorded != Recorded::Nothing });

@@ -620,11 +620,7 @@ impl Pool {
     pub fn ejected(&self, now: Instant) -> Vec<bool> {
         let Some(epoch) = self.health_epoch else { return vec![false; self.endpoints.len()] };
         let ms = now.saturating_duration_since(epoch).as_millis() as u64;
-        let ejected: Vec<bool> = self.endpoints.iter().map(|e| self.health.is_ejected(&e.address, ms)).collect();
-        if ejected.iter().all(|&x| x) {
-            return vec![false; ejected.len()];
-        }
-        ejected
+        self.health.ejected_among(self.endpoints.iter().map(|e| e.address.as_str()), ms)
     }
 
     /// What the engine of the endpoint at index `i` costs, if known.
