@@ -69,6 +69,11 @@ impl DroppedReason {
 /// (`envoy/baseline.yaml.tmpl`), as operators' session affinity does.
 pub const SESSION_ID: &str = "x-session-id";
 
+/// Envoy's per-try timeout (its router filter's header): the filter sets it from the
+/// request's goals (`try_timeout_slo_factor`). It bounds a try until the response begins,
+/// and a try past it is retried on the next endpoint.
+pub const PER_TRY_TIMEOUT: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
+
 /// Response header of the simulated model server: its own address.
 pub const SERVED_BY: &str = "x-served-by";
 

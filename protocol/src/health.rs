@@ -7,8 +7,9 @@
 //! what it sees: after [`EjectionPolicy::consecutive_failures`] failures in a row an endpoint
 //! is ejected for [`EjectionPolicy::base_ejection_ms`], doubled at each ejection that follows
 //! without a success in between, up to [`EjectionPolicy::max_ejection_ms`]. When the ejection
-//! ends the endpoint is on probation: one success clears its record, one failure ejects it
-//! again at once (the next, longer term). This is Envoy's outlier detection with a
+//! ends the endpoint is on probation: it takes one request (the probe) until that request's
+//! outcome comes; a success clears its record, a failure ejects it again at once (the next,
+//! longer term). This is Envoy's outlier detection with a
 //! half-open probe, kept here once so that the filter (and its fallback), the endpoint
 //! picker and the predictor eject alike.
 //!
@@ -110,6 +111,15 @@ struct Record {
     ejections: u32,
     /// Ejected until then (ms); 0: never ejected since the last success.
     until_ms: u64,
+    /// On probation, its one probe is out until then (ms): the endpoint takes no other
+    /// request meanwhile.
+    probe_until_ms: u64,
+}
+
+impl Record {
+    fn ejected(&self, now_ms: u64) -> bool {
+        now_ms < self.until_ms || now_ms < self.probe_until_ms
+    }
 }
 
 /// The most endpoints remembered: records beyond are dropped with their successes, so
@@ -175,20 +185,35 @@ impl PassiveHealth {
                 r.ejections = r.ejections.saturating_add(1);
                 let term = policy.term_ms(r.ejections);
                 r.until_ms = now_ms.saturating_add(term);
+                r.probe_until_ms = 0;
                 self.ejections += 1;
                 Recorded::Ejected(term)
             }
         }
     }
 
-    /// Whether `endpoint` is ejected at `now_ms`.
+    /// Files that a request was sent to `endpoint` at `now_ms`. On probation it is the one
+    /// probe: the endpoint takes nothing else until its outcome comes, or until a term has
+    /// passed without one. Why: a hung server's failure is known only when its request
+    /// times out, and an endpoint open to all meanwhile, its metrics idle, drew a request
+    /// from every client in that time.
+    pub fn sent(&mut self, endpoint: &str, now_ms: u64) {
+        let policy = self.policy;
+        if let Some(r) = self.records.get_mut(endpoint) {
+            if r.ejections > 0 && now_ms >= r.until_ms && now_ms >= r.probe_until_ms {
+                r.probe_until_ms = now_ms.saturating_add(policy.term_ms(r.ejections));
+            }
+        }
+    }
+
+    /// Whether `endpoint` is ejected at `now_ms` (or, on probation, has its probe out).
     pub fn is_ejected(&self, endpoint: &str, now_ms: u64) -> bool {
-        self.records.get(endpoint).is_some_and(|r| now_ms < r.until_ms)
+        self.records.get(endpoint).is_some_and(|r| r.ejected(now_ms))
     }
 
     /// Endpoints ejected at `now_ms`.
     pub fn ejected(&self, now_ms: u64) -> usize {
-        self.records.values().filter(|r| now_ms < r.until_ms).count()
+        self.records.values().filter(|r| r.ejected(now_ms)).count()
     }
 
     /// Which of `addresses` are ejected at `now_ms`, in their order: none when every one is.
@@ -243,6 +268,28 @@ mod tests {
         assert!(!h.is_ejected("a", 1_005), "the term ends");
         assert!(!h.is_ejected("b", 5), "other endpoints are not touched");
         assert_eq!(h.ejections, 1);
+    }
+
+    #[test]
+    fn on_probation_one_probe_at_a_time_until_its_outcome_or_a_term() {
+        let mut h = health();
+        for t in 0..3 {
+            h.record("a", Outcome::Failure, t);
+        }
+        assert!(!h.is_ejected("a", 1_002), "the term ended: on probation");
+        h.sent("a", 1_002);
+        assert!(h.is_ejected("a", 1_003), "its probe is out: nothing else goes there");
+        h.sent("b", 1_003);
+        assert!(!h.is_ejected("b", 1_004), "a healthy endpoint takes any number");
+        assert!(!h.is_ejected("a", 2_002), "a probe without an outcome for a term frees it");
+        h.sent("a", 2_002);
+        // The probe fails: ejected again, twice as long.
+        assert_eq!(h.record("a", Outcome::Failure, 2_500), Recorded::Ejected(2_000));
+        assert!(h.is_ejected("a", 4_499) && !h.is_ejected("a", 4_500));
+        h.sent("a", 4_500);
+        h.record("a", Outcome::Success, 4_600);
+        h.sent("a", 4_601);
+        assert!(!h.is_ejected("a", 4_602), "a successful probe clears it: no probe after");
     }
 
     #[test]

@@ -216,6 +216,43 @@ fn a_server_failing_fast_with_idle_metrics_is_ejected_and_no_client_sees_its_500
     assert!(back, "served again after its ejection ended");
 }
 
+/// A server that takes requests and never answers (a wedged engine behind a listening
+/// socket) holds each request it gets until Envoy's per-try timeout, which the filter sets
+/// from the request's goals: three times the 2 s TTFT goal for these streams. Envoy then
+/// retries the request on the next endpoint, and passive health counts the failure, so
+/// after three the server is ejected and only probed. Measured: the longest any request
+/// took, that none failed, and the hung server's share once it was found out.
+#[test]
+fn a_hung_server_holds_no_request_past_its_slo_timeout_and_is_ejected() {
+    let h = Harness::start_opts(options()).unwrap();
+    let victim = h.stack.state.servers[0];
+    set_fault(&h, victim, "hang");
+    let load = SteadyLoad::start(h.gateway(), 6, 8, true, Duration::from_millis(250));
+    let started = Instant::now();
+    // Its first requests time out at 6 s and eject it (each Envoy worker's VM after three).
+    std::thread::sleep(Duration::from_secs(10));
+    let (settled, held_then) = (Instant::now(), faulted(&h, victim));
+    std::thread::sleep(Duration::from_secs(12));
+    let sent = load.stop();
+    set_fault(&h, victim, "ok");
+    let held_after = faulted(&h, victim) - held_then;
+    let after = sent.iter().filter(|s| s.at >= settled).count();
+    let longest = sent.iter().map(|s| s.done - s.at).max().unwrap_or_default();
+    eprintln!(
+        "hung server: held {held_then} requests in the first 10 s, {held_after} of {after} after; \
+         the longest request {longest:?}; {} sent in {:?}",
+        sent.len(),
+        started.elapsed()
+    );
+    assert_eq!(failures(&sent), Vec::<String>::new(), "every held request was retried on another server");
+    assert!(held_then >= 1, "the hung server was tried");
+    // 6 s of the timeout, then the retry's own few milliseconds, on a busy host.
+    assert!(longest <= Duration::from_secs(9), "a request was held {longest:?}, past its 6 s per-try timeout");
+    assert!(after >= 100, "load went on ({after} requests after 10 s)");
+    assert!(held_after as f64 <= 0.05 * after as f64, "the hung server held {held_after} of {after} after 10 s");
+    assert!(h.envoy_stat("headroom_endpoint_ejected") >= 1.0, "the filter ejected it");
+}
+
 #[test]
 fn a_model_server_killed_mid_stream_fails_only_its_streams_teaches_nothing_and_returns() {
     // One fallback, as docs/deploy.md advises: a request sent to the server in the instant

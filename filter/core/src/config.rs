@@ -137,6 +137,16 @@ pub struct FilterConfig {
     /// unless raised: Envoy answers 413 itself past it); the endpoint picker buffers a body
     /// itself (`BUFFERED` and `FULL_DUPLEX_STREAMED` modes), and this is its bound.
     pub max_body_bytes: usize,
+    /// How long one try may wait for its server's response to begin, as a multiple of the
+    /// request's own goals: TTFT for a stream (whose headers come as it starts), TTFT plus
+    /// `max_tokens` TPOTs for a whole answer. Set as Envoy's per-try timeout
+    /// (`x-envoy-upstream-rq-per-try-timeout-ms`), so a hung server holds a request no longer
+    /// than that before Envoy retries it on the next endpoint and passive health counts the
+    /// failure. `0` leaves the route's own timeouts; a request without goals gets none.
+    pub try_timeout_slo_factor: f64,
+    /// The shortest per-try timeout set (ms): connection set-up and a busy host's jitter are
+    /// no reason to give up on a server.
+    pub try_timeout_min_ms: u64,
     /// When an endpoint that fails requests is ejected from this VM's choices, whatever
     /// its metrics say (`headroom_protocol::health`); `consecutive_failures: 0` turns it off.
     pub passive_health: EjectionPolicy,
@@ -238,6 +248,10 @@ impl Default for FilterConfig {
             // Past any long-context prompt as text (128k tokens are ~512 KiB), short of what
             // lets one client hold much of a picker's memory.
             max_body_bytes: 4 << 20,
+            // A request three times past its goal before its answer began has missed it; the
+            // retry elsewhere still may not.
+            try_timeout_slo_factor: 3.0,
+            try_timeout_min_ms: 1000,
             prefix_strict_threshold: 0.99,
             prefix_loose_threshold: 0.80,
             prefix_ttft_penalty_ms: 5000.0,
@@ -456,6 +470,12 @@ impl FilterConfig {
         if let Some((field, why)) = self.passive_health.invalid() {
             return Err(bad(field, why));
         }
+        if !(self.try_timeout_slo_factor.is_finite() && (0.0..=100.0).contains(&self.try_timeout_slo_factor)) {
+            return Err(bad("try_timeout_slo_factor", "must be within 0..=100"));
+        }
+        if !(10..=3_600_000).contains(&self.try_timeout_min_ms) {
+            return Err(bad("try_timeout_min_ms", "must be within 10..=3600000"));
+        }
         Ok(())
     }
 
@@ -580,6 +600,8 @@ mod tests {
             (br#"{"prefix_ttft_penalty_ms":-1}"#, "prefix_ttft_penalty_ms"),
             (br#"{"cold_kv_usage":1.5}"#, "cold_kv_usage"),
             (br#"{"fallback_endpoints":99}"#, "fallback_endpoints"),
+            (br#"{"try_timeout_slo_factor":-1}"#, "try_timeout_slo_factor"),
+            (br#"{"try_timeout_min_ms":0}"#, "try_timeout_min_ms"),
             (br#"{"predictor_shards":["a","a"]}"#, "predictor_shards"),
             (br#"{"predictor_shards":[""]}"#, "predictor_shards"),
             (br#"{"":0}"#, "(configuration)"),

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use headroom_protocol::headers::{
     DroppedReason, DEBUG_ENDPOINT, DEBUG_FLOW, DEBUG_PREDICTED_TPOT, DEBUG_PREDICTED_TTFT, DEBUG_QUEUED, DEBUG_TIER,
-    DROPPED_REASON,
+    DROPPED_REASON, PER_TRY_TIMEOUT,
 };
 use headroom_protocol::headroom::after_waiting;
 use headroom_protocol::health::{Outcome, Recorded};
@@ -721,6 +721,8 @@ impl Flow {
                 host.log(Level::Warn, "headroom: could not set the destination header");
             }
             vm.placed.started(&c.endpoint);
+            // On probation, this is its one probe (`PassiveHealth::sent`).
+            vm.health.sent(&c.endpoint, host.now_ms());
             // To a predictor that keeps records, the dispatch names the request and where it
             // went; the features go along when the filter placed it without the predictor's
             // answer (its fallback), which the predictor may hold no record of.
@@ -743,6 +745,11 @@ impl Flow {
                 self.release_dispatch(vm);
             }
         }
+        if let Some(ms) = try_timeout_ms(&self.features, &vm.config) {
+            if host.set_header(Map::RequestHeaders, PER_TRY_TIMEOUT, &ms.to_string()).is_err() {
+                host.log(Level::Warn, "headroom: could not set the per-try timeout header");
+            }
+        }
         host.record(Event::Routed(source));
         self.choice = choice;
         self.forwarded_ns = host.now_ns();
@@ -752,4 +759,20 @@ impl Flow {
             Step::Continue
         }
     }
+}
+
+/// How long one try may wait for its response to begin (ms), from the request's goals
+/// (`try_timeout_slo_factor`): a stream's headers come as it starts, so its TTFT goal; a
+/// whole answer's come at its end, so its TTFT plus `max_tokens` TPOTs. `None` when the
+/// goals do not bound it (no TTFT goal; a whole answer without `max_tokens` or a TPOT goal)
+/// or the factor is 0: the route's own timeouts apply.
+pub(crate) fn try_timeout_ms(request: &RequestFeatures, config: &FilterConfig) -> Option<u64> {
+    if config.try_timeout_slo_factor <= 0.0 {
+        return None;
+    }
+    let ttft = request.slo.ttft_ms?;
+    let begins = if request.streaming { ttft } else { ttft + f64::from(request.max_tokens?) * request.slo.tpot_ms? };
+    let ms = (begins * config.try_timeout_slo_factor).max(config.try_timeout_min_ms as f64);
+    // Checked goals are finite and bounded; the cast saturates in any case.
+    Some(ms.min(limits::MAX_MS).round() as u64)
 }

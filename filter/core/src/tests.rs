@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use headroom_protocol::{
     codec, headers, paths, DispatchBatch, EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, Format,
-    PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse, ReportBatch, RouteSource,
+    PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse, ReportBatch, RequestFeatures, RouteSource,
+    Slo,
 };
 
 use crate::flow::{Flow, Step};
@@ -382,6 +383,8 @@ fn routes_to_an_endpoint_predicted_to_meet_the_slo_and_reports_what_happened() {
     assert_eq!(host.request_header("x-gateway-destination-endpoint").as_deref(), Some("10.0.0.2:8000,10.0.0.1:8000"));
     assert!(host.has(Event::Routed(RouteSource::PredictedPositive)));
     assert!(host.events.iter().any(|e| matches!(e, Event::PredictorCallMs(_))));
+    // A stream's try may wait three times its TTFT goal for its response to begin.
+    assert_eq!(host.request_header("x-envoy-upstream-rq-per-try-timeout-ms").as_deref(), Some("1500"));
 
     host.upstream = Some("10.0.0.2:8000".into());
     stream_response(&mut flow, &mut host, &mut vm, 120);
@@ -981,6 +984,36 @@ fn a_server_failing_fast_is_ejected_from_every_choice_then_probed_again() {
         host.now_ns += 10 * MS;
     }
     assert_eq!(probes, 1, "probed once when its term ended, then ejected again");
+    assert!(vm.health.is_ejected(bad, host.now_ms() + 9_000), "the second term is 10 s");
+}
+
+/// A hung server's failure is known only when its request times out: on probation it takes
+/// its one probe and nothing else until that probe's outcome comes.
+#[test]
+fn on_probation_an_endpoint_takes_one_probe_until_its_outcome() {
+    let mut host = FakeHost::new();
+    let mut vm = vm("{}");
+    let (bad, good) = ("10.0.0.1:8000", "10.0.0.2:8000");
+    let answer = predictions(&[(bad, Some(10.0)), (good, Some(450.0))]);
+    for _ in 0..3 {
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &answer);
+        answered_at_once(&mut flow, &mut host, &mut vm, 500, None);
+    }
+    assert!(vm.health.is_ejected(bad, host.now_ms()));
+    host.now_ns += 5_000 * MS;
+    // The probe goes, and hangs: the requests after it while it is out go elsewhere.
+    let mut probe = Flow::new();
+    routed(&mut probe, &mut host, &mut vm, 200, &answer);
+    assert_eq!(host.chosen().as_deref(), Some(bad), "the term ended: probed");
+    for _ in 0..10 {
+        host.now_ns += 100 * MS;
+        let mut flow = Flow::new();
+        routed(&mut flow, &mut host, &mut vm, 200, &answer);
+        assert_eq!(answered_at_once(&mut flow, &mut host, &mut vm, 200, None), good, "one probe at a time");
+    }
+    // It times out (Envoy's 504): ejected again.
+    answered_at_once(&mut probe, &mut host, &mut vm, 504, Some(bad));
     assert!(vm.health.is_ejected(bad, host.now_ms() + 9_000), "the second term is 10 s");
 }
 
@@ -1833,4 +1866,29 @@ fn a_ttft_buffer_under_one_asks_for_a_margin_under_the_slo() {
         assert_eq!(routed(&mut flow, &mut host, &mut vm, 200, &answer), Step::Resume);
         assert_eq!(host.has(Event::Routed(RouteSource::PredictedPositive)), positive, "{config}");
     }
+}
+
+/// A hung server holds a request no longer than its goals allow: the per-try timeout
+/// Envoy retries past is the TTFT goal (a stream's headers come as it starts) or the whole
+/// answer's (TTFT plus `max_tokens` TPOTs), times the factor, never under the floor.
+#[test]
+fn the_per_try_timeout_follows_the_request_goals() {
+    use crate::flow::try_timeout_ms;
+    let config = FilterConfig::default();
+    let request = |ttft: Option<f64>, tpot: Option<f64>, streaming: bool, max_tokens: Option<u32>| RequestFeatures {
+        slo: Slo { ttft_ms: ttft, tpot_ms: tpot },
+        streaming,
+        max_tokens,
+        ..Default::default()
+    };
+    assert_eq!(try_timeout_ms(&request(Some(800.0), Some(50.0), true, Some(100)), &config), Some(2400));
+    assert_eq!(try_timeout_ms(&request(Some(800.0), Some(50.0), false, Some(100)), &config), Some(17_400));
+    assert_eq!(try_timeout_ms(&request(Some(100.0), None, true, None), &config), Some(1000), "the floor");
+    assert_eq!(try_timeout_ms(&request(None, Some(50.0), true, Some(100)), &config), None, "no TTFT goal");
+    assert_eq!(try_timeout_ms(&request(Some(800.0), None, false, Some(100)), &config), None, "no TPOT goal");
+    assert_eq!(try_timeout_ms(&request(Some(800.0), Some(50.0), false, None), &config), None, "no length");
+    let off = FilterConfig { try_timeout_slo_factor: 0.0, ..FilterConfig::default() };
+    assert_eq!(try_timeout_ms(&request(Some(800.0), Some(50.0), true, Some(100)), &off), None);
+    let huge = request(Some(3_600_000.0), Some(3_600_000.0), false, Some(1 << 24));
+    assert_eq!(try_timeout_ms(&huge, &config), Some(3_600_000), "held to an hour");
 }

@@ -610,9 +610,14 @@ impl Pool {
         if self.index_of(address).is_none() {
             return false; // not an endpoint of this pool: nothing to keep
         }
-        let epoch = *self.health_epoch.get_or_insert(now);
-        let ms = now.saturating_duration_since(epoch).as_millis() as u64;
+        let ms = self.health_ms(now);
         self.health.record(address, outcome, ms) != Recorded::Nothing
+    }
+
+    /// `now` on passive health's clock (ms since its first use).
+    fn health_ms(&mut self, now: Instant) -> u64 {
+        let epoch = *self.health_epoch.get_or_insert(now);
+        now.saturating_duration_since(epoch).as_millis() as u64
     }
 
     /// Which endpoints are ejected at `now`, in endpoint order: none when every one is
@@ -685,6 +690,9 @@ impl Pool {
         };
         let prefix = self.endpoints[i].prefix.match_fraction(&request.prefix_hashes);
         self.endpoints[i].prefix.insert(&request.prefix_hashes);
+        // On probation, this is its one probe (`PassiveHealth::sent`).
+        let ms = self.health_ms(now);
+        self.health.sent(&d.endpoint, ms);
         // Without a record or a prediction, nothing says how long it runs, and this replica
         // is likely not where its report goes (a rollout's overlap balances each call): its
         // books hold it for the least a request with a predicted end is held.
