@@ -21,6 +21,9 @@ pub const MAX_MS: f64 = 3_600_000.0;
 /// Largest token count accepted (prompt or `max_tokens`): far beyond any
 /// context window served today, small enough that sums of thousands stay exact.
 pub const MAX_TOKENS: u32 = 1 << 24;
+/// Most sequences one request may ask (prompts times `max(n, best_of)`) on the wire; the
+/// filter's `max_sequences` refuses fewer.
+pub const MAX_SEQUENCES: u32 = 1 << 16;
 /// Longest pool, model or endpoint name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
 /// Longest request id, in bytes (the filter's own are under 40).
@@ -148,6 +151,9 @@ impl RequestFeatures {
         text(at, "model", &self.model, MAX_NAME_BYTES, false)?;
         tokens(at, "input_tokens", Some(self.input_tokens))?;
         tokens(at, "max_tokens", self.max_tokens)?;
+        if self.sequences > MAX_SEQUENCES {
+            return Err(invalid(at, "sequences", format!("at most {MAX_SEQUENCES}, got {}", self.sequences)));
+        }
         if self.prefix_hashes.len() > MAX_PREFIX_HASHES {
             let n = self.prefix_hashes.len();
             return Err(invalid(at, "prefix_hashes", format!("at most {MAX_PREFIX_HASHES} hashes, got {n}")));

@@ -64,6 +64,15 @@ pub struct RequestFeatures {
     /// Caller priority; below zero means the request may be shed.
     #[serde(default)]
     pub priority: i32,
+    /// The caller asked to be placed by its goals (`x-prediction-based-scheduling: true`).
+    /// Only then does its TPOT goal, while it runs, hold later requests on its endpoint to
+    /// it (`predictor-core`'s books): a goal the router did not place by reserves nothing.
+    #[serde(default)]
+    pub prediction_based: bool,
+    /// The sequences the engine runs for it (prompts of a list times `max(n, best_of)`),
+    /// each booked as load; 0 is read as 1 ([`RequestFeatures::sequence_count`]).
+    #[serde(default)]
+    pub sequences: u32,
 }
 
 impl RequestFeatures {
@@ -83,6 +92,11 @@ impl RequestFeatures {
     /// running requests' tightest TPOT SLO judges its TPOT.
     pub fn streamed_tpot_slo_ms(&self) -> Option<f64> {
         self.slo.tpot_ms.filter(|_| self.streaming)
+    }
+
+    /// The sequences the engine runs for it: at least one.
+    pub fn sequence_count(&self) -> u32 {
+        self.sequences.max(1)
     }
 }
 

@@ -25,6 +25,12 @@ pub struct InferenceBody {
     pub include_usage: bool,
     /// `max_completion_tokens`, else `max_tokens`.
     pub max_tokens: Option<u32>,
+    /// The sequences the engine will run for it: each prompt of a list (or of a batch of
+    /// token-id lists) times `max(n, best_of)`. 1 for one prompt and one answer.
+    pub sequences: u32,
+    /// The longest single prompt's tokens: what must fit a server's context with `max_tokens`
+    /// (vLLM judges each prompt of a list alone). `prompt_tokens` for one prompt.
+    pub longest_prompt_tokens: u32,
 }
 
 /// Which OpenAI API a request is for, by its path: each writes its prompt its own way.
@@ -76,6 +82,8 @@ struct RawBody {
     input: Option<Value>,
     instructions: Option<Value>,
     max_output_tokens: Option<Value>,
+    n: Option<Value>,
+    best_of: Option<Value>,
 }
 
 /// Parses the body of a request for `api`.
@@ -90,12 +98,24 @@ pub fn parse_inference_body(bytes: &[u8], api: Api) -> Result<InferenceBody, Bod
         Some(_) => return Err(bad("model", "must be a non-empty string")),
         None => return Err(bad("model", "is required")),
     };
-    let (prompt_text, pretokenised) = match api {
+    let prompts = match api {
         Api::Completions => render_prompt(raw.prompt.as_ref())?,
-        Api::Chat => (render_messages(raw.messages.as_ref())?, None),
-        Api::Responses => (render_input(raw.instructions.as_ref(), raw.input.as_ref())?, None),
+        Api::Chat => Prompts::text(render_messages(raw.messages.as_ref())?),
+        Api::Responses => Prompts::text(render_input(raw.instructions.as_ref(), raw.input.as_ref())?),
     };
-    let prompt_tokens = pretokenised.unwrap_or_else(|| estimate_tokens(&prompt_text));
+    let Prompts { text: prompt_text, count, token_ids, longest } = prompts;
+    let pretokenised = token_ids.is_some();
+    let prompt_tokens = token_ids.unwrap_or_else(|| estimate_tokens(&prompt_text));
+    let longest_prompt_tokens = longest.unwrap_or(prompt_tokens);
+    // Every answer the engine generates is a sequence it runs: `n` of them, or `best_of`
+    // (of which it returns `n`), for each prompt of a list. The responses API has neither.
+    let choices = |v: &Option<Value>, field: &str| match v {
+        Some(v) if api != Api::Responses && !v.is_null() => positive_u32(v, field),
+        _ => Ok(1),
+    };
+    let n = choices(&raw.n, "n")?;
+    let best_of = if api == Api::Completions { choices(&raw.best_of, "best_of")? } else { 1 };
+    let sequences = count.saturating_mul(n.max(best_of));
     let stream = match raw.stream {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => b,
@@ -123,11 +143,31 @@ pub fn parse_inference_body(bytes: &[u8], api: Api) -> Result<InferenceBody, Bod
         model,
         prompt_text,
         prompt_tokens,
-        pretokenised: pretokenised.is_some(),
+        pretokenised,
         stream,
         include_usage,
         max_tokens,
+        sequences,
+        longest_prompt_tokens,
     })
+}
+
+/// A request's prompts as headroom reads them.
+struct Prompts {
+    /// All of them as one text (a list's prompts one per line, token ids as numbers).
+    text: String,
+    /// How many prompts the engine runs (a list's length; 1 for one prompt).
+    count: u32,
+    /// For token ids, their exact count, all prompts together.
+    token_ids: Option<u32>,
+    /// For a list, the longest prompt's tokens (estimated for text).
+    longest: Option<u32>,
+}
+
+impl Prompts {
+    fn text(text: String) -> Prompts {
+        Prompts { text, count: 1, token_ids: None, longest: None }
+    }
 }
 
 /// What a server's `GET /v1/models` says of the model it serves first: its id, and its context
@@ -152,19 +192,38 @@ fn positive_u32(v: &Value, field: &str) -> Result<u32, BodyError> {
         .ok_or_else(|| bad(field, "must be an integer >= 1"))
 }
 
-/// Completion prompts: a string, a list of strings, or token ids.
-/// Returns the text and, for token ids, their exact count.
-fn render_prompt(prompt: Option<&Value>) -> Result<(String, Option<u32>), BodyError> {
+/// Completion prompts: a string, a list of strings, token ids, or a list of token-id lists
+/// (a batch, as vLLM takes it: each list one prompt).
+fn render_prompt(prompt: Option<&Value>) -> Result<Prompts, BodyError> {
+    let count = |items: &[Value]| u32::try_from(items.len()).unwrap_or(u32::MAX);
+    let ids = |items: &[Value]| items.iter().filter_map(Value::as_u64).map(|t| t.to_string()).collect::<Vec<_>>();
     match prompt {
-        Some(Value::String(s)) => Ok((s.clone(), None)),
-        Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            Ok((items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n"), None))
+        Some(Value::String(s)) => Ok(Prompts::text(s.clone())),
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_string) => {
+            let longest = items.iter().filter_map(Value::as_str).map(estimate_tokens).max();
+            let text = items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n");
+            Ok(Prompts { text, count: count(items), token_ids: None, longest })
         }
-        Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
-            let text = items.iter().filter_map(Value::as_u64).map(|t| t.to_string()).collect::<Vec<_>>().join(" ");
-            Ok((text, Some(u32::try_from(items.len()).unwrap_or(u32::MAX))))
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
+            Ok(Prompts { text: ids(items).join(" "), count: 1, token_ids: Some(count(items)), longest: None })
         }
-        Some(_) => Err(bad("prompt", "must be a string, a list of strings or a list of token ids")),
+        Some(Value::Array(lists))
+            if !lists.is_empty()
+                && lists
+                    .iter()
+                    .all(|l| l.as_array().is_some_and(|ids| !ids.is_empty() && ids.iter().all(Value::is_u64))) =>
+        {
+            let lists: Vec<&Vec<Value>> = lists.iter().filter_map(Value::as_array).collect();
+            let total = lists.iter().map(|l| l.len() as u64).sum::<u64>();
+            let longest = lists.iter().map(|l| count(l)).max();
+            let text = lists.iter().map(|l| ids(l).join(" ")).collect::<Vec<_>>().join("\n");
+            let token_ids = Some(u32::try_from(total).unwrap_or(u32::MAX));
+            Ok(Prompts { text, count: u32::try_from(lists.len()).unwrap_or(u32::MAX), token_ids, longest })
+        }
+        Some(_) => Err(bad(
+            "prompt",
+            "must be a string, a list of strings, a list of token ids or a list of token-id lists, none empty",
+        )),
         None => Err(bad("prompt", "is required")),
     }
 }
@@ -305,6 +364,27 @@ mod tests {
         assert_eq!(b.prompt_tokens, 5);
     }
 
+    /// vLLM runs every answer of `n`, every candidate of `best_of` and every prompt of a
+    /// list or batch as its own sequence: booked as one, they were load nobody saw.
+    #[test]
+    fn every_sequence_the_engine_runs_is_counted() {
+        let parse = |body: &str, api| parse_inference_body(body.as_bytes(), api).unwrap();
+        let one = parse(r#"{"model":"m","prompt":"abcdefgh"}"#, Api::Completions);
+        assert_eq!((one.sequences, one.longest_prompt_tokens), (1, 2));
+        let n = parse(r#"{"model":"m","prompt":"x","n":4,"best_of":6}"#, Api::Completions);
+        assert_eq!(n.sequences, 6, "best_of candidates run, n of them return");
+        let chat = parse(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":3}"#, Api::Chat);
+        assert_eq!(chat.sequences, 3);
+        let list = parse(r#"{"model":"m","prompt":["abcdefgh","abcdefghabcdefgh","a"],"n":2}"#, Api::Completions);
+        assert_eq!((list.sequences, list.longest_prompt_tokens), (6, 4));
+        let batch = parse(r#"{"model":"m","prompt":[[1,2],[3],[4,5,6]]}"#, Api::Completions);
+        assert!(batch.pretokenised);
+        assert_eq!((batch.sequences, batch.prompt_tokens, batch.longest_prompt_tokens), (3, 6, 3));
+        assert_eq!(batch.prompt_text, "1 2\n3\n4 5 6");
+        let responses = parse(r#"{"model":"m","input":"x","n":5}"#, Api::Responses);
+        assert_eq!(responses.sequences, 1, "the responses API has no n");
+    }
+
     #[test]
     fn errors_name_the_field() {
         let (c, chat, r) = (Api::Completions, Api::Chat, Api::Responses);
@@ -314,6 +394,12 @@ mod tests {
             (br#"{"prompt":"x"}"#, c, "model"),
             (br#"{"model":"m"}"#, c, "prompt"),
             (br#"{"model":"m","prompt":{}}"#, c, "prompt"),
+            (br#"{"model":"m","prompt":[]}"#, c, "prompt"),
+            (br#"{"model":"m","prompt":[[1],[]]}"#, c, "prompt"),
+            (br#"{"model":"m","prompt":[[1],"x"]}"#, c, "prompt"),
+            (br#"{"model":"m","prompt":"x","n":0}"#, c, "n"),
+            (br#"{"model":"m","prompt":"x","best_of":"2"}"#, c, "best_of"),
+            (br#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":-1}"#, chat, "n"),
             (br#"{"model":"m","prompt":"x","stream":"yes"}"#, c, "stream"),
             (br#"{"model":"m","prompt":"x","max_tokens":0}"#, c, "max_tokens"),
             (br#"{"model":"m","prompt":"x","max_tokens":-3}"#, c, "max_tokens"),

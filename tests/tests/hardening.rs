@@ -207,3 +207,61 @@ fn streams_asking_an_unmeetable_tpot_do_not_make_everyone_negative() {
         assert!(t.join().unwrap(), "a tight stream failed");
     }
 }
+
+/// One long stream started by `gateway`'s client with TPOT goal `tpot` (ms), placed by its
+/// goals when `routed`: the thread says whether it finished.
+fn long_stream(gateway: String, name: &str, tpot: &str, routed: bool) -> std::thread::JoinHandle<bool> {
+    let (name, tpot) = (name.to_string(), tpot.to_string());
+    std::thread::spawn(move || {
+        let body = json!({"model": "sim-llama-8b", "prompt": format!("{name} ").repeat(20),
+            "max_tokens": 700, "stream": true});
+        let mut request = reqwest::blocking::Client::new()
+            .post(format!("{gateway}/v1/completions"))
+            .header("content-type", "application/json")
+            .header("x-llm-d-inference-fairness-id", name.as_str())
+            .header("x-slo-ttft-ms", "2000")
+            .header("x-slo-tpot-ms", tpot.as_str());
+        if routed {
+            request = request.header("x-prediction-based-scheduling", "true");
+        }
+        request.body(body.to_string()).send().and_then(|r| r.text()).is_ok()
+    })
+}
+
+/// Streams whose TPOT goal is an idle simulated H100's fastest decode step (about 6.8 ms:
+/// met, alone) used to hold every later request on their endpoints to it: two of them sent
+/// 181 of 198 other tenants' streams to the one other server. A running goal now holds
+/// others only when it leaves the endpoint room for a batch (twice its fastest step), and
+/// only for a request placed by its goals (`InFlight::tpot_slo_ms`); a fair tight goal
+/// (20 ms) still does. Read from the predictor's answer while the streams run.
+#[test]
+fn a_client_claiming_an_endpoints_fastest_step_reserves_nothing() {
+    let h = harness(json!({}));
+    let endpoints: Vec<String> = h.stack.state.servers.iter().map(|s| s.to_string()).collect();
+    let tightest = || {
+        let body = json!({"pool": "default", "request_id": "probe", "request": {"model": "sim-llama-8b",
+            "input_tokens": 100, "streaming": true, "slo": {"tpot_ms": 100.0}, "prediction_based": true}});
+        let answer = h.predict(&body);
+        let endpoints = answer["endpoints"].as_array().cloned().unwrap_or_default();
+        endpoints.iter().map(|e| e["state"]["tightest_tpot_slo_ms"].as_f64()).collect::<Vec<_>>()
+    };
+    let running = |n: u64| {
+        wait_until(Duration::from_secs(5), || endpoints.iter().filter_map(|e| h.in_flight(e)).sum::<u64>() >= n)
+    };
+    // Two greedy tenants, placed by their goals, and one that asks 20 ms without being.
+    let mut streams = vec![long_stream(h.gateway(), "greedy-a", "7", true)];
+    std::thread::sleep(Duration::from_millis(100));
+    streams.push(long_stream(h.gateway(), "greedy-b", "7", true));
+    std::thread::sleep(Duration::from_millis(100));
+    streams.push(long_stream(h.gateway(), "unrouted", "20", false));
+    assert!(running(3), "the three streams run");
+    assert_eq!(tightest(), vec![None; endpoints.len()], "no stream holds an endpoint to its goal");
+    // A fair tight goal placed by: its endpoint holds later requests to it.
+    streams.push(long_stream(h.gateway(), "fair", "20", true));
+    assert!(running(4), "the fair stream runs");
+    let held = tightest();
+    assert_eq!(held.iter().filter(|t| **t == Some(20.0)).count(), 1, "the fair goal protects its stream: {held:?}");
+    for s in streams {
+        assert!(s.join().unwrap(), "a long stream failed");
+    }
+}

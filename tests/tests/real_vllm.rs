@@ -4,8 +4,8 @@
 //! One stack, one test, because a vLLM server takes a minute to start: the profile the
 //! stack measured is the prior (a prediction before any traffic matches it, not the
 //! analytic formula), requests are routed where the filter chose, vLLM's own metrics are
-//! scraped, the filter learns the model's token count from the answers, and a training
-//! round runs on the reports.
+//! scraped, the filter learns the model's token count from the answers, every sequence a
+//! request asks is counted as vLLM runs it, and a training round runs on the reports.
 
 use std::time::Duration;
 
@@ -111,6 +111,24 @@ fn routes_real_vllm_from_its_measured_profile_and_learns_its_tokens() {
     let (first, last) = (estimates[0], *estimates.last().unwrap());
     assert!(first < model_count * 0.7, "the approximation first: {first} against the model's {model_count}");
     assert!((last / model_count - 1.0).abs() < 0.1, "learnt: {last} against the model's {model_count}");
+
+    // vLLM runs every sequence a request asks: two prompts of a list with two answers each
+    // are four, a batch of token-id lists one per list. Each is counted as the engine's
+    // (`sequences`), and the batch, which headroom used to refuse, is served.
+    let list = json!({"model": vllm::MODEL_NAME, "prompt": [format!("first: {prompt}"), format!("second: {prompt}")],
+        "n": 2, "max_tokens": 4, "ignore_eos": true});
+    let batch = json!({"model": vllm::MODEL_NAME, "prompt": [[10, 11, 12], [13, 14]], "max_tokens": 4,
+        "ignore_eos": true});
+    for (body, sequences) in [(list, 4), (batch, 2)] {
+        let r = h.post("/v1/completions", &headers, &body.to_string()).unwrap();
+        assert_eq!(r.status, 200, "{body}: {}", r.body);
+        let answer = r.json();
+        assert_eq!(answer["choices"].as_array().map(Vec::len), Some(sequences), "{answer}");
+        assert_eq!(answer["usage"]["completion_tokens"].as_u64(), Some(4 * sequences as u64), "{answer}");
+    }
+    assert!(wait_until(Duration::from_secs(10), || h.observations().len() >= 73), "reports did not arrive");
+    let sequences: Vec<Value> = h.observations()[71..73].iter().map(|o| o["request"]["sequences"].clone()).collect();
+    assert_eq!(sequences, [json!(4), json!(2)], "each sequence counted");
 
     // The reports were trained on: a round fitted a model to them and judged it against
     // the profiled prior on the held-out reports (it serves only if it beat the prior;

@@ -147,6 +147,9 @@ pub struct FilterConfig {
     /// The shortest per-try timeout set (ms): connection set-up and a busy host's jitter are
     /// no reason to give up on a server.
     pub try_timeout_min_ms: u64,
+    /// The most sequences one request may ask (its prompts times `max(n, best_of)`): more
+    /// are answered `400` naming `n`. Each is booked as load on its endpoint.
+    pub max_sequences: u32,
     /// When an endpoint that fails requests is ejected from this VM's choices, whatever
     /// its metrics say (`headroom_protocol::health`); `consecutive_failures: 0` turns it off.
     pub passive_health: EjectionPolicy,
@@ -252,6 +255,9 @@ impl Default for FilterConfig {
             // retry elsewhere still may not.
             try_timeout_slo_factor: 3.0,
             try_timeout_min_ms: 1000,
+            // vLLM's default batch (`max_num_seqs`): a request asking more cannot run at once
+            // on any engine.
+            max_sequences: 256,
             prefix_strict_threshold: 0.99,
             prefix_loose_threshold: 0.80,
             prefix_ttft_penalty_ms: 5000.0,
@@ -473,6 +479,9 @@ impl FilterConfig {
         if !(self.try_timeout_slo_factor.is_finite() && (0.0..=100.0).contains(&self.try_timeout_slo_factor)) {
             return Err(bad("try_timeout_slo_factor", "must be within 0..=100"));
         }
+        if !(1..=limits::MAX_SEQUENCES).contains(&self.max_sequences) {
+            return Err(bad("max_sequences", format!("must be within 1..={}", limits::MAX_SEQUENCES)));
+        }
         if !(10..=3_600_000).contains(&self.try_timeout_min_ms) {
             return Err(bad("try_timeout_min_ms", "must be within 10..=3600000"));
         }
@@ -602,6 +611,7 @@ mod tests {
             (br#"{"fallback_endpoints":99}"#, "fallback_endpoints"),
             (br#"{"try_timeout_slo_factor":-1}"#, "try_timeout_slo_factor"),
             (br#"{"try_timeout_min_ms":0}"#, "try_timeout_min_ms"),
+            (br#"{"max_sequences":0}"#, "max_sequences"),
             (br#"{"predictor_shards":["a","a"]}"#, "predictor_shards"),
             (br#"{"predictor_shards":[""]}"#, "predictor_shards"),
             (br#"{"":0}"#, "(configuration)"),

@@ -118,6 +118,9 @@ pub struct Flow {
     coalesced_ns: Option<u64>,
     /// The endpoints the gateway allows it (`Host::endpoint_subset`); `None`: any.
     subset: Option<Vec<String>>,
+    /// Its longest prompt's tokens (the filter's estimate), what must fit a context; 0 when
+    /// the body was not read (`input_tokens` then).
+    longest_prompt_tokens: u32,
 }
 
 impl Flow {
@@ -161,6 +164,7 @@ impl Flow {
             host.record(Event::PriorityClamped);
         }
         self.prediction_based = parsed.prediction_based.unwrap_or(false);
+        self.features.prediction_based = self.prediction_based;
         if config.flow_control {
             match hints::parse_tenant(|name| headers.get(name).map(str::to_string), &config) {
                 Ok(tenant) => self.fairness_id = tenant,
@@ -226,6 +230,18 @@ impl Flow {
             self.prompt_bytes = parsed.prompt_text.len();
             vm.tokens.estimate(Some(&parsed.model), parsed.prompt_text.len() as u64)
         };
+        // The longest prompt of a list, in the same count: it alone must fit a context.
+        let share = f64::from(parsed.longest_prompt_tokens) / f64::from(parsed.prompt_tokens.max(1));
+        self.longest_prompt_tokens = (f64::from(self.features.input_tokens) * share.min(1.0)).ceil() as u32;
+        if parsed.sequences > config.max_sequences {
+            let message = format!(
+                "the request asks {} sequences (prompts times max(n, best_of)); this gateway runs at most {} \
+                 (max_sequences)",
+                parsed.sequences, config.max_sequences
+            );
+            return self.reject(host, 400, "n", &message);
+        }
+        self.features.sequences = parsed.sequences;
         if let Some(pool) = config.model_pools.get(&parsed.model) {
             self.pool = pool.clone();
         }
@@ -548,7 +564,9 @@ impl Flow {
     /// answer taught the VM this model's count, nothing is judged (0): the approximation can
     /// be off by 2x either way.
     fn context_needed(&self, vm: &Vm) -> f64 {
-        let prompt = f64::from(self.features.input_tokens);
+        let longest =
+            if self.longest_prompt_tokens > 0 { self.longest_prompt_tokens } else { self.features.input_tokens };
+        let prompt = f64::from(longest);
         let answer = f64::from(self.features.max_tokens.unwrap_or(0));
         if self.prompt_bytes == 0 && self.features.input_tokens > 0 && vm.config.read_body {
             return prompt + answer; // token ids: exact

@@ -1144,6 +1144,31 @@ fn a_body_that_is_not_an_inference_request_is_a_400_naming_the_field() {
     assert!(host.calls.is_empty());
 }
 
+/// `n`, `best_of` and a list's prompts are sequences the engine runs: the predictor is told
+/// how many, and past `max_sequences` the gateway refuses, naming `n`. Whether a request is
+/// placed by its goals goes along too: only then does its TPOT goal hold others.
+#[test]
+fn the_sequences_a_request_asks_are_counted_or_refused() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"max_sequences":8}"#);
+    let body = r#"{"model":"m","prompt":["a story","another"],"n":3,"max_tokens":16,"stream":true}"#;
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, body), Step::Pause);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
+    assert_eq!((asked.request.sequences, asked.request.prediction_based), (6, true));
+    let plain = [("x-slo-ttft-ms", "500")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &plain, BODY), Step::Pause);
+    let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[1].body).unwrap();
+    assert_eq!((asked.request.sequences, asked.request.prediction_based), (1, false));
+    let greedy = r#"{"model":"m","prompt":"x","n":3,"best_of":9}"#;
+    let Step::Reply { status, body, .. } = send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, greedy) else {
+        panic!("expected a local reply");
+    };
+    let body = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(status, 400);
+    assert!(body.contains("\"n\"") && body.contains("9 sequences"), "{body}");
+    assert_eq!(host.calls.len(), 2, "refused before any predict call");
+}
+
 #[test]
 fn other_requests_pass_untouched_but_never_choose_their_endpoint() {
     let mut host = FakeHost::new();

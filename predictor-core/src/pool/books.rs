@@ -81,7 +81,7 @@ struct Sums {
 impl Booked {
     /// Counts `f` in what does not depend on the moment (requests, tokens, SLOs).
     fn add(&mut self, f: &InFlight) {
-        self.in_flight = self.in_flight.saturating_add(1);
+        self.in_flight = self.in_flight.saturating_add(f.sequences);
         self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens(f));
         if let Some(slo) = f.tpot_slo_ms {
             match self.slos.iter_mut().find(|(band, s, _)| *band == f.priority && *s == slo) {
@@ -93,7 +93,7 @@ impl Booked {
 
     /// Undoes [`Booked::add`] of `f`.
     fn take(&mut self, f: &InFlight) {
-        self.in_flight = self.in_flight.saturating_sub(1);
+        self.in_flight = self.in_flight.saturating_sub(f.sequences);
         self.tokens_in_flight = self.tokens_in_flight.saturating_sub(tokens(f));
         if let Some(slo) = f.tpot_slo_ms {
             if let Some(k) = self.slos.iter().position(|(band, s, _)| *band == f.priority && *s == slo) {
@@ -107,7 +107,7 @@ impl Booked {
 }
 
 fn tokens(f: &InFlight) -> u64 {
-    u64::from(f.input_tokens) + u64::from(f.expected_output)
+    u64::from(f.input_tokens) + u64::from(f.expected_output) * u64::from(f.sequences)
 }
 
 /// A prompt that may still be prefilling: what a sum reads of it.
