@@ -279,6 +279,16 @@ pub(crate) async fn model_file(
 }
 
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let asked = std::time::Instant::now();
+    let page = state.metrics_page.since(asked, {
+        let state = state.clone();
+        move || render_metrics(&state)
+    });
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page.await.to_string()).into_response()
+}
+
+/// The `/metrics` page as of now.
+fn render_metrics(state: &AppState) -> String {
     // A snapshot first, each pool's lock held for one pass over its requests; then the
     // gauges are refilled and rendered as one step, so concurrent scrapes never see each
     // other's half-cleared families.
@@ -299,7 +309,7 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .filter_map(|name| state.core.pools.with(name, |p| (name.clone(), p.gauges(now, stale_after))))
         .collect();
     let flows = state.core.flows.snapshot(now);
-    let text = state.core.metrics.render_refreshed(|m| {
+    state.core.metrics.render_refreshed(|m| {
         m.set_pools(&gauges);
         // Series of endpoints that left the pool go with them: per-endpoint series stay bounded.
         m.in_flight.clear();
@@ -323,8 +333,7 @@ pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
                 .get_or_create(&headroom_predictor_core::metrics::PoolLabel { pool: pool.clone() })
                 .set(saturation);
         }
-    });
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    })
 }
 
 /// Ready once every endpoint was scraped, while every background task goes round.
