@@ -41,6 +41,16 @@ fn wasm_plugin_filter(plugin: &Value, wasm: &Path) -> Value {
         _ => "FAIL_CLOSED",
     };
     let config = spec.get("pluginConfig").cloned().unwrap_or_else(|| json!({}));
+    // `vmConfig.env`: HOST entries pass the gateway's own variables, INLINE ones a value.
+    let env = spec["vmConfig"]["env"].as_array().cloned().unwrap_or_default();
+    let named = |from: &str| -> Vec<Value> {
+        env.iter().filter(|e| e["valueFrom"].as_str().unwrap_or("INLINE") == from).map(|e| e["name"].clone()).collect()
+    };
+    let inline: serde_json::Map<String, Value> = env
+        .iter()
+        .filter(|e| e["valueFrom"].as_str().unwrap_or("INLINE") == "INLINE")
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].clone())))
+        .collect();
     json!({
         "name": format!("istio.wasmplugin.{name}"),
         "typed_config": {
@@ -55,7 +65,8 @@ fn wasm_plugin_filter(plugin: &Value, wasm: &Path) -> Value {
                 },
                 "vm_config": {
                     "runtime": "envoy.wasm.runtime.v8",
-                    "code": {"local": {"filename": wasm.display().to_string()}}
+                    "code": {"local": {"filename": wasm.display().to_string()}},
+                    "environment_variables": {"host_env_keys": named("HOST"), "key_values": inline}
                 }
             }
         }
@@ -175,6 +186,9 @@ pub fn validate(envoy: &Path, bootstrap: &Value, scratch: &Path) -> Result<(), S
     let out = std::process::Command::new(envoy)
         .args(["--mode", "validate", "--log-level", "error", "--disable-hot-restart", "-c"])
         .arg(&file)
+        // What the gateway's container gets from the token Secret (docs/deploy.md): the
+        // filter refuses its configuration without it.
+        .env(headroom_predictor_config::TOKEN_ENV, "deploy-check-stand-in-token")
         .output()
         .map_err(|e| format!("running {}: {e}", envoy.display()))?;
     if out.status.success() {

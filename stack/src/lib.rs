@@ -743,7 +743,9 @@ impl Stack {
 
         // Envoy with the filter.
         let mut plugin = default_plugin_config();
-        plugin.insert("predictor_token".into(), json!(token));
+        // From Envoy's environment (`start_envoy`), so that neither its config file nor its
+        // `/config_dump` holds the token.
+        plugin.insert("predictor_token_env".into(), json!(headroom_predictor_config::TOKEN_ENV));
         if replicas > 1 && !opts.predictor_rollout {
             let shards: Vec<String> = (0..replicas).map(|i| StackState::predictor_cluster(i, replicas)).collect();
             plugin.insert("predictor_shards".into(), json!(shards));
@@ -755,7 +757,7 @@ impl Stack {
         }
         let launch = stack.envoy.clone();
         stack.start_envoy(&launch)?;
-        std::fs::write(StackState::file(&run_dir), serde_json::to_string_pretty(&stack.state)?)?;
+        write_private(&StackState::file(&run_dir), &serde_json::to_string_pretty(&stack.state)?)?;
         Ok(stack)
     }
 
@@ -792,7 +794,7 @@ impl Stack {
         let addresses = StackState { gateway: launch.gateway, admin: launch.admin, ..self.state.clone() };
         let yaml = render_envoy(&template, &addresses, &locate::wasm()?, &plugin, lb_policy)?;
         let config = self.run_dir.join(format!("{}.yaml", launch.name));
-        std::fs::write(&config, yaml)?;
+        write_private(&config, &yaml)?;
         let mut args: Vec<String> = vec!["-c".into(), config.display().to_string()];
         match launch.hot_restart {
             None => args.push("--disable-hot-restart".into()),
@@ -803,7 +805,12 @@ impl Stack {
             }
         }
         args.extend(["--concurrency".into(), launch.concurrency.to_string(), "--log-level".into(), "warn".into()]);
-        self.spawn(&launch.name, &locate::envoy()?, &args)?;
+        let env: Vec<(String, String)> =
+            self.state.token.iter().map(|t| (headroom_predictor_config::TOKEN_ENV.to_string(), t.clone())).collect();
+        let log = self.run_dir.join(format!("{}.log", launch.name));
+        let (proc, child) = process::spawn_with(&launch.name, &locate::envoy()?, &args, &env, &log, self.attached)?;
+        self.state.procs.push(proc);
+        self.children.push(Some(child));
         let (admin, gateway) = (launch.admin, launch.gateway);
         self.wait_ready(&launch.name, || {
             http::get(admin, "/ready").is_ok_and(|(c, _)| c == 200)
@@ -964,6 +971,7 @@ impl Stack {
         // The token from the predictor's own file, as the manifests mount its Secret.
         let mut plugin = self.plugin.clone();
         plugin.remove("predictor_token");
+        plugin.remove("predictor_token_env");
         let config = self.run_dir.join("epp.json");
         std::fs::write(&config, serde_json::to_string_pretty(&Value::Object(plugin))?)?;
         let mut args = vec!["--listen".to_string(), addr.to_string(), "--config".into(), config.display().to_string()];

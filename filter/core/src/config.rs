@@ -84,6 +84,12 @@ pub struct FilterConfig {
     /// Sent as `authorization: Bearer <token>` on every predictor call; must match the
     /// predictor's `auth_token_file` / `HEADROOM_PREDICTOR_TOKEN` (`docs/reliability.md`).
     pub predictor_token: Option<String>,
+    /// The environment variable the token is read from instead (`predictor_token` unset): a
+    /// token in the plugin configuration is in every copy of it (Envoy's `/config_dump`, the
+    /// WasmPlugin or EnvoyFilter spec), one in the gateway's environment is not. Envoy passes
+    /// it to the VM when `vm_config.environment_variables.host_env_keys` names it, and the
+    /// manifests set it in the gateway's container from the predictor's Secret.
+    pub predictor_token_env: Option<String>,
     /// Lowest TTFT SLO honoured, ms. Bounds how far one caller's goal can tighten the
     /// targets the filter judges others by.
     pub min_ttft_slo_ms: f64,
@@ -225,6 +231,7 @@ impl Default for FilterConfig {
             max_batch: 500,
             max_batch_bytes: 1 << 20,
             predictor_token: None,
+            predictor_token_env: None,
             min_ttft_slo_ms: 10.0,
             min_tpot_slo_ms: 5.0,
             slo_floor_action: SloFloorAction::Clamp,
@@ -317,7 +324,13 @@ impl FilterConfig {
 
     /// Parses and validates the plugin configuration (empty means defaults).
     pub fn parse(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
-        let config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
+        FilterConfig::parse_in(bytes, |_| None)
+    }
+
+    /// [`FilterConfig::parse`] with the process's environment as `env` (a name's value):
+    /// where `predictor_token_env` finds the token.
+    pub fn parse_in(bytes: &[u8], env: impl Fn(&str) -> Option<String>) -> Result<FilterConfig, ConfigError> {
+        let mut config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
             FilterConfig::default()
         } else {
             let mut de = serde_json::Deserializer::from_slice(bytes);
@@ -330,6 +343,22 @@ impl FilterConfig {
                 bad(&field, message)
             })?
         };
+        if let Some(name) = &config.predictor_token_env {
+            if config.predictor_token.is_some() {
+                return Err(bad("predictor_token_env", "set predictor_token or predictor_token_env, not both"));
+            }
+            if name.is_empty() || name.len() > 256 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(bad("predictor_token_env", "must be an environment variable's name ([A-Za-z0-9_]+)"));
+            }
+            let Some(token) = env(name).map(|t| t.trim().to_string()).filter(|t| !t.is_empty()) else {
+                let why = format!(
+                    "{name} is not set in the filter's environment (name it in the Wasm VM's \
+                     vm_config.environment_variables.host_env_keys, and set it in the gateway's)"
+                );
+                return Err(bad("predictor_token_env", why));
+            };
+            config.predictor_token = Some(token);
+        }
         config.validate()?;
         Ok(config)
     }
@@ -587,6 +616,18 @@ mod tests {
         assert!(FilterConfig::default().warnings().is_empty());
     }
 
+    /// The token can come from the gateway's environment, so that no copy of the plugin
+    /// configuration (Envoy's `/config_dump`, a WasmPlugin spec) holds it.
+    #[test]
+    fn the_token_is_read_from_the_named_environment_variable() {
+        let env = |name: &str| (name == "HEADROOM_PREDICTOR_TOKEN").then(|| " 0123456789abcdef-token\n".to_string());
+        let config = FilterConfig::parse_in(br#"{"predictor_token_env":"HEADROOM_PREDICTOR_TOKEN"}"#, env).unwrap();
+        assert_eq!(config.predictor_token.as_deref(), Some("0123456789abcdef-token"));
+        let short =
+            FilterConfig::parse_in(br#"{"predictor_token_env":"HEADROOM_PREDICTOR_TOKEN"}"#, |_| Some("short".into()));
+        assert_eq!(short.unwrap_err().field, "predictor_token", "held to the token's own rule");
+    }
+
     #[test]
     fn bad_configs_name_the_field() {
         let cases: &[(&[u8], &str)] = &[
@@ -612,6 +653,9 @@ mod tests {
             (br#"{"try_timeout_slo_factor":-1}"#, "try_timeout_slo_factor"),
             (br#"{"try_timeout_min_ms":0}"#, "try_timeout_min_ms"),
             (br#"{"max_sequences":0}"#, "max_sequences"),
+            (br#"{"predictor_token_env":"NOT SET"}"#, "predictor_token_env"),
+            (br#"{"predictor_token_env":"UNSET_IN_TESTS_7F3A"}"#, "predictor_token_env"),
+            (br#"{"predictor_token_env":"X","predictor_token":"0123456789abcdef"}"#, "predictor_token_env"),
             (br#"{"predictor_shards":["a","a"]}"#, "predictor_shards"),
             (br#"{"predictor_shards":[""]}"#, "predictor_shards"),
             (br#"{"":0}"#, "(configuration)"),

@@ -113,7 +113,8 @@ impl Context for Root {
 impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         let bytes = host::buffer(BufferType::PluginConfiguration, usize::MAX).ok().flatten().unwrap_or_default();
-        let config = match FilterConfig::parse(&bytes) {
+        // The VM's environment is what Envoy passes it (`vm_config.environment_variables`).
+        let config = match FilterConfig::parse_in(&bytes, |name| std::env::var(name).ok()) {
             Ok(c) => c,
             Err(e) => {
                 host::log(Level::Error, &format!("headroom: {e}"));
