@@ -5,10 +5,16 @@
 //! are read, and the worker's answers are written back as they come. The stream ends with
 //! `grpc-status` 0 when Envoy has closed its side and the worker has answered what it owed,
 //! or with INVALID_ARGUMENT when a message does not decode.
+//!
+//! Streams are bounded ([`StreamLimits`]): how many are open at once (more are refused
+//! RESOURCE_EXHAUSTED), how long one waits for Envoy's next message and how long one lives
+//! (past either it ends DEADLINE_EXCEEDED and its worker forgets it). Without them a client
+//! that opened requests and went quiet held a stream, and its worker's state, for ever.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -29,17 +35,66 @@ use crate::proto::{
 };
 use crate::stats::Stats;
 
+/// How many ext_proc streams the picker holds and for how long (`headroom-epp --max-streams`,
+/// `--stream-idle-timeout-s`, `--stream-max-duration-s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Streams open at once; another is refused RESOURCE_EXHAUSTED (Envoy then applies
+    /// `failure_mode_allow`).
+    pub max_streams: usize,
+    /// The longest wait for Envoy's next message on a stream. Envoy is quiet while the model
+    /// server prefills, so this is as long as a gateway's own stream idle timeout.
+    pub idle: Duration,
+    /// The longest one stream lives: a request's whole life, its answer streamed included.
+    pub total: Duration,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        // 300 s: the shipped Envoy configs' `stream_idle_timeout`; an hour: the longest
+        // request the contract knows (`limits::MAX_MS`); 10,000 streams: a picker's memory
+        // of a few KB each, far past what two cores decide for at once.
+        StreamLimits { max_streams: 10_000, idle: Duration::from_secs(300), total: Duration::from_secs(3600) }
+    }
+}
+
 /// What the routes share.
 pub struct Shared {
     pub workers: Vec<UnboundedSender<Input>>,
     pub stats: Arc<Stats>,
+    pub limits: StreamLimits,
     next_worker: AtomicUsize,
     next_stream: AtomicU32,
+    /// Streams open now (`StreamLimits::max_streams`).
+    open: Arc<AtomicUsize>,
 }
 
 impl Shared {
-    pub fn new(workers: Vec<UnboundedSender<Input>>, stats: Arc<Stats>) -> Shared {
-        Shared { workers, stats, next_worker: AtomicUsize::new(0), next_stream: AtomicU32::new(0) }
+    pub fn new(workers: Vec<UnboundedSender<Input>>, stats: Arc<Stats>, limits: StreamLimits) -> Shared {
+        Shared {
+            workers,
+            stats,
+            limits,
+            next_worker: AtomicUsize::new(0),
+            next_stream: AtomicU32::new(0),
+            open: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+/// One open stream's place in [`Shared::open`], given back when its reading ends.
+struct Open(Arc<AtomicUsize>);
+
+impl Open {
+    fn take(open: &Arc<AtomicUsize>, max: usize) -> Option<Open> {
+        let taken = open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1));
+        taken.is_ok().then(|| Open(open.clone()))
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -75,6 +130,10 @@ async fn process(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bo
     if let Some(refused) = refuse_non_grpc(&headers) {
         return refused;
     }
+    let Some(open) = Open::take(&shared.open, shared.limits.max_streams) else {
+        let message = format!("the picker holds {} streams, its most (--max-streams)", shared.limits.max_streams);
+        return grpc_error(status::RESOURCE_EXHAUSTED, &message);
+    };
     let n = shared.workers.len().max(1);
     let Some(worker) = shared.workers.get(shared.next_worker.fetch_add(1, Ordering::Relaxed) % n).cloned() else {
         return grpc_error(status::UNAVAILABLE, "no worker");
@@ -86,7 +145,7 @@ async fn process(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bo
         return grpc_error(status::UNAVAILABLE, "the picker is shutting down");
     }
     let (end_tx, end_rx) = tokio::sync::oneshot::channel::<(u32, String)>();
-    tokio::spawn(read(body, stream, worker, end_tx));
+    tokio::spawn(read(body, (stream, open), worker, end_tx, shared.limits));
     // The worker's answers, then the trailers once it has dropped its end (the stream closed).
     let answers = futures_util::stream::unfold(answers, |mut rx| async move {
         let response = rx.recv().await?;
@@ -101,18 +160,33 @@ async fn process(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bo
     response
 }
 
-/// Reads Envoy's messages on `stream` into the worker; when they end, tells the worker
-/// (which drops the stream's answer channel) and says how the stream ends.
+/// Reads Envoy's messages on `stream` into the worker, within `limits`; when they end,
+/// tells the worker (which drops the stream's answer channel) and says how the stream ends.
+/// The stream's place among the open ones (`_open`) is given back then.
 async fn read(
     body: Body,
-    stream: u32,
+    (stream, _open): (u32, Open),
     worker: UnboundedSender<Input>,
     end: tokio::sync::oneshot::Sender<(u32, String)>,
+    limits: StreamLimits,
 ) {
     let mut chunks = body.into_data_stream();
     let mut deframer = Deframer::default();
+    let deadline = tokio::time::Instant::now() + limits.total;
     let outcome = 'read: loop {
-        match chunks.next().await {
+        let next = tokio::time::timeout(limits.idle, chunks.next());
+        let next = match tokio::time::timeout_at(deadline, next).await {
+            Ok(Ok(next)) => next,
+            Ok(Err(_)) => {
+                let why = format!("no message for {} s (--stream-idle-timeout-s)", limits.idle.as_secs());
+                break (DEADLINE_EXCEEDED, why);
+            }
+            Err(_) => {
+                let why = format!("open for {} s (--stream-max-duration-s)", limits.total.as_secs());
+                break (DEADLINE_EXCEEDED, why);
+            }
+        };
+        match next {
             None if deframer.is_empty() => break (status::OK, String::new()),
             None => break (status::INVALID_ARGUMENT, "the stream ended inside a message".to_string()),
             // Reset by Envoy: the request is over.
@@ -165,6 +239,9 @@ async fn health_check(headers: HeaderMap, body: Bytes) -> Response {
     response
 }
 
+/// gRPC's DEADLINE_EXCEEDED, for a stream past its idle or total time.
+const DEADLINE_EXCEEDED: u32 = 4;
+
 /// `grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING`.
 const SERVING: i32 = 1;
 /// gRPC's NOT_FOUND, for a health check of a service the picker does not serve.
@@ -187,4 +264,79 @@ fn trailers(code: u32, message: &str) -> HeaderMap {
         }
     }
     map
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    fn shared(limits: StreamLimits) -> (Arc<Shared>, mpsc::UnboundedReceiver<Input>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Arc::new(Shared::new(vec![tx], Arc::new(Stats::default()), limits)), rx)
+    }
+
+    fn grpc() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        headers
+    }
+
+    /// A client that opened its stream and sends nothing more.
+    fn quiet() -> Body {
+        Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>())
+    }
+
+    /// A client that sends an empty chunk every 10 ms, for ever: never idle.
+    fn chatty() -> Body {
+        Body::from_stream(futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Some((Ok::<_, std::io::Error>(Bytes::new()), ()))
+        }))
+    }
+
+    /// The stream's grpc-status once its worker has let it go (as a worker does on `Closed`);
+    /// a stream still open after 5 s fails the test.
+    async fn ended(response: Response, rx: &mut mpsc::UnboundedReceiver<Input>) -> String {
+        tokio::time::timeout(Duration::from_secs(5), ended_now(response, rx)).await.expect("the stream never ended")
+    }
+
+    async fn ended_now(response: Response, rx: &mut mpsc::UnboundedReceiver<Input>) -> String {
+        let Some(Input::Open { out, .. }) = rx.recv().await else { panic!("the worker was not told of the stream") };
+        assert!(matches!(rx.recv().await, Some(Input::Closed { .. })), "the worker is told it ended");
+        drop(out);
+        let body = response.into_body().collect().await.unwrap();
+        let trailers = body.trailers().cloned().unwrap_or_default();
+        trailers.get("grpc-status").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+    }
+
+    const SHORT: StreamLimits =
+        StreamLimits { max_streams: 10, idle: Duration::from_millis(50), total: Duration::from_secs(10) };
+
+    #[tokio::test]
+    async fn a_stream_quiet_past_the_idle_timeout_ends_and_its_worker_forgets_it() {
+        let (shared, mut rx) = shared(SHORT);
+        let response = process(State(shared), grpc(), quiet()).await;
+        assert_eq!(ended(response, &mut rx).await, DEADLINE_EXCEEDED.to_string());
+    }
+
+    #[tokio::test]
+    async fn a_stream_past_its_longest_life_ends_however_busy() {
+        let (shared, mut rx) = shared(StreamLimits { total: Duration::from_millis(100), ..SHORT });
+        let response = process(State(shared), grpc(), chatty()).await;
+        assert_eq!(ended(response, &mut rx).await, DEADLINE_EXCEEDED.to_string());
+    }
+
+    #[tokio::test]
+    async fn streams_past_the_most_at_once_are_refused_until_one_ends() {
+        let (shared, mut rx) = shared(StreamLimits { max_streams: 1, ..SHORT });
+        let first = process(State(shared.clone()), grpc(), quiet()).await;
+        let refused = process(State(shared.clone()), grpc(), quiet()).await;
+        let code = refused.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_string);
+        assert_eq!(code, Some(status::RESOURCE_EXHAUSTED.to_string()));
+        assert_eq!(ended(first, &mut rx).await, DEADLINE_EXCEEDED.to_string());
+        let again = process(State(shared), grpc(), quiet()).await;
+        assert_eq!(ended(again, &mut rx).await, DEADLINE_EXCEEDED.to_string(), "its place was given back");
+    }
 }

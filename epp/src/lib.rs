@@ -30,11 +30,13 @@ use std::sync::Arc;
 use headroom_filter_core::FilterConfig;
 
 /// Starts `workers` workers, each with its own VM configured from `config`, calling the
-/// predictor clusters at `clusters`; returns what the routes share.
+/// predictor clusters at `clusters`; returns what the routes share, its streams held to
+/// `limits`.
 pub fn start(
     config: &FilterConfig,
     clusters: HashMap<String, String>,
     workers: usize,
+    limits: grpc::StreamLimits,
 ) -> anyhow::Result<Arc<grpc::Shared>> {
     for cluster in config.predictor_clusters() {
         anyhow::ensure!(
@@ -50,7 +52,7 @@ pub fn start(
             worker::spawn(i, config.clone(), clusters.clone(), stats.clone(), seed)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(grpc::Shared::new(senders, stats)))
+    Ok(Arc::new(grpc::Shared::new(senders, stats, limits)))
 }
 
 /// A `--predictor NAME=HOST:PORT` argument (a host name is resolved at each new connection,

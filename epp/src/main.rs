@@ -5,8 +5,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
+use headroom_epp::grpc::StreamLimits;
 use headroom_filter_core::FilterConfig;
 
 #[derive(Parser)]
@@ -29,6 +31,17 @@ struct Args {
     /// Worker threads, each with its own VM (as Envoy's workers have).
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// ext_proc streams held at once (one per request in flight through the gateway); more
+    /// are refused RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = StreamLimits::default().max_streams, value_parser = clap::value_parser!(usize))]
+    max_streams: usize,
+    /// The longest wait for Envoy's next message on a stream (s); as long as the gateway's
+    /// stream idle timeout.
+    #[arg(long, default_value_t = StreamLimits::default().idle.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    stream_idle_timeout_s: u64,
+    /// The longest one stream lives (s): a request's whole life.
+    #[arg(long, default_value_t = StreamLimits::default().total.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    stream_max_duration_s: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,7 +64,13 @@ fn main() -> anyhow::Result<()> {
         tracing::warn!("headroom-epp: {warning}");
     }
     let clusters: HashMap<String, String> = args.predictors.into_iter().collect();
-    let shared = headroom_epp::start(&config, clusters, args.workers)?;
+    anyhow::ensure!(args.max_streams >= 1, "--max-streams must be at least 1");
+    let limits = StreamLimits {
+        max_streams: args.max_streams,
+        idle: Duration::from_secs(args.stream_idle_timeout_s),
+        total: Duration::from_secs(args.stream_max_duration_s),
+    };
+    let shared = headroom_epp::start(&config, clusters, args.workers, limits)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
