@@ -22,6 +22,7 @@ pub mod gateway;
 pub mod host;
 pub mod progress;
 pub mod report;
+pub mod scrapes;
 pub mod sim;
 pub mod soak;
 pub mod summary;

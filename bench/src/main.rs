@@ -89,6 +89,9 @@ enum Cmd {
     /// Bytes between the gateway and the predictor per routed request, on the real stack
     /// (Envoy's counters of the predictor's cluster).
     Callouts(headroom_bench::callouts::CalloutOptions),
+    /// Predict calls' latency while clients scrape the predictor's /metrics, against nobody
+    /// scraping, in one sitting.
+    Scrapes(headroom_bench::scrapes::ScrapeOptions),
     /// Steady mixed traffic for a long time: memory of the predictor, Envoy and the Wasm VMs
     /// sampled, failures counted, the predictor's books balanced at the end (exit 1 on failure).
     Soak {
@@ -313,6 +316,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Callouts(opts) => headroom_bench::callouts::run(&opts)?,
+        Cmd::Scrapes(opts) => headroom_bench::scrapes::run(&opts)?,
         Cmd::Agreement { real, sim } => {
             print!("{}", headroom_bench::agreement::table(&read_results(&real)?, &read_results(&sim)?));
         }
