@@ -528,7 +528,10 @@ fn ext_proc_filter(
     full_duplex: bool,
     subset: Option<&[SocketAddr]>,
 ) -> anyhow::Result<String> {
-    let config = headroom_filter_core::FilterConfig::parse(serde_json::to_string(plugin)?.as_bytes())
+    // Read for its timeouts only: the picker takes its token from its own file, so the
+    // variable Envoy's filter would read it from stands in.
+    let stand_in = |_: &str| Some("stand-in-token-of-the-picker".to_string());
+    let config = headroom_filter_core::FilterConfig::parse_in(serde_json::to_string(plugin)?.as_bytes(), stand_in)
         .map_err(|e| anyhow::anyhow!("the filter configuration: {e}"))?;
     let wait = if config.flow_control { config.flow_max_wait_ms } else { 0 };
     let timeout_ms = config.predictor_timeout_ms + wait + 1000;

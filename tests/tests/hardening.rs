@@ -265,3 +265,30 @@ fn a_client_claiming_an_endpoints_fastest_step_reserves_nothing() {
         assert!(s.join().unwrap(), "a long stream failed");
     }
 }
+
+/// The predictor's token is a secret: Envoy's filter reads it from Envoy's environment, so
+/// neither Envoy's `/config_dump` nor its config file carries it, and every file of the
+/// stack's that names it can be read by its owner alone. The token used to sit in the
+/// plugin configuration, world-readable in `.run/envoy.yaml` and `.run/stack.json` and
+/// served by `/config_dump`.
+#[test]
+fn the_token_is_in_no_config_dump_and_no_file_others_can_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = harness(json!({}));
+    let token = h.stack.state.token.clone().expect("the stack has a token");
+    // Requests are routed by prediction: the filter has the token.
+    let r = h.completion(4, true, &SLO).unwrap();
+    assert_eq!((r.status, r.tier.as_deref()), (200, Some("positive")), "{}", r.body);
+    let (status, dump) = headroom_stack::http::get(h.stack.state.admin, "/config_dump").unwrap();
+    assert_eq!(status, 200);
+    assert!(dump.contains("predictor_token_env"), "the filter's configuration is in the dump");
+    assert!(!dump.contains(&token), "the token is in Envoy's /config_dump");
+    for entry in std::fs::read_dir(&h.stack.run_dir).unwrap().flatten() {
+        let path = entry.path();
+        let text = std::fs::read(&path).unwrap_or_default();
+        if path.is_file() && text.windows(token.len()).any(|w| w == token.as_bytes()) {
+            let mode = entry.metadata().unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode & 0o077, 0, "{} names the token with mode {mode:o}", path.display());
+        }
+    }
+}
