@@ -5,7 +5,8 @@
 //! stack measured is the prior (a prediction before any traffic matches it, not the
 //! analytic formula), requests are routed where the filter chose, vLLM's own metrics are
 //! scraped, the filter learns the model's token count from the answers, every sequence a
-//! request asks is counted as vLLM runs it, and a training round runs on the reports.
+//! request asks is counted as vLLM runs it, a conversation's later turn goes where the
+//! earlier one is cached, and a training round runs on the reports.
 
 use std::time::Duration;
 
@@ -129,6 +130,47 @@ fn routes_real_vllm_from_its_measured_profile_and_learns_its_tokens() {
     assert!(wait_until(Duration::from_secs(10), || h.observations().len() >= 73), "reports did not arrive");
     let sequences: Vec<Value> = h.observations()[71..73].iter().map(|o| o["request"]["sequences"].clone()).collect();
     assert_eq!(sequences, [json!(4), json!(2)], "each sequence counted");
+
+    // A conversation's later turn resends the earlier one: it goes to the server that holds
+    // that prompt in its prefix cache (the filter hashes the prompt's blocks, the predictor
+    // remembers where each went and predicts the uncached rest), vLLM counts the hit, and
+    // the turn's first token comes sooner for it.
+    // The filler the filter learnt its bytes per token on: about 1,800 of this model's tokens.
+    let document = format!("conversation: {}", "lorem ipsum dolor sit amet ".repeat(140));
+    let first = format!("{document}\nuser: what does it do?\nassistant:");
+    let second = format!("{first} it routes.\nuser: and then?\nassistant:");
+    let mut turns = Vec::new();
+    for (turn, prompt) in [&first, &second].into_iter().enumerate() {
+        let hits = |server: &str| {
+            let addr: std::net::SocketAddr = server.parse().unwrap();
+            h.server_metric(addr, "vllm:prefix_cache_hits_total")
+        };
+        let before: Vec<f64> = h.stack.state.servers.iter().map(|s| hits(&s.to_string())).collect();
+        let body = json!({"model": vllm::MODEL_NAME, "prompt": prompt, "max_tokens": 8, "stream": true,
+            "stream_options": {"include_usage": true}});
+        let r = h.post("/v1/completions", &headers, &body.to_string()).unwrap();
+        assert_eq!(r.status, 200, "turn {turn}: {}", r.body);
+        let chosen = r.chosen.clone().unwrap_or_default().split(',').next().unwrap_or_default().to_string();
+        let reported = wait_until(Duration::from_secs(10), || h.observations().len() >= 74 + turn);
+        assert!(reported, "turn {turn} was not reported");
+        let ttft = h.observations()[73 + turn]["ttft_ms"].as_f64().unwrap_or(f64::NAN);
+        let index = h.stack.state.servers.iter().position(|s| s.to_string() == chosen).unwrap();
+        // vLLM's own count of the prompt, from the stream's usage.
+        let prompt_tokens = r
+            .body
+            .split("\"prompt_tokens\":")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<f64>().ok())
+            .unwrap_or(f64::NAN);
+        turns.push((chosen.clone(), ttft, hits(&chosen) - before[index], prompt_tokens));
+    }
+    eprintln!("conversation turns (server, TTFT ms, vLLM prefix-cache hits, prompt tokens): {turns:?}");
+    let ((first_at, first_ttft, _, first_tokens), (second_at, second_ttft, second_hits, _)) = (&turns[0], &turns[1]);
+    assert_eq!(second_at, first_at, "the later turn went where its conversation is cached: {turns:?}");
+    // vLLM caches whole blocks of 16 tokens, and the first turn's last words tokenize otherwise
+    // once the second turn goes on from them: most of the first turn, not all of it.
+    assert!(*second_hits >= 0.75 * first_tokens, "vLLM found the conversation cached: {turns:?}");
+    assert!(*second_ttft < 0.5 * first_ttft, "the cached turn's first token came sooner: {turns:?}");
 
     // The reports were trained on: a round fitted a model to them and judged it against
     // the profiled prior on the held-out reports (it serves only if it beat the prior;
