@@ -207,7 +207,9 @@ async fn a_batch_refuses_what_it_cannot_answer_at_once_naming_the_request() {
 #[tokio::test]
 async fn dispatch_and_report_track_in_flight() {
     let s = state();
-    let request = json!({"model": "m", "input_tokens": 100, "streaming": true, "slo": {"tpot_ms": 30.0}});
+    // Placed by its goals: its TPOT goal then holds later requests on its endpoint.
+    let request = json!({"model": "m", "input_tokens": 100, "streaming": true, "slo": {"tpot_ms": 30.0},
+        "prediction_based": true});
     let dispatch = json!({"dispatches": [
         {"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1", "request": request},
         {"pool": "default", "request_id": "b", "endpoint": "127.0.0.1:9", "request": request},
