@@ -43,14 +43,11 @@ fn wasm_plugin_filter(plugin: &Value, wasm: &Path) -> Value {
     let config = spec.get("pluginConfig").cloned().unwrap_or_else(|| json!({}));
     // `vmConfig.env`: HOST entries pass the gateway's own variables, INLINE ones a value.
     let env = spec["vmConfig"]["env"].as_array().cloned().unwrap_or_default();
-    let named = |from: &str| -> Vec<Value> {
-        env.iter().filter(|e| e["valueFrom"].as_str().unwrap_or("INLINE") == from).map(|e| e["name"].clone()).collect()
-    };
-    let inline: serde_json::Map<String, Value> = env
-        .iter()
-        .filter(|e| e["valueFrom"].as_str().unwrap_or("INLINE") == "INLINE")
-        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].clone())))
-        .collect();
+    let (host, inline): (Vec<&Value>, Vec<&Value>) =
+        env.iter().partition(|e| e["valueFrom"].as_str().unwrap_or("INLINE") == "HOST");
+    let host_keys: Vec<Value> = host.iter().map(|e| e["name"].clone()).collect();
+    let key_values: serde_json::Map<String, Value> =
+        inline.iter().filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].clone()))).collect();
     json!({
         "name": format!("istio.wasmplugin.{name}"),
         "typed_config": {
@@ -66,7 +63,7 @@ fn wasm_plugin_filter(plugin: &Value, wasm: &Path) -> Value {
                 "vm_config": {
                     "runtime": "envoy.wasm.runtime.v8",
                     "code": {"local": {"filename": wasm.display().to_string()}},
-                    "environment_variables": {"host_env_keys": named("HOST"), "key_values": inline}
+                    "environment_variables": {"host_env_keys": host_keys, "key_values": key_values}
                 }
             }
         }

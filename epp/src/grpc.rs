@@ -179,11 +179,11 @@ async fn read(
             Ok(Ok(next)) => next,
             Ok(Err(_)) => {
                 let why = format!("no message for {} s (--stream-idle-timeout-s)", limits.idle.as_secs());
-                break (DEADLINE_EXCEEDED, why);
+                break (status::DEADLINE_EXCEEDED, why);
             }
             Err(_) => {
                 let why = format!("open for {} s (--stream-max-duration-s)", limits.total.as_secs());
-                break (DEADLINE_EXCEEDED, why);
+                break (status::DEADLINE_EXCEEDED, why);
             }
         };
         match next {
@@ -227,7 +227,7 @@ async fn health_check(headers: HeaderMap, body: Bytes) -> Response {
         return grpc_error(status::INVALID_ARGUMENT, "not a HealthCheckRequest");
     };
     if !request.service.is_empty() && request.service != PROCESS_SERVICE {
-        return grpc_error(NOT_FOUND, &format!("unknown service {:?}", request.service));
+        return grpc_error(status::NOT_FOUND, &format!("unknown service {:?}", request.service));
     }
     let answer = HealthCheckResponse { status: SERVING };
     let frames = [
@@ -239,13 +239,8 @@ async fn health_check(headers: HeaderMap, body: Bytes) -> Response {
     response
 }
 
-/// gRPC's DEADLINE_EXCEEDED, for a stream past its idle or total time.
-const DEADLINE_EXCEEDED: u32 = 4;
-
 /// `grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING`.
 const SERVING: i32 = 1;
-/// gRPC's NOT_FOUND, for a health check of a service the picker does not serve.
-const NOT_FOUND: u32 = 5;
 
 /// A gRPC error with no messages ("trailers-only").
 fn grpc_error(code: u32, message: &str) -> Response {
@@ -318,14 +313,14 @@ mod tests {
     async fn a_stream_quiet_past_the_idle_timeout_ends_and_its_worker_forgets_it() {
         let (shared, mut rx) = shared(SHORT);
         let response = process(State(shared), grpc(), quiet()).await;
-        assert_eq!(ended(response, &mut rx).await, DEADLINE_EXCEEDED.to_string());
+        assert_eq!(ended(response, &mut rx).await, status::DEADLINE_EXCEEDED.to_string());
     }
 
     #[tokio::test]
     async fn a_stream_past_its_longest_life_ends_however_busy() {
         let (shared, mut rx) = shared(StreamLimits { total: Duration::from_millis(100), ..SHORT });
         let response = process(State(shared), grpc(), chatty()).await;
-        assert_eq!(ended(response, &mut rx).await, DEADLINE_EXCEEDED.to_string());
+        assert_eq!(ended(response, &mut rx).await, status::DEADLINE_EXCEEDED.to_string());
     }
 
     #[tokio::test]
@@ -335,8 +330,8 @@ mod tests {
         let refused = process(State(shared.clone()), grpc(), quiet()).await;
         let code = refused.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_string);
         assert_eq!(code, Some(status::RESOURCE_EXHAUSTED.to_string()));
-        assert_eq!(ended(first, &mut rx).await, DEADLINE_EXCEEDED.to_string());
+        assert_eq!(ended(first, &mut rx).await, status::DEADLINE_EXCEEDED.to_string());
         let again = process(State(shared), grpc(), quiet()).await;
-        assert_eq!(ended(again, &mut rx).await, DEADLINE_EXCEEDED.to_string(), "its place was given back");
+        assert_eq!(ended(again, &mut rx).await, status::DEADLINE_EXCEEDED.to_string(), "its place was given back");
     }
 }

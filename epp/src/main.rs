@@ -33,7 +33,7 @@ struct Args {
     workers: usize,
     /// ext_proc streams held at once (one per request in flight through the gateway); more
     /// are refused RESOURCE_EXHAUSTED.
-    #[arg(long, default_value_t = StreamLimits::default().max_streams, value_parser = clap::value_parser!(usize))]
+    #[arg(long, default_value_t = StreamLimits::default().max_streams)]
     max_streams: usize,
     /// The longest wait for Envoy's next message on a stream (s); as long as the gateway's
     /// stream idle timeout.

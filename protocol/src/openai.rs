@@ -195,35 +195,38 @@ fn positive_u32(v: &Value, field: &str) -> Result<u32, BodyError> {
 /// Completion prompts: a string, a list of strings, token ids, or a list of token-id lists
 /// (a batch, as vLLM takes it: each list one prompt).
 fn render_prompt(prompt: Option<&Value>) -> Result<Prompts, BodyError> {
-    let count = |items: &[Value]| u32::try_from(items.len()).unwrap_or(u32::MAX);
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     let ids = |items: &[Value]| items.iter().filter_map(Value::as_u64).map(|t| t.to_string()).collect::<Vec<_>>();
-    match prompt {
-        Some(Value::String(s)) => Ok(Prompts::text(s.clone())),
-        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_string) => {
-            let longest = items.iter().filter_map(Value::as_str).map(estimate_tokens).max();
-            let text = items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n");
-            Ok(Prompts { text, count: count(items), token_ids: None, longest })
-        }
-        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
-            Ok(Prompts { text: ids(items).join(" "), count: 1, token_ids: Some(count(items)), longest: None })
-        }
-        Some(Value::Array(lists))
-            if !lists.is_empty()
-                && lists
-                    .iter()
-                    .all(|l| l.as_array().is_some_and(|ids| !ids.is_empty() && ids.iter().all(Value::is_u64))) =>
-        {
-            let lists: Vec<&Vec<Value>> = lists.iter().filter_map(Value::as_array).collect();
-            let total = lists.iter().map(|l| l.len() as u64).sum::<u64>();
-            let longest = lists.iter().map(|l| count(l)).max();
-            let text = lists.iter().map(|l| ids(l).join(" ")).collect::<Vec<_>>().join("\n");
-            let token_ids = Some(u32::try_from(total).unwrap_or(u32::MAX));
-            Ok(Prompts { text, count: u32::try_from(lists.len()).unwrap_or(u32::MAX), token_ids, longest })
-        }
-        Some(_) => Err(bad(
+    let refused = || {
+        bad(
             "prompt",
             "must be a string, a list of strings, a list of token ids or a list of token-id lists, none empty",
-        )),
+        )
+    };
+    match prompt {
+        Some(Value::String(s)) => Ok(Prompts::text(s.clone())),
+        Some(Value::Array(items)) if items.is_empty() => Err(refused()),
+        Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
+            let longest = items.iter().filter_map(Value::as_str).map(estimate_tokens).max();
+            let text = items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n");
+            Ok(Prompts { text, count: count(items.len()), token_ids: None, longest })
+        }
+        Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
+            Ok(Prompts { text: ids(items).join(" "), count: 1, token_ids: Some(count(items.len())), longest: None })
+        }
+        // Otherwise a batch: every item a list of token ids, none empty.
+        Some(Value::Array(items)) => {
+            let lists = items
+                .iter()
+                .map(|l| l.as_array().filter(|ids| !ids.is_empty() && ids.iter().all(Value::is_u64)))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(refused)?;
+            let total = count(lists.iter().map(|l| l.len()).sum());
+            let longest = lists.iter().map(|l| count(l.len())).max();
+            let text = lists.iter().map(|l| ids(l).join(" ")).collect::<Vec<_>>().join("\n");
+            Ok(Prompts { text, count: count(lists.len()), token_ids: Some(total), longest })
+        }
+        Some(_) => Err(refused()),
         None => Err(bad("prompt", "is required")),
     }
 }

@@ -28,10 +28,12 @@ pub const PATH: &str = "/headroom.v1.Predictor/PredictStream";
 /// gRPC's content type, which the stream's requests carry and its answers give.
 pub const CONTENT_TYPE: &str = "application/grpc";
 
-/// gRPC status codes the predictor ends a stream with.
+/// gRPC status codes the predictor and the endpoint picker end a stream with.
 pub mod status {
     pub const OK: u32 = 0;
     pub const INVALID_ARGUMENT: u32 = 3;
+    pub const DEADLINE_EXCEEDED: u32 = 4;
+    pub const NOT_FOUND: u32 = 5;
     pub const RESOURCE_EXHAUSTED: u32 = 8;
     pub const UNIMPLEMENTED: u32 = 12;
     pub const UNAVAILABLE: u32 = 14;
