@@ -199,6 +199,13 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // 425 to 57% at 500, two lines across 75 req/s; rungs 25 apart from 350 to 500 place both
         // crossings (docs/notebook/benchmark.md, "shared-prefix on the current code").
         "shared-prefix" => vec![125.0, 200.0, 275.0, 350.0, 375.0, 400.0, 425.0, 450.0, 475.0, 500.0],
+        // On two engine-bound servers (`default_fleet`), held 60 s, 600 s steps: least request
+        // crosses 90% near 0.8, sticky sessions and llm-d's default near 1.1, flow control
+        // p90 near 1.5 (docs/real-engine.md, "The engine-bound fleet in simulated time").
+        "multi-turn" => vec![0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8],
+        // The same fleet: least request and sticky sessions near 1.1, llm-d's default past 1.4,
+        // headroom near 1.5.
+        "rag" => vec![0.6, 1.0, 1.4, 1.8, 2.2],
         // On 4 H100 + 4 A100 (`default_fleet`). Least request crosses 90% between 90 and 115,
         // flow control's critical classes between 140 and 165 (96% and 58%): rungs at 102.5 and
         // 152.5 moved those crossings 103.7 -> 107.1 and 143.8 -> 151.2 (docs/benchmark.md,
@@ -258,13 +265,20 @@ pub fn default_time_scale(workload: &str) -> f64 {
 pub fn default_lead_in(workload: &str) -> f64 {
     match workload {
         "short-long" | "azure" | "hetero" | "mixed" => 20.0,
+        // A session lasts 25 s, and a burst of them is what tips the engine-bound fleet over.
+        "multi-turn" | "rag" => 60.0,
         _ => 0.0,
     }
 }
 
 /// The fleet a workload runs on unless `--servers` says otherwise: 6 H100 + 2 A100, and for
-/// `hetero` half A100 (where the GPU classes differ most, prediction should matter most).
+/// `hetero` half A100 (where the GPU classes differ most, prediction should matter most). The
+/// conversational workloads, sized for an engine that queues, run on two simulated
+/// engine-bound servers, the real bed's (`headroom_sim::profile::Profile::engine_bound`).
 pub fn default_fleet(workload: &str) -> Vec<String> {
+    if matches!(workload, "multi-turn" | "rag") {
+        return vec!["engine-bound".to_string(); 2];
+    }
     let a100 = if workload == "hetero" { 4 } else { 2 };
     let mut fleet = vec!["h100".to_string(); 8 - a100];
     fleet.extend(std::iter::repeat_n("a100".to_string(), a100));
@@ -1567,6 +1581,7 @@ mod tests {
             flow: Some("released".into()),
             queued_ms: Some(80.0),
             error: None,
+            ..Default::default()
         };
         let o = &to_engine(vec![outcome], 0.25)[0];
         assert_eq!((o.at_s, o.e2e_ms, o.ttft_ms, o.tpot_ms), (1.0, 500.0, Some(200.0), Some(25.0)));

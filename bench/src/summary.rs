@@ -254,6 +254,7 @@ mod tests {
             flow: None,
             queued_ms: None,
             error: None,
+            ..Default::default()
         }
     }
 

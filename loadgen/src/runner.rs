@@ -76,6 +76,13 @@ pub struct Outcome {
     #[serde(default)]
     pub queued_ms: Option<f64>,
     pub error: Option<String>,
+    /// Its session and the conversation turn it was (from 0), in the workloads with
+    /// sessions: whether a later turn went where its conversation is cached shows in the
+    /// server it was served by and in the later turns' TTFT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
 }
 
 impl Outcome {
@@ -236,6 +243,8 @@ impl Outcome {
             slo_ttft_ms: spec.class.ttft_ms,
             slo_tpot_ms: spec.class.tpot_ms,
             priority: spec.class.priority,
+            session: spec.conversation.as_ref().map(|c| c.session),
+            turn: spec.conversation.as_ref().map(|c| c.turn),
             ..Default::default()
         }
     }

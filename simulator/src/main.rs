@@ -13,7 +13,7 @@ use headroom_sim::server::{self, ServerConfig};
 #[derive(Parser)]
 #[command(about = "Simulated vLLM-compatible model servers")]
 struct Args {
-    /// A server as `ip:port`, `ip:port=profile` (profiles: h100, a100) or
+    /// A server as `ip:port`, `ip:port=profile` (profiles: h100, a100, engine-bound) or
     /// `ip:port=profile:model` (it serves `model` instead of `--model`). Repeatable.
     #[arg(long = "server", required = true)]
     servers: Vec<String>,
@@ -37,8 +37,9 @@ fn parse_server(spec: &str, model: &str, time_scale: f64) -> anyhow::Result<Serv
     };
     let address: SocketAddr =
         addr.parse().map_err(|_| anyhow::anyhow!("--server {spec:?}: {addr:?} is not ip:port"))?;
-    let profile = Profile::by_name(profile)
-        .ok_or_else(|| anyhow::anyhow!("--server {spec:?}: unknown profile {profile:?} (h100, a100)"))?;
+    let profile = Profile::by_name(profile).ok_or_else(|| {
+        anyhow::anyhow!("--server {spec:?}: unknown profile {profile:?} ({})", Profile::NAMES.join(", "))
+    })?;
     Ok(ServerConfig { address, profile, model: model.to_string(), time_scale })
 }
 

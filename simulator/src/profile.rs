@@ -9,6 +9,9 @@
 //! Llama-3.1-8B in bf16 on one GPU, from public profiling data (see
 //! `docs/simulator.md`).
 
+/// The engine-bound model's tokens per simulator token: 4 bytes against its tokenizer's 2.08.
+pub const MODEL_TOKENS_PER_TOKEN: f64 = 4.0 / 2.08;
+
 /// What a step's cost depends on, as the engine planned it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepShape {
@@ -96,11 +99,43 @@ impl Profile {
         }
     }
 
-    /// A profile by name (`h100`, `a100`).
+    /// The engine-bound local model (`make setup-vllm`'s 107.5M-parameter Llama) served by
+    /// vLLM's CPU build on one core of the reference host, idle, with 1 GiB of KV cache: the
+    /// real engine that queues (docs/real-engine.md). Fitted to `headroom-profile`'s sweep of
+    /// it (docs/simulator.md, "The engine-bound profile"): TTFT 25 / 153 / 625 / 1,486 / 2,514
+    /// ms at 16 / 256 / 1,024 / 2,048 / 3,072 model tokens, TPOT 13.7 ms alone and 250 ms
+    /// for 32 streams of 1,024 tokens each. Its tokenizer counts 2.08 bytes a token, where the
+    /// simulator counts 4 (`headroom_protocol::tokens`), so every per-token constant is the
+    /// model's times [`MODEL_TOKENS_PER_TOKEN`] (its square for query-key pairs), and the
+    /// token limits are the model's divided by it: the same text costs the same time.
+    pub fn engine_bound() -> Profile {
+        let k = MODEL_TOKENS_PER_TOKEN;
+        Profile {
+            name: "engine-bound",
+            t0_ms: 1.5,
+            weight_floor_ms: 12.0,
+            per_token_ms: 0.5 * k,
+            per_context_token_ms: 6.5e-3 * k,
+            per_attention_pair_ms: 2.0e-4 * k * k,
+            per_sequence_ms: 0.3,
+            max_batched_tokens: (2048.0 / k) as u32,
+            max_num_seqs: 32,
+            // 1 GiB at 32 KiB a model token (8 layers x 1,024 x K and V in bf16).
+            kv_capacity_tokens: (32_768.0 / k) as u32,
+            max_model_len: (4096.0 / k) as u32,
+            api_overhead_ms: 8.0,
+        }
+    }
+
+    /// Names [`Profile::by_name`] knows.
+    pub const NAMES: [&'static str; 3] = ["h100", "a100", "engine-bound"];
+
+    /// A profile by name (one of [`Profile::NAMES`]).
     pub fn by_name(name: &str) -> Option<Profile> {
         match name.to_ascii_lowercase().as_str() {
             "h100" => Some(Profile::h100()),
             "a100" => Some(Profile::a100()),
+            "engine-bound" => Some(Profile::engine_bound()),
             _ => None,
         }
     }
@@ -120,5 +155,26 @@ mod tests {
         assert!((p.step_ms(&big) - expected).abs() < 1e-9);
         let reads = StepShape { decode_context_tokens: 1e6, ..one };
         assert!((p.step_ms(&reads) - p.step_ms(&one) - 65.0).abs() < 1e-9);
+    }
+
+    /// The engine-bound profile keeps the measured prefill curve, in the model's tokens.
+    #[test]
+    fn the_engine_bound_profile_prefills_as_the_local_model_measured() {
+        let p = Profile::engine_bound();
+        for (model_tokens, measured_ms) in [(256.0, 153.0), (1024.0, 625.0), (2048.0, 1486.0)] {
+            let n = model_tokens / MODEL_TOKENS_PER_TOKEN;
+            let one = StepShape {
+                batched_tokens: n as u32,
+                sequences: 1,
+                attention_pairs: n * n / 2.0,
+                ..StepShape::default()
+            };
+            let ttft = p.api_overhead_ms + p.step_ms(&one);
+            assert!(
+                (ttft / measured_ms - 1.0).abs() < 0.1,
+                "{model_tokens} model tokens: {ttft:.0} ms against {measured_ms}"
+            );
+        }
+        assert!(Profile::NAMES.iter().all(|n| Profile::by_name(n).is_some_and(|p| p.name == *n)));
     }
 }

@@ -13,7 +13,10 @@ pub mod world;
 
 use headroom_filter_core::FilterConfig;
 use headroom_loadgen::runner;
-use headroom_predictor_config::PoolConfig;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use headroom_predictor_config::{PoolConfig, ProfilePaths};
 use headroom_predictor_core::config::Config;
 use headroom_stack::{Engine, Router};
 
@@ -53,7 +56,7 @@ impl crate::Lab for SimLab<'_> {
         ladder: &'a Ladder,
         progress: &'a Progress,
     ) -> anyhow::Result<Box<dyn Measure + 'a>> {
-        let mut world = World::new(setup(c, ladder)?)?;
+        let mut world = World::new(setup(c, ladder, &self.opts.run_dir.join("profiles"))?)?;
         if let Some(warm) = warm_up(self.opts, c, workload, ladder)? {
             world.run(&warm, warm.len())?;
         }
@@ -69,10 +72,16 @@ impl crate::Lab for SimLab<'_> {
     }
 }
 
+/// The simulated classes whose costs the analytic prior's constants describe (the A100's
+/// scaled, `headroom_stack::predictor_config`): every other class's prior is its profile
+/// ([`prior_profiles`]).
+const ANALYTIC_CLASSES: [&str; 2] = ["h100", "a100"];
+
 /// What a world is built from for `c` on the ladder's fleet: plain Envoy's balancer, or the
 /// filter configured as the real bench configures it (the stack's defaults and
-/// `crate::plugin`) and the predictor as the stack writes its configuration.
-pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
+/// `crate::plugin`) and the predictor as the stack writes its configuration. Profiles of the
+/// classes that need one are written under `profiles_dir`.
+pub fn setup(c: &Contender, ladder: &Ladder, profiles_dir: &Path) -> anyhow::Result<Setup> {
     let time_scale = ladder.time_scale;
     let gateway = match c.router {
         Router::RoundRobin => Gateway::Envoy(Balancer::RoundRobin),
@@ -98,6 +107,7 @@ pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
             if !c.train {
                 predictor.model.train = false;
             }
+            predictor.model.prior_profiles = prior_profiles(&ladder.fleet, time_scale, profiles_dir)?;
             // Through its file format, as predictor-svc reads it: the same checks and defaults.
             let predictor = Config::parse(&predictor.to_toml()?)?;
             Gateway::Headroom { filter: Box::new(filter), predictor: Box::new(predictor), workers: ENVOY_WORKERS }
@@ -118,6 +128,29 @@ pub fn setup(c: &Contender, ladder: &Ladder) -> anyhow::Result<Setup> {
         gateway,
         seed: WORLD_SEED,
     })
+}
+
+/// The prior of each class of `fleet` outside [`ANALYTIC_CLASSES`]: its engine swept alone
+/// at `time_scale` ([`servers::swept`]), as an operator profiles a GPU type before serving on
+/// it, written under `dir` for the predictor's configuration to name.
+fn prior_profiles(fleet: &[String], time_scale: f64, dir: &Path) -> anyhow::Result<BTreeMap<String, ProfilePaths>> {
+    let mut out = BTreeMap::new();
+    for class in fleet {
+        if ANALYTIC_CLASSES.contains(&class.as_str()) || out.contains_key(class) {
+            continue;
+        }
+        let profile = headroom_sim::profile::Profile::by_name(class)
+            .ok_or_else(|| anyhow::anyhow!("no simulated profile named {class:?}"))?;
+        let (ttft, tpot) = servers::swept(&profile, time_scale);
+        std::fs::create_dir_all(dir)?;
+        let name = format!("{class}-{time_scale}x");
+        let paths =
+            ProfilePaths { ttft: dir.join(format!("{name}-ttft.json")), tpot: dir.join(format!("{name}-tpot.json")) };
+        std::fs::write(&paths.ttft, serde_json::to_string_pretty(&ttft)?)?;
+        std::fs::write(&paths.tpot, serde_json::to_string_pretty(&tpot)?)?;
+        out.insert(class.clone(), paths);
+    }
+    Ok(out)
 }
 
 /// One router's world on one workload, as the ladder measures it.
@@ -160,7 +193,8 @@ pub fn parse_fleet(text: &str) -> anyhow::Result<Vec<String>> {
         };
         anyhow::ensure!(
             headroom_sim::profile::Profile::by_name(name).is_some(),
-            "--fleet: unknown GPU profile {name:?} (h100 or a100)"
+            "--fleet: unknown profile {name:?} ({})",
+            headroom_sim::profile::Profile::NAMES.join(", ")
         );
         fleet.extend(std::iter::repeat_n(name.to_ascii_lowercase(), count));
     }
@@ -211,7 +245,7 @@ mod tests {
             lead_in_s: 2.0,
             trace: None,
         };
-        let mut world = World::new(setup(c, &ladder).unwrap()).unwrap();
+        let mut world = World::new(setup(c, &ladder, &std::env::temp_dir()).unwrap()).unwrap();
         if let Some(warm) = warm_up(&opts, c, "mixed", &ladder).unwrap() {
             world.run(&warm, warm.len()).unwrap();
         }
@@ -263,7 +297,7 @@ mod tests {
     fn a_fleet_reads_as_counts_or_one_by_one_and_refuses_what_it_cannot_simulate() {
         assert_eq!(parse_fleet("h100:2,a100:1").unwrap(), ["h100", "h100", "a100"]);
         assert_eq!(parse_fleet("H100, a100").unwrap(), ["h100", "a100"]);
-        assert!(parse_fleet("b200:4").unwrap_err().to_string().contains("unknown GPU profile"));
+        assert!(parse_fleet("b200:4").unwrap_err().to_string().contains("unknown profile"));
         assert!(parse_fleet("h100:x").unwrap_err().to_string().contains("count must be a number"));
         assert!(parse_fleet("h100:0").is_err());
     }

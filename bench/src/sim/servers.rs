@@ -4,6 +4,8 @@
 //! before a request reaches the engine, the context check, and the metrics a scrape reads
 //! (published after each step, as the front does).
 
+use headroom_loadgen::profile::Sweep;
+use headroom_predictor_config::profile::{Metadata, Stats, TpotFile, TpotRow, TtftFile, TtftRow};
 use headroom_predictor_core::pool::{DecodeCounter, EngineMetrics};
 use headroom_protocol::openai::InferenceBody;
 use headroom_protocol::tokens::prefix_block_hashes;
@@ -108,3 +110,85 @@ impl Server {
 
 /// `max_tokens` when a request names none (the HTTP simulator's default).
 const DEFAULT_MAX_TOKENS: u32 = headroom_sim::server::DEFAULT_MAX_TOKENS;
+
+/// What `headroom-profile`'s sweep (`headroom_loadgen::profile::Sweep::for_engine`) measures
+/// on an idle server of `profile` running at `time_scale`, stepped here on its engine alone:
+/// the prior an operator gives the predictor for a class the analytic constants do not
+/// describe (the stack profiles its simulated servers the same way over HTTP).
+pub fn swept(profile: &Profile, time_scale: f64) -> (TtftFile, TpotFile) {
+    let sweep = Sweep::for_engine(profile.max_model_len, profile.max_num_seqs);
+    let wall = |engine_ms: f64| engine_ms / time_scale;
+    let metadata = Metadata {
+        model: profile.name.to_string(),
+        timestamp: String::new(),
+        description: format!("the simulator's {} engine at {time_scale}x, stepped alone", profile.name),
+    };
+    let ttft = sweep
+        .prompts
+        .iter()
+        .filter_map(|&prompt| {
+            let first = run_batch(profile, 1, prompt, 2).first_token_ms[0];
+            let stats = Stats::of(&[wall(profile.api_overhead_ms + first)])?;
+            Some(TtftRow { tokens_num: prompt, stats })
+        })
+        .collect();
+    let mut tpot = Vec::new();
+    for &batch in &sweep.batches {
+        for &context in &sweep.contexts {
+            let run = run_batch(profile, batch, context, sweep.decode_tokens);
+            if let Some(stats) = Stats::of(&[wall(run.median_tpot_ms())]) {
+                tpot.push(TpotRow { batch_size: batch, tokens_per_request: context, stats });
+            }
+        }
+    }
+    (TtftFile { metadata: metadata.clone(), results: ttft }, TpotFile { metadata, results: tpot })
+}
+
+/// When each of a batch's requests made its first and last token (engine ms from the start).
+struct BatchRun {
+    first_token_ms: Vec<f64>,
+    last_token_ms: Vec<f64>,
+    tokens: u32,
+}
+
+impl BatchRun {
+    /// The median over the batch of each request's time between tokens.
+    fn median_tpot_ms(&self) -> f64 {
+        let mut each: Vec<f64> = self
+            .first_token_ms
+            .iter()
+            .zip(&self.last_token_ms)
+            .map(|(first, last)| (last - first) / f64::from(self.tokens.saturating_sub(1).max(1)))
+            .collect();
+        each.sort_by(f64::total_cmp);
+        each[each.len() / 2]
+    }
+}
+
+/// `batch` requests of `prompt` uncached tokens, each answered in `tokens`, sent together to
+/// an idle engine of `profile` and stepped to the end.
+fn run_batch(profile: &Profile, batch: u32, prompt: u32, tokens: u32) -> BatchRun {
+    let mut engine = Engine::new(profile.clone());
+    for id in 0..batch {
+        engine.submit(NewRequest {
+            id: u64::from(id),
+            prompt_tokens: prompt,
+            max_tokens: tokens,
+            block_hashes: Vec::new(),
+        });
+    }
+    let n = batch as usize;
+    let mut run = BatchRun { first_token_ms: vec![0.0; n], last_token_ms: vec![0.0; n], tokens };
+    let mut now = 0.0;
+    while let Some(step) = engine.step() {
+        now += step.duration_ms;
+        for t in step.tokens {
+            let i = t.id as usize;
+            if t.index == 1 {
+                run.first_token_ms[i] = now;
+            }
+            run.last_token_ms[i] = now;
+        }
+    }
+    run
+}
