@@ -173,6 +173,7 @@ impl EndpointState {
         self.prefix_match = share(self.prefix_match);
         self.tightest_tpot_slo_ms = self.tightest_tpot_slo_ms.filter(|&v| is_ms(v) && v > 0.0);
         self.recent_tpot_ms = ms_or_none(self.recent_tpot_ms);
+        self.prefill_ms_per_token = ms_or_none(self.prefill_ms_per_token);
         self.max_context_tokens = self.max_context_tokens.map(|t| t.min(MAX_TOKENS));
         let rate = self.prefill_tokens_per_s;
         self.prefill_tokens_per_s = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, MAX_TOKENS as f64 * 1000.0) };
@@ -184,6 +185,7 @@ impl EndpointState {
         unit(at, "prefix_match", self.prefix_match)?;
         slo_ms(at, "tightest_tpot_slo_ms", self.tightest_tpot_slo_ms)?;
         opt_ms(at, "recent_tpot_ms", self.recent_tpot_ms)?;
+        opt_ms(at, "prefill_ms_per_token", self.prefill_ms_per_token)?;
         tokens(at, "max_context_tokens", self.max_context_tokens)?;
         let rate = self.prefill_tokens_per_s;
         if !(rate.is_finite() && (0.0..=MAX_TOKENS as f64 * 1000.0).contains(&rate)) {
@@ -489,6 +491,7 @@ mod proptests {
             prefix_match: 7.5,
             tightest_tpot_slo_ms: Some(0.0),
             recent_tpot_ms: Some(-3.0),
+            prefill_ms_per_token: Some(f64::NAN),
             max_context_tokens: Some(u32::MAX),
             prefill_tokens_per_s: f64::INFINITY,
             ..Default::default()
@@ -500,9 +503,11 @@ mod proptests {
             (held.kv_usage, held.prefix_match, held.tightest_tpot_slo_ms, held.recent_tpot_ms),
             (0.0, 1.0, None, None)
         );
+        assert_eq!(held.prefill_ms_per_token, None);
         let sane = EndpointState {
             kv_usage: 0.4,
             recent_tpot_ms: Some(12.0),
+            prefill_ms_per_token: Some(0.03),
             prefill_tokens_per_s: 9e3,
             ..Default::default()
         };

@@ -244,6 +244,13 @@ pub struct EndpointState {
     /// `max_model_len`, read from its `/v1/models`; `None`: not known).
     #[serde(default)]
     pub max_context_tokens: Option<u32>,
+    /// What one uncached prompt token costs the endpoint to prefill (ms of wall time): its
+    /// hardware class's cost, the one the predictor drains its prefill backlog at. What a
+    /// request moved off an endpoint caching its prompt adds where it goes is the cached
+    /// tokens at this cost (the filter's `stay_where_cached`). `None`: not known, or from a
+    /// predictor that predates it.
+    #[serde(default)]
+    pub prefill_ms_per_token: Option<f64>,
 }
 
 /// One candidate endpoint with its predictions.

@@ -21,8 +21,10 @@
 //!    requests' tighter TPOT SLO, the one where the fewest such requests run, the
 //!    busiest among equals (the harm is done there already), or, for a request released
 //!    from the flow queue, one where still fewer run that it reaches late by no more than
-//!    it waited. Else idle endpoints first, then the smallest deficit (only TPOT short,
-//!    only TTFT short, both short).
+//!    it waited. Else, on the endpoints caching the prompt unless moving gains the
+//!    request more time than the prefill it adds elsewhere (`stay_where_cached`),
+//!    idle endpoints first, then the smallest deficit (only TPOT short, only TTFT
+//!    short, both short).
 
 pub use headroom_protocol::headroom::{headroom, least_harm_with_own_room, Headroom, SloBuffers};
 use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
@@ -96,6 +98,7 @@ pub fn decide(
             return Decision::Route { ranked, source: RouteSource::PredictedNegative };
         }
     }
+    let negative = stay_where_cached(&negative, request, endpoints, config, rng);
     let choice = pick_negative(&negative, &judged, endpoints, config.ttft_weight, rng);
     let ranked = with_fallbacks(vec![choice], endpoints, config.fallback_endpoints);
     Decision::Route { ranked, source: RouteSource::PredictedNegative }
@@ -122,6 +125,50 @@ fn prefix_affinity(
     }
     let strict = affinity_pass(tier, endpoints, config.prefix_strict_threshold, config.prefix_ttft_penalty_ms);
     affinity_pass(&strict, endpoints, config.prefix_loose_threshold, config.prefix_ttft_penalty_ms)
+}
+
+/// Prefix affinity for a request nowhere in time: the fleet is behind, and a request moved
+/// off the endpoints caching its prompt is prefilled again where it goes, work every request
+/// queued there waits for (seconds for a conversation on an engine that queues; tens of
+/// milliseconds for a system prompt on a GPU). It stays with the cache unless moving gains it
+/// more time than the move adds ([`refill_ms`]), and moves past `prefix_ttft_penalty_ms`
+/// either way. The positive tier needs no such test: there the request keeps its goals.
+fn stay_where_cached(
+    tier: &[usize],
+    request: &RequestFeatures,
+    endpoints: &[EndpointPrediction],
+    config: &FilterConfig,
+    rng: &mut Rng,
+) -> Vec<usize> {
+    let threshold = config.prefix_loose_threshold;
+    if threshold <= 0.0 || rng.next_f64() < config.prefix_explore_epsilon {
+        return tier.to_vec();
+    }
+    let (holders, others): (Vec<usize>, Vec<usize>) =
+        tier.iter().partition(|&&i| endpoints[i].state.prefix_match >= threshold);
+    let fastest = |set: &[usize]| {
+        set.iter().filter_map(|&i| endpoints[i].ttft_ms.map(|t| (t, i))).min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let (Some((held, h)), Some((other, o))) = (fastest(&holders), fastest(&others)) else {
+        return tier.to_vec();
+    };
+    let gain = held - other;
+    if gain <= refill_ms(request, &endpoints[h], &endpoints[o]).min(config.prefix_ttft_penalty_ms) {
+        holders
+    } else {
+        tier.to_vec()
+    }
+}
+
+/// What moving `request` from `holder` to `other` adds to `other`'s work (ms): the prompt
+/// tokens the holder caches and `other` does not, at `other`'s cost per prompt token. The
+/// predicted TTFT cannot stand in for that cost: on a fast engine behind a queue it is
+/// mostly the queue (a 1,500-token system prompt refilled on a loaded H100 costs ~45 ms of
+/// a predicted 800), and staying where the prompt is cached then piled the prompt's
+/// requests onto its holders. Unknown cost: nothing, so the request goes where it is sooner.
+fn refill_ms(request: &RequestFeatures, holder: &EndpointPrediction, other: &EndpointPrediction) -> f64 {
+    let saved = (holder.state.prefix_match - other.state.prefix_match).max(0.0) * f64::from(request.input_tokens);
+    other.state.prefill_ms_per_token.map_or(0.0, |ms| saved * ms)
 }
 
 fn affinity_pass(set: &[usize], endpoints: &[EndpointPrediction], threshold: f64, penalty_ms: f64) -> Vec<usize> {

@@ -57,6 +57,7 @@ fn any_state() -> impl Strategy<Value = EndpointState> {
             prefill_tokens_per_s: kv_usage.abs(),
             // Any context, fitting the request or not: a refusal is a 400, never a panic.
             max_context_tokens: Some(in_flight),
+            prefill_ms_per_token: tightest,
         })
 }
 

@@ -870,7 +870,8 @@ impl Pool {
         self.endpoints
             .iter()
             .zip(booked)
-            .map(|(e, b)| {
+            .zip(costs)
+            .map(|((e, b), prefill_ms_per_token)| {
                 let m = e.metrics.unwrap_or_default();
                 // Only a running request of the asker's band or a higher one tightens its target.
                 let (tightest_tpot_slo_ms, tighter_tpot_in_flight) = b.slos_for(request.priority, own_tpot_slo);
@@ -884,6 +885,7 @@ impl Pool {
                     recent_tpot_ms: e.recent_tpot_ms,
                     prefill_tokens_per_s: e.prefill_rate(now),
                     max_context_tokens: e.max_context_tokens,
+                    prefill_ms_per_token,
                     in_flight: b.in_flight,
                     tokens_in_flight: b.tokens_in_flight,
                     uncached_tokens_in_flight: b.uncached_tokens_in_flight,
@@ -1280,6 +1282,13 @@ mod tests {
         assert_eq!(at(&mut p, 20), [(Some(800 + 500), 1500), (Some(900), 1000)]);
         assert_eq!(at(&mut p, 120), [(Some(300), 1500), (Some(400), 1000)], "r1 done, r2 20 ms into its turn");
         assert_eq!(at(&mut p, 250), [(Some(0), 1500), (Some(0), 1000)], "done, though no first token came yet");
+        // Each state says the cost it drains at: what the filter weighs a move off a cache by.
+        let costs = p
+            .states_for(&RequestFeatures::default(), ms(250))
+            .iter()
+            .map(|s| s.prefill_ms_per_token)
+            .collect::<Vec<_>>();
+        assert_eq!(costs, [Some(0.1), Some(0.2)]);
         // A first token seen takes the prompt out of both.
         assert!(p.first_token("r2", "a:1", ms(130)));
         assert_eq!(at(&mut p, 130)[0], (Some(0), 1000));

@@ -268,6 +268,32 @@ fn nothing_in_time_anywhere_goes_mostly_where_the_deficit_is_smallest() {
 }
 
 #[test]
+fn nothing_in_time_anywhere_stays_where_moving_adds_more_work_than_it_gains() {
+    // An overloaded fleet: a 1,100-token turn misses its 1.5 s TTFT everywhere. The endpoint
+    // caching 95% of it is predicted 1.2 s later than the other, which would prefill those
+    // 1,045 tokens again at 1.5 ms each: 1.6 s of its time. Moving gains less than it adds:
+    // the turn stays. Without this rule the turn went to the smaller deficit, and on the
+    // engine-bound simulated fleet such moves at a burst of sessions took multi-turn from
+    // 99% to 85% of SLOs (docs/real-engine.md).
+    let mut turn = req(Some(1500.0), None, true, 0);
+    turn.input_tokens = 1100;
+    let costing = |mut e: EndpointPrediction, ms: f64| {
+        e.state.prefill_ms_per_token = Some(ms);
+        e
+    };
+    let slow = |ttft: f64, prefix: f64| with_prefix(costing(ep(Some(ttft), Some(30.0)), 1.5), prefix);
+    assert_eq!(shares(&turn, &[slow(1700.0, 0.0), slow(2900.0, 0.95)], &cfg(), 2000)[1], 1.0, "stays, 1.2 s later");
+    // The same prompt on a fast engine behind a queue: the refill costs 0.03 ms a token,
+    // about 31 ms, and moving is 300 ms sooner: it moves.
+    let fast = |ttft: f64, prefix: f64| with_prefix(costing(ep(Some(ttft), Some(30.0)), 0.03), prefix);
+    assert!(shares(&turn, &[fast(1700.0, 0.0), fast(2000.0, 0.95)], &cfg(), 2000)[0] > 0.9, "cheap refill: moves");
+    // Past the gate (5 s) it moves whatever the refill costs; with no cost known, as before.
+    assert!(shares(&turn, &[slow(1700.0, 0.0), slow(7900.0, 0.95)], &cfg(), 2000)[0] > 0.9, "past the gate");
+    let unknown = [ep(Some(1700.0), Some(30.0)), with_prefix(ep(Some(2900.0), Some(30.0)), 0.95)];
+    assert!(shares(&turn, &unknown, &cfg(), 2000)[0] > 0.9, "no cost known: the smaller deficit");
+}
+
+#[test]
 fn a_figure_every_candidate_shares_does_not_flatten_the_strategy() {
     // Only a TPOT SLO: the positive tier differs in TPOT headroom alone (30, 20 and 5 ms), and
     // `least` packs onto the smallest. With the absent TTFT headroom blended in at the default
