@@ -375,7 +375,7 @@ impl Metrics {
         );
         r.register(
             "headroom_in_flight_expired",
-            "Requests dispatched and not reported within their expiry (in_flight_expiry_multiple times the predicted end-to-end time, within in_flight_min_s..=in_flight_ttl_s), forgotten",
+            "Requests dispatched and not reported, forgotten: past their expiry (in_flight_expiry_multiple times the predicted end-to-end time, within in_flight_min_s..=in_flight_ttl_s), or beyond what their engine showed running and waiting 10 s after they were dispatched",
             m.in_flight_expired.clone(),
         );
         r.register(

@@ -21,7 +21,8 @@ use headroom_protocol::{FlowOutcome, PredictRequest, PredictResponse};
 
 /// Engine metrics of a server far behind: a request with a minute's SLO has room there,
 /// but the queue ahead of it is past any horizon, so it waits.
-const SWAMPED: EngineMetrics = EngineMetrics { running: 256, waiting: 400, kv_usage: 0.99, decode: None };
+const SWAMPED: EngineMetrics =
+    EngineMetrics { running: 256, waiting: 400, kv_usage: 0.99, decode: None, queue_read: true };
 
 /// Where a waiting request's answer lands: read by the test when it looks.
 #[derive(Debug, Default, Clone)]
@@ -124,7 +125,7 @@ fn reports_of_an_endpoint_failing_eject_it_from_the_predictions_for_a_term() {
     .unwrap();
     let clock = Arc::new(ManualClock::new());
     let state = Predictor::new(config, Arc::new(Native), clock.clone()).unwrap();
-    let idle = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, decode: None };
+    let idle = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, decode: None, queue_read: true };
     state.pools.with("default", |p| p.endpoints.iter_mut().for_each(|e| e.scraped(idle, clock.now())));
     let predicted = |i: usize| service::predict(&state, request(), clock.now()).unwrap().endpoints[i].ttft_ms.is_some();
     let report = |id: &str, endpoint: &str, status: u16, failed_at: Option<&str>| ReportBatch {

@@ -89,6 +89,7 @@ pub fn parse_metrics(text: &str, names: &EngineMetricNames) -> Option<EngineMetr
         waiting: waiting.map_or(0, |v| v as u32),
         kv_usage: kv.map_or(0.0, |v| v.min(1.0)),
         decode,
+        queue_read: running.is_some() || waiting.is_some(),
     })
 }
 
@@ -287,7 +288,7 @@ mod tests {
             vllm:prompt_tokens_total{model_name=\"m\"} 1e6\n";
         assert_eq!(
             parse_engine_metrics(text),
-            Some(EngineMetrics { running: 5, waiting: 7, kv_usage: 0.42, decode: None })
+            Some(EngineMetrics { running: 5, waiting: 7, kv_usage: 0.42, decode: None, queue_read: true })
         );
     }
 
@@ -321,7 +322,7 @@ mod tests {
             sglang:token_usage{model_name=\"m\"} 0.25\nvllm:num_requests_running 99\n";
         assert_eq!(
             parse_metrics(text, &sglang),
-            Some(EngineMetrics { running: 4, waiting: 2, kv_usage: 0.25, decode: None })
+            Some(EngineMetrics { running: 4, waiting: 2, kv_usage: 0.25, decode: None, queue_read: true })
         );
         let triton = engine::resolve("triton-tensorrt-llm", &[]).unwrap();
         let text = "nv_trt_llm_request_metrics{model=\"t\",request_type=\"scheduled\",version=\"1\"} 3\n\
@@ -331,7 +332,7 @@ mod tests {
             nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\",model=\"t\"} 4096\n";
         assert_eq!(
             parse_metrics(text, &triton),
-            Some(EngineMetrics { running: 3, waiting: 5, kv_usage: 0.5, decode: None })
+            Some(EngineMetrics { running: 3, waiting: 5, kv_usage: 0.5, decode: None, queue_read: true })
         );
         assert_eq!(
             parse_metrics("vllm:num_requests_running 2\n", &triton),
@@ -345,7 +346,7 @@ mod tests {
         let text = "vllm:num_requests_running 1e300\nvllm:num_requests_running 5e9\nvllm:kv_cache_usage_perc 7\n";
         assert_eq!(
             parse_engine_metrics(text),
-            Some(EngineMetrics { running: u32::MAX, waiting: 0, kv_usage: 1.0, decode: None })
+            Some(EngineMetrics { running: u32::MAX, waiting: 0, kv_usage: 1.0, decode: None, queue_read: true })
         );
     }
 }

@@ -108,7 +108,7 @@ async fn a_batch_answers_each_request_as_predict_would() {
     // Scraped, so both endpoints are predicted; one has a request in flight, so they differ.
     s.core.pools.with("default", |p| {
         for e in &mut p.endpoints {
-            e.metrics = Some(EngineMetrics { running: 2, waiting: 1, kv_usage: 0.3, decode: None });
+            e.metrics = Some(EngineMetrics { running: 2, waiting: 1, kv_usage: 0.3, decode: None, queue_read: true });
             e.scraped_at = Some(std::time::Instant::now());
         }
     });

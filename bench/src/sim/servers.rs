@@ -90,6 +90,7 @@ impl Server {
             waiting: self.engine.num_waiting() as u32,
             kv_usage: self.engine.kv_usage(),
             decode: Some(self.decode),
+            queue_read: true,
         };
         (tokens, self.next_step(now, time_scale))
     }

@@ -23,6 +23,9 @@ pub struct EngineMetrics {
     /// vLLM's inter-token latency histogram as read (cumulative); `None` when the server
     /// exposes none.
     pub decode: Option<DecodeCounter>,
+    /// Whether the scrape read the engine's running or waiting count (a server whose metrics
+    /// name neither leaves both 0): only a count read can vouch for the books ([`Pool::expire`]).
+    pub queue_read: bool,
 }
 
 /// The cumulative sum and count of a server's inter-token latency histogram: the time
@@ -113,6 +116,23 @@ struct Record {
     endpoints: Vec<(String, EndpointState, Option<f64>, Option<f64>)>,
 }
 
+impl Record {
+    /// About the bytes it holds: its prefix hashes and its endpoints' states grow with the
+    /// prompt and the pool (a pool of 1,000 endpoints makes each record some 200 KB).
+    fn bytes(&self) -> usize {
+        let endpoint = std::mem::size_of::<(String, EndpointState, Option<f64>, Option<f64>)>();
+        std::mem::size_of::<Record>()
+            + self.request.prefix_hashes.len() * std::mem::size_of::<u64>()
+            + self.request.model.len()
+            + self.endpoints.iter().map(|(a, ..)| endpoint + a.len()).sum::<usize>()
+    }
+}
+
+/// Most bytes a pool's records hold ([`Record::bytes`]); past it the oldest are forgotten,
+/// and their dispatches are tracked without a record. Counted alone, 100,000 records of
+/// 4,096 prefix hashes held 3.3 GB.
+pub const MAX_RECORD_BYTES: usize = 256 << 20;
+
 /// How long a predict answer's record waits for its dispatch: the gateway dispatches on
 /// its next tick (20 ms by default) after the answer; a record not dispatched by then
 /// belongs to a request the gateway placed without it, or never sent.
@@ -164,6 +184,17 @@ const CLAIM_FLOOR: f64 = 2.0;
 /// How long a flow-control reservation counts without the dispatch that confirms it
 /// (the filter flushes dispatches every `flush_interval_ms`, 20 ms by default).
 const RESERVATION_TTL: Duration = Duration::from_secs(2);
+
+/// How long a dispatched request may take to show in its engine's running or waiting count
+/// (the gateway's send, the API server's tokenizing), on top of the scrape's own lag: a
+/// request dispatched longer before a scrape than this and still tracked is running there,
+/// or the books are wrong.
+const SHOWS_WITHIN: Duration = Duration::from_secs(10);
+/// Sequences the books may hold at an endpoint past what its engine showed: requests that
+/// finished in the engine and whose report is a flush away.
+const VOUCH_SLACK: u32 = 4;
+/// A scrape older than this vouches for nothing (the endpoint went quiet; expiry still holds).
+const VOUCH_FRESH: Duration = Duration::from_secs(5);
 
 /// A pool whose gateway reported a first token this recently is taken to report them all.
 const FIRST_TOKENS_RECENT: Duration = Duration::from_secs(60);
@@ -416,18 +447,35 @@ pub struct ClassCost {
 /// forgotten after a time, so a flood of reports for unknown ids cannot grow memory. An id
 /// keeps its first value ([`RecentIds::insert`]) or takes the newest ([`RecentIds::replace`]);
 /// each entry of the order names the value it was made for, so one removed or replaced
-/// since does not take a newer value with it when it comes round.
-#[derive(Debug, Default)]
+/// since does not take a newer value with it when it comes round. Values can also be weighed
+/// ([`RecentIds::weighed`]): past the weight allowed, the oldest go too.
+#[derive(Debug)]
 struct RecentIds<V = ()> {
     order: VecDeque<(String, Instant, u64)>,
     ids: HashMap<String, (V, u64)>,
     cap: usize,
     next: u64,
+    weigh: fn(&V) -> usize,
+    weight: usize,
+    max_weight: usize,
 }
 
 impl<V> RecentIds<V> {
     fn new(cap: usize) -> Self {
-        RecentIds { order: VecDeque::new(), ids: HashMap::new(), cap: cap.max(1), next: 0 }
+        RecentIds::weighed(cap, usize::MAX, |_| 0)
+    }
+
+    /// At most `cap` ids, whose values `weigh` at most `max_weight` together.
+    fn weighed(cap: usize, max_weight: usize, weigh: fn(&V) -> usize) -> Self {
+        RecentIds {
+            order: VecDeque::new(),
+            ids: HashMap::new(),
+            cap: cap.max(1),
+            next: 0,
+            weigh,
+            weight: 0,
+            max_weight,
+        }
     }
 
     /// Remembers `value` for `id` unless `id` has one already.
@@ -440,9 +488,12 @@ impl<V> RecentIds<V> {
     /// Remembers `value` for `id`, in place of any it had, as of `now`.
     fn replace(&mut self, id: &str, value: V, now: Instant) {
         self.next += 1;
-        self.ids.insert(id.to_string(), (value, self.next));
+        self.weight = self.weight.saturating_add((self.weigh)(&value));
+        if let Some((old, _)) = self.ids.insert(id.to_string(), (value, self.next)) {
+            self.weight = self.weight.saturating_sub((self.weigh)(&old));
+        }
         self.order.push_back((id.to_string(), now, self.next));
-        while self.order.len() > self.cap {
+        while self.order.len() > self.cap || (self.weight > self.max_weight && !self.order.is_empty()) {
             self.pop_oldest();
         }
     }
@@ -453,13 +504,15 @@ impl<V> RecentIds<V> {
 
     /// Takes `id`'s value; its place in the order goes when it is the oldest.
     fn remove(&mut self, id: &str) -> Option<V> {
-        self.ids.remove(id).map(|(v, _)| v)
+        let (v, _) = self.ids.remove(id)?;
+        self.weight = self.weight.saturating_sub((self.weigh)(&v));
+        Some(v)
     }
 
     fn pop_oldest(&mut self) {
         if let Some((id, _, seq)) = self.order.pop_front() {
             if self.ids.get(&id).is_some_and(|(_, s)| *s == seq) {
-                self.ids.remove(&id);
+                self.remove(&id);
             }
         }
     }
@@ -524,7 +577,7 @@ impl Pool {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             overdue: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
-            records: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
+            records: RecentIds::weighed(DEFAULT_MAX_IN_FLIGHT, MAX_RECORD_BYTES, Record::bytes),
             expiry: Expiry::default(),
             last_first_token: None,
             costs: Vec::new(),
@@ -594,7 +647,7 @@ impl Pool {
         self.max_in_flight = max.max(1);
         self.finished = RecentIds::new(max);
         self.overdue = RecentIds::new(max);
-        self.records = RecentIds::new(max);
+        self.records = RecentIds::weighed(max, MAX_RECORD_BYTES, Record::bytes);
         self
     }
 
@@ -785,14 +838,18 @@ impl Pool {
         self.overdue.remove(request_id).map_or(Finished::Unknown, |(address, kept)| Finished::Late(address, kept))
     }
 
-    /// Forgets requests unreported past their expiry (`Expiry`), and old finished and
-    /// overdue ids. Returns how many requests in flight were forgotten.
+    /// Forgets requests unreported past their expiry (`Expiry`) or beyond what their engine
+    /// shows ([`Pool::unvouched`]), and old finished and overdue ids. Returns how many
+    /// requests in flight were forgotten.
     pub fn expire(&mut self, now: Instant) -> usize {
         // A reservation never confirmed (the client left, the filter fell back) is no
         // dispatch: dropped without counting.
         self.in_flight.retain(|f| !f.reserved || now.saturating_duration_since(f.dispatched_at) < RESERVATION_TTL);
-        let due: Vec<String> =
+        let mut due: Vec<String> =
             self.in_flight.iter().filter(|(_, f)| now >= f.expires_at).map(|(id, _)| id.clone()).collect();
+        due.extend(
+            self.unvouched(now).into_iter().filter(|id| self.in_flight.get(id).is_some_and(|f| now < f.expires_at)),
+        );
         for id in &due {
             let Some(f) = self.in_flight.remove(id) else { continue };
             if let Some(e) = self.endpoints.get(f.endpoint) {
@@ -805,6 +862,46 @@ impl Pool {
         due.len()
     }
 
+    /// The tracked requests each endpoint's engine does not vouch for: the oldest of those
+    /// dispatched [`SHOWS_WITHIN`] before its last fresh scrape, as many as their sequences
+    /// exceed what that scrape showed running and waiting (plus [`VOUCH_SLACK`]). Reports
+    /// can be lost (they went to another replica, the Envoy that held them exited) and a
+    /// holder of the token can dispatch ids no client sent: either way the books would count
+    /// load the engine does not have, for up to `in_flight_ttl_s`. The engine's own count is
+    /// the one thing neither can forge, so it bounds the books to what it shows plus the last
+    /// few seconds of dispatches. The oldest go first: a request that ended unreported ended
+    /// before the ones still running.
+    fn unvouched(&self, now: Instant) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, e) in self.endpoints.iter().enumerate() {
+            let (Some(m), Some(at)) = (e.metrics, e.scraped_at) else { continue };
+            if !m.queue_read || now.saturating_duration_since(at) > VOUCH_FRESH {
+                continue;
+            }
+            let Some(cutoff) = at.checked_sub(SHOWS_WITHIN) else { continue };
+            let mut old: Vec<(&String, Instant, u32)> = self
+                .in_flight
+                .iter()
+                .filter(|(_, f)| !f.reserved && f.endpoint == i && f.dispatched_at <= cutoff)
+                .map(|(id, f)| (id, f.dispatched_at, f.sequences))
+                .collect();
+            let shown = m.running.saturating_add(m.waiting).saturating_add(VOUCH_SLACK);
+            let mut held: u32 = old.iter().fold(0u32, |n, (.., k)| n.saturating_add(*k));
+            if held <= shown {
+                continue;
+            }
+            old.sort_unstable_by_key(|(id, t, _)| (*t, *id));
+            for (id, _, k) in old {
+                if held <= shown {
+                    break;
+                }
+                held = held.saturating_sub(k);
+                out.push(id.clone());
+            }
+        }
+        out
+    }
+
     /// (requests dispatched and tracked in flight, finished ids remembered): both bounded
     /// by `max_in_flight`. Flow-control reservations are not dispatches and not counted.
     pub fn tracked(&self) -> (usize, usize) {
@@ -815,6 +912,11 @@ impl Pool {
     /// [`RECORD_TTL`] at most.
     pub fn records_kept(&self) -> usize {
         self.records.len()
+    }
+
+    /// About the bytes the records hold ([`Record::bytes`]): at most [`MAX_RECORD_BYTES`].
+    pub fn records_bytes(&self) -> usize {
+        self.records.weight
     }
 
     /// What the Gateway API Inference Extension's `inference_pool_*` gauges show: the
@@ -1028,13 +1130,36 @@ mod tests {
         p.remember(id, &request, &states, &[(Some(10.0), Some(5.0)), (Some(ttft), Some(6.0))], now);
     }
 
+    /// Predict batches of 4,096 prefix hashes a request, 100,000 of them, took the predictor
+    /// to 3.3 GB: the records are weighed, and past [`MAX_RECORD_BYTES`] the oldest go (their
+    /// dispatches are tracked without a record); the newest are kept whole.
+    #[test]
+    fn records_hold_at_most_their_byte_cap_and_keep_the_newest() {
+        let mut p = pool();
+        let now = Instant::now();
+        let request = RequestFeatures { prefix_hashes: vec![7; 4_096], ..Default::default() };
+        let states = [EndpointState::default(), EndpointState::default()];
+        let n = MAX_RECORD_BYTES / (4_096 * 8) + 500;
+        for k in 0..n {
+            p.remember(&format!("r{k}"), &request, &states, &[(None, None), (None, None)], now);
+        }
+        assert!(p.records_bytes() <= MAX_RECORD_BYTES, "{}", p.records_bytes());
+        assert!(p.records_kept() < n - 500 && p.records_kept() > (n - 500) * 9 / 10, "{}", p.records_kept());
+        assert_eq!(p.dispatch(&lean(&format!("r{}", n - 1), "a:1"), now), Applied::Accepted, "the newest kept");
+        assert_eq!(p.dispatch(&lean("r0", "a:1"), now), Applied::AcceptedWithoutRecord, "the oldest went");
+        let before = p.records_bytes();
+        p.expire(now + RECORD_TTL);
+        assert_eq!((p.records_kept(), p.records_bytes()), (0, 0), "weights leave with their records ({before})");
+    }
+
     #[test]
     fn pool_gauges_average_the_endpoints_with_fresh_metrics_only() {
         let mut p = Pool::new("p", &["a:1".into(), "b:2".into(), "c:3".into()], 100);
         let t0 = Instant::now();
         let none = p.gauges(t0, Duration::from_secs(5));
         assert_eq!((none.ready, none.kv_usage, none.waiting), (0, 0.0, 0.0), "nothing scraped: no division by zero");
-        let m = |running, waiting, kv_usage| EngineMetrics { running, waiting, kv_usage, decode: None };
+        let m =
+            |running, waiting, kv_usage| EngineMetrics { running, waiting, kv_usage, decode: None, queue_read: true };
         p.endpoints[0].scraped(m(2, 1, 0.2), t0);
         p.endpoints[1].scraped(m(4, 3, 0.6), t0 + Duration::from_secs(4));
         p.endpoints[2].scraped(m(9, 9, 0.9), t0);
@@ -1120,6 +1245,41 @@ mod tests {
             Finished::Unknown,
             "a report for an unseen request is not tracked"
         );
+    }
+
+    /// Invented dispatches (a token holder's) and lost reports held load the engine never had
+    /// for up to `in_flight_ttl_s`: 10,000 ids put 10,000 requests on an idle endpoint. Its
+    /// engine's count bounds them: once they are [`SHOWS_WITHIN`] older than a fresh scrape,
+    /// all but what it shows (and [`VOUCH_SLACK`]) are forgotten, the oldest first, and a
+    /// report that comes after all is late, not lost. The newest dispatches stand until their
+    /// engine could show them, and a scrape that read no count, or an old one, vouches for
+    /// nothing.
+    #[test]
+    fn the_books_hold_no_more_than_the_engine_shows_beyond_the_newest_dispatches() {
+        let mut p = pool();
+        let t0 = Instant::now();
+        for k in 0..10_000 {
+            p.dispatch(&dispatch(&format!("fake{k}"), "a:1", 10, None), t0);
+        }
+        p.dispatch(&dispatch("real", "a:1", 10, None), t0 + Duration::from_secs(1));
+        let later = t0 + SHOWS_WITHIN + Duration::from_secs(2);
+        p.dispatch(&dispatch("new", "a:1", 10, None), later);
+        let shows = |running| EngineMetrics { running, waiting: 1, kv_usage: 0.1, decode: None, queue_read: true };
+
+        // No count read, then a stale one: nothing is vouched against.
+        p.endpoints[0].scraped(EngineMetrics { queue_read: false, ..shows(0) }, later);
+        assert_eq!(p.expire(later), 0);
+        p.endpoints[0].scraped(shows(0), later);
+        assert_eq!(p.expire(later + VOUCH_FRESH + Duration::from_secs(1)), 0);
+
+        // Fresh: 2 running, 1 waiting, so 3 + 4 of the 10,001 old ones stay, the newest of them.
+        p.endpoints[0].scraped(shows(2), later);
+        assert_eq!(p.expire(later), 10_001 - 7);
+        assert_eq!(p.in_flight_on("a:1"), 8, "7 vouched for, and the dispatch too new to show");
+        assert!(p.in_flight.contains_key("real") && p.in_flight.contains_key("new"));
+        assert_eq!(p.finish("fake0", later), Finished::Late("a:1".into(), None), "a report after all still teaches");
+        assert_eq!(p.expire(later), 0, "what the engine shows stays");
+        assert_eq!(p.in_flight_on("b:2"), 0);
     }
 
     /// One client asking a TPOT at or near the endpoint's fastest decode step (7 ms, 5 ms)
@@ -1319,7 +1479,8 @@ mod tests {
     fn an_unreachable_server_loses_its_state_and_its_remembered_prefixes() {
         let mut p = pool();
         let now = Instant::now();
-        p.endpoints[0].metrics = Some(EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, decode: None });
+        p.endpoints[0].metrics =
+            Some(EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, decode: None, queue_read: true });
         p.endpoints[0].scraped_at = Some(now);
         p.dispatch(&dispatch("r1", "a:1", 100, None), now);
         let req = RequestFeatures { prefix_hashes: vec![1, 2], ..Default::default() };
@@ -1371,7 +1532,8 @@ mod tests {
         let addresses: Vec<&str> = p.endpoints.iter().map(|e| e.address.as_str()).collect();
         assert_eq!(addresses, ["s:1", "k:1", "k:2"], "static first, duplicates once");
         assert_eq!(p.endpoints[1].hardware_class, 2);
-        p.endpoints[2].metrics = Some(EngineMetrics { running: 4, waiting: 0, kv_usage: 0.5, decode: None });
+        p.endpoints[2].metrics =
+            Some(EngineMetrics { running: 4, waiting: 0, kv_usage: 0.5, decode: None, queue_read: true });
         p.dispatch(&dispatch("on-k1", "k:1", 10, None), now);
         p.dispatch(&dispatch("on-k2", "k:2", 10, None), now);
         p.dispatch(&dispatch("on-s1", "s:1", 10, None), now);
