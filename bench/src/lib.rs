@@ -18,6 +18,7 @@
 pub mod agreement;
 pub mod analyze;
 pub mod callouts;
+pub mod engines;
 pub mod gateway;
 pub mod host;
 pub mod progress;
@@ -846,11 +847,18 @@ impl Measure for Bench<'_> {
     fn measure(&mut self, rate: f64, seed: u64, run: u32) -> anyhow::Result<Summary> {
         let (work, measured) = step_work(self.workload, seed, rate, run, self.opts.step_s, self.ladder)?;
         let (overflow_before, cpu_before) = (self.stack.gateway_overflow(), host::CpuTimes::now());
+        let procs_before = host::ProcessTimes::now(&self.stack.state.procs);
         let observed_before = self.observations_since(0, 1).map(|(total, _)| total);
-        let outcomes = self.runtime.block_on(runner::run_with_trailing(&self.target, &work, measured))?;
-        let (outcomes, mut s) = measured_step(outcomes, self.ladder, self.opts.step_s);
+        let engines = engines::Sampler::start(self.stack.state.servers.clone());
+        let outcomes = self.runtime.block_on(runner::run_with_trailing(&self.target, &work, measured));
+        let engine_queue = engines.stop();
+        let (outcomes, mut s) = measured_step(outcomes?, self.ladder, self.opts.step_s);
         s.gateway_overflow = overflow_before.zip(self.stack.gateway_overflow()).map(|(a, b)| b.saturating_sub(a));
         s.host_cpu_busy = cpu_before.zip(host::CpuTimes::now()).and_then(|(a, b)| b.busy_since(&a));
+        s.cpu_by_part = procs_before
+            .zip(host::ProcessTimes::now(&self.stack.state.procs))
+            .map(|(a, b)| b.shares_since(&a, s.host_cpu_busy));
+        s.engine_queue = engine_queue;
         let file = requests_file(self.workload, self.contender.name, rate, seed);
         print_step(self.workload, self.contender.name, rate, seed, &s, self.progress);
         write_requests(&self.opts.out, &file, &outcomes)?;
@@ -919,9 +927,10 @@ pub fn recompute(out: &Path, results: &mut BenchResults) -> anyhow::Result<usize
                 let path = out.join("requests").join(requests_file(&w.workload, &r.router, rate, seed));
                 let Some(outcomes) = read_outcomes(&path)? else { continue };
                 // What was read from Envoy and the host while it ran is not in the outcomes.
-                let (gateway_overflow, host_cpu_busy) = (summary.gateway_overflow, summary.host_cpu_busy);
+                let read =
+                    (summary.gateway_overflow, summary.host_cpu_busy, summary.engine_queue, summary.cpu_by_part.take());
                 *summary = Summary::of(&outcomes, w.step_s);
-                (summary.gateway_overflow, summary.host_cpu_busy) = (gateway_overflow, host_cpu_busy);
+                (summary.gateway_overflow, summary.host_cpu_busy, summary.engine_queue, summary.cpu_by_part) = read;
                 done += 1;
             }
         }

@@ -478,6 +478,9 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
     s.push_str(&conditions(w));
     s.push_str(&tier_precision(w, &rates));
     s.push_str(&interactive_and_shed(w, &rates));
+    s.push_str(&later_turns(w, &rates));
+    s.push_str(&engine_queues(w, &rates));
+    s.push_str(&cpu_outside_engines(w, &rates));
     if let Some(rate) = equal_load_rate(w) {
         let _ = writeln!(
             s,
@@ -599,6 +602,92 @@ fn interactive_and_shed(w: &WorkloadRun, rates: &[f64]) -> String {
     })
 }
 
+/// Per router and rate, in the workloads with sessions: the later turns' TTFT p50 / p90, each
+/// the mean over the seeds. A later turn placed where its conversation is cached prefills only
+/// its new message, so this is where cache placement shows (issue #84's "TTFT p90 of later
+/// turns" target compares it against least request's).
+fn later_turns(w: &WorkloadRun, rates: &[f64]) -> String {
+    let title = "Later turns' TTFT p50 / p90 ms (turns after a conversation's first), by requested rate, the mean over the seeds:";
+    rate_table(w, rates, title, |ms| {
+        let mean = |i: usize| {
+            let v: Vec<f64> = ms.iter().filter_map(|x| x.later_turn_ttft_ms.and_then(|q| q[i])).collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        match (mean(0), mean(1)) {
+            (Some(p50), Some(p90)) => Some(format!("{p50:.0} / {p90:.0}")),
+            _ => None,
+        }
+    })
+}
+
+/// Per router and rate: requests waiting in the engines, as their own metrics said while it
+/// ran (`engines`): whether the engines, not the host or the gateway, were the limit.
+fn engine_queues(w: &WorkloadRun, rates: &[f64]) -> String {
+    let title = "Requests waiting in the engines (`vllm:num_requests_waiting`, read each second): the mean per engine / the most, and the share of readings with any waiting, by requested rate, the mean over the seeds:";
+    rate_table(w, rates, title, |ms| {
+        let qs: Vec<_> = ms.iter().filter_map(|x| x.engine_queue).collect();
+        let n = qs.len() as f64;
+        (!qs.is_empty()).then(|| {
+            let mean = qs.iter().map(|q| q.waiting_mean).sum::<f64>() / n;
+            let most = qs.iter().map(|q| q.waiting_max).fold(0.0, f64::max);
+            let share = qs.iter().map(|q| q.queued_share).sum::<f64>() / n;
+            format!("{mean:.1} / {most:.0} ({})", pct(share))
+        })
+    })
+}
+
+/// Per router and rate: the host's CPU outside the engines (the servers' API processes, Envoy,
+/// the predictor, the load generator, the rest) and in them. On a CPU host an engine that
+/// queues keeps its core busy, so what must stay small is the first (issue #84: at most 20%).
+fn cpu_outside_engines(w: &WorkloadRun, rates: &[f64]) -> String {
+    let title = "Host CPU outside the engines / in the engines (shares of the whole host: the model servers' API processes, Envoy, the predictor, the load generator and the rest against the engines' own processes), by requested rate, the mean over the seeds:";
+    let mut s = rate_table(w, rates, title, |ms| {
+        let split: Vec<(f64, f64)> = ms
+            .iter()
+            .filter_map(|x| {
+                let parts = x.cpu_by_part.as_ref()?;
+                let engines = parts.get(headroom_stack::host::ENGINES).copied().unwrap_or(0.0);
+                Some((parts.values().sum::<f64>() - engines, engines))
+            })
+            .collect();
+        let n = split.len() as f64;
+        (!split.is_empty()).then(|| {
+            let (outside, inside) = split.iter().fold((0.0, 0.0), |(a, b), (o, i)| (a + o, b + i));
+            format!("{} / {}", pct(outside / n), pct(inside / n))
+        })
+    });
+    let Some(rate) = equal_load_rate(w) else { return s };
+    let mut parts: Vec<&String> = w
+        .runs
+        .iter()
+        .filter_map(|r| at_rate(r, rate))
+        .filter_map(|x| x.cpu_by_part.as_ref())
+        .flat_map(|p| p.keys())
+        .collect();
+    parts.sort();
+    parts.dedup();
+    if parts.is_empty() {
+        return s;
+    }
+    let names: Vec<&str> = parts.iter().map(|p| p.as_str()).collect();
+    let _ = writeln!(
+        s,
+        "
+Host CPU by process at {rate} req/s (shares of the whole host):
+
+| router | {} |
+| --- |{}",
+        names.join(" | "),
+        " ---: |".repeat(parts.len())
+    );
+    for r in &w.runs {
+        let Some(by) = at_rate(r, rate).and_then(|x| x.cpu_by_part.as_ref()) else { continue };
+        let cells: Vec<String> = parts.iter().map(|p| by.get(*p).map_or("-".into(), |v| pct(*v))).collect();
+        let _ = writeln!(s, "| {} | {} |", r.router, cells.join(" | "));
+    }
+    s
+}
+
 /// The whole report.
 /// "6 H100, 2 A100": each profile's count, in first-seen order.
 fn fleet(profiles: &[String]) -> String {
@@ -693,8 +782,35 @@ fn conditions(w: &WorkloadRun) -> String {
         let n = overflows.len();
         let _ = writeln!(s, "\nGateway caps: Envoy's circuit breakers held back no request in the {n} measurements.");
     }
+    // On real engines each engine's processes are its core's work: a host busy with them is
+    // the fleet at load, and what could set latencies instead is the CPU everything else used.
+    let outside = recorded(w, |m| {
+        let parts = m.cpu_by_part.as_ref()?;
+        let engines = parts.get(headroom_stack::host::ENGINES)?;
+        Some(parts.values().sum::<f64>() - engines)
+    });
     let busy = recorded(w, |m| m.host_cpu_busy);
-    if let Some(most) = busy.iter().map(|m| m.2).reduce(f64::max) {
+    if let Some(most) = outside.iter().map(|m| m.2).reduce(f64::max) {
+        let over = shares_over(&outside, host::OUTSIDE_ENGINES);
+        let most_busy = busy.iter().map(|m| m.2).fold(0.0, f64::max);
+        if over.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nHost CPU: at most {} busy, the engines' own processes included; outside them (the servers' API processes, Envoy, the predictor, the load generator, the rest) at most {} over the {} measurements (host-bound above {}).",
+                pct(most_busy),
+                pct(most),
+                outside.len(),
+                pct(host::OUTSIDE_ENGINES)
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "\nHost CPU: **outside the engines above {}** in {}: there the host's other work may have set latencies.",
+                pct(host::OUTSIDE_ENGINES),
+                over.join(", ")
+            );
+        }
+    } else if let Some(most) = busy.iter().map(|m| m.2).reduce(f64::max) {
         let over = shares_over(&busy, host::BUSY);
         if over.is_empty() {
             let (n, limit) = (busy.len(), pct(host::BUSY));
@@ -839,6 +955,9 @@ mod tests {
             gateway_overflow: None,
             host_cpu_busy: None,
             fallback: None,
+            later_turn_ttft_ms: None,
+            engine_queue: None,
+            cpu_by_part: None,
         };
         (rate, s)
     }
@@ -1133,6 +1252,42 @@ mod tests {
         let md = markdown(&sim);
         assert!(md.contains("routed in simulated time"), "{md}");
         assert!(!md.contains("behind the real Envoy"), "a simulated run never claims the real gateway: {md}");
+    }
+
+    #[test]
+    fn engine_queues_and_the_cpu_outside_the_engines_are_tabled_where_read() {
+        let mut w = workload();
+        let md = section(&w, &one_run(vec![w.clone()]));
+        assert!(!md.contains("waiting in the engines") && !md.contains("outside the engines"), "{md}");
+        let q = crate::engines::EngineQueue {
+            waiting_mean: 1.3,
+            waiting_max: 6.0,
+            running_mean: 3.0,
+            queued_share: 0.4,
+            samples: 60,
+        };
+        w.runs[1].points[1].1.engine_queue = Some(q);
+        let parts = [("vLLM engines", 0.5), ("vLLM API servers", 0.1), ("Envoy", 0.02), ("other", 0.05)];
+        w.runs[1].points[1].1.cpu_by_part = Some(parts.iter().map(|(k, v)| (k.to_string(), *v)).collect());
+        let md = section(&w, &one_run(vec![w.clone()]));
+        assert!(md.contains("| lr | - | 1.3 / 6 (40.0%) | - | - |"), "{md}");
+        assert!(md.contains("| lr | - | 17.0% / 50.0% | - | - |"), "{md}");
+        assert!(md.contains("| router | Envoy | other | vLLM API servers | vLLM engines |"), "{md}");
+        assert!(md.contains("| lr | 2.0% | 5.0% | 10.0% | 50.0% |"), "{md}");
+        assert!(md.contains("outside them (the servers' API processes, Envoy, the predictor, the load generator, the rest) at most 17.0% over the 1 measurements (host-bound above 20.0%)"), "{md}");
+        w.runs[1].points[1].1.cpu_by_part.as_mut().unwrap().insert("other".into(), 0.3);
+        let md = section(&w, &one_run(vec![w.clone()]));
+        assert!(md.contains("**outside the engines above 20.0%** in lr at 20 req/s (42.0%)"), "{md}");
+    }
+
+    #[test]
+    fn later_turns_are_tabled_only_where_there_were_sessions() {
+        let mut w = workload();
+        assert!(!section(&w, &one_run(vec![w.clone()])).contains("Later turns"), "no sessions, no table");
+        w.runs[0].points[0].1.later_turn_ttft_ms = Some([Some(210.0), Some(390.0)]);
+        let md = section(&w, &one_run(vec![w.clone()]));
+        assert!(md.contains("Later turns' TTFT p50 / p90 ms"), "{md}");
+        assert!(md.contains("| rr | 210 / 390 | - |"), "{md}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::engines::EngineQueue;
 use headroom_loadgen::report::quantile;
 use headroom_loadgen::runner::Outcome;
 use headroom_protocol::RouteSource;
@@ -26,8 +27,8 @@ pub struct Summary {
     pub shed: f64,
     /// Share of requests that failed otherwise (not 200, not 429).
     pub failed: f64,
-    /// Requests served per model server (`x-served-by`; for servers that do not send it, as
-    /// vLLM does not, the endpoint headroom chose).
+    /// Requests served per model server (`x-served-by`, which the local stack's Envoy adds for
+    /// vLLM; without it, the endpoint headroom chose).
     pub per_server: BTreeMap<String, usize>,
     /// Attainment of the non-sheddable requests (priority >= 0) alone: what the SLO
     /// classes exist to protect. Shed sheddable requests do not count against it.
@@ -63,6 +64,21 @@ pub struct Summary {
     /// not the routing. `None` for routers that place nothing themselves (plain Envoy).
     #[serde(default)]
     pub fallback: Option<f64>,
+    /// TTFT p50 / p90 (ms) of the successful later turns of conversations (turn >= 1), in
+    /// the workloads with sessions: a later turn whose conversation is cached where it goes
+    /// prefills only its new message, so these show cache placement where the overall TTFT
+    /// mixes it with first turns' full prefills (`None`: no sessions, or older results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub later_turn_ttft_ms: Option<[Option<f64>; 2]>,
+    /// What the model servers' own metrics said while it ran (`engines`): whether requests
+    /// waited in the engines. Kept like `gateway_overflow` (`None`: not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_queue: Option<EngineQueue>,
+    /// Each part of the stack's share of the host's CPU while it ran (`headroom_stack::host::
+    /// ProcessTimes`: the engines, the servers' API processes, Envoy, the predictor, the load
+    /// generator, the rest). Kept like `gateway_overflow` (`None`: not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_by_part: Option<BTreeMap<String, f64>>,
 }
 
 /// Requests placed in one tier, and how many of them met their SLOs.
@@ -117,6 +133,7 @@ impl Summary {
         let ttft: Vec<f64> = ok().filter_map(|o| o.ttft_ms).collect();
         let tpot: Vec<f64> = ok().filter_map(|o| o.tpot_ms).collect();
         let q = |v: &[f64]| [quantile(v, 0.5), quantile(v, 0.9), quantile(v, 0.99)];
+        let later: Vec<f64> = ok().filter(|o| o.turn.is_some_and(|t| t > 0)).filter_map(|o| o.ttft_ms).collect();
         let mut per_server = BTreeMap::new();
         for s in outcomes.iter().filter_map(|o| o.served_by.as_ref().or(o.chosen.as_ref())) {
             *per_server.entry(s.clone()).or_default() += 1;
@@ -148,6 +165,9 @@ impl Summary {
                 .iter()
                 .any(|o| o.tier.is_some())
                 .then(|| TierCount::in_tier(outcomes, RouteSource::Fallback).map_or(0, |t| t.placed) as f64 / n),
+            later_turn_ttft_ms: (!later.is_empty()).then(|| [quantile(&later, 0.5), quantile(&later, 0.9)]),
+            engine_queue: None,
+            cpu_by_part: None,
         }
     }
 
@@ -269,6 +289,20 @@ mod tests {
         assert_eq!(s.load_spread(3), (0, 2));
         assert_eq!(s.ttft_ms[0], Some(50.0));
         assert_eq!(s.fallback, None, "plain Envoy places nothing itself");
+        assert_eq!(s.later_turn_ttft_ms, None, "no sessions");
+    }
+
+    #[test]
+    fn later_turns_ttft_leaves_out_first_turns_and_failures() {
+        let turn =
+            |t: u32, status: u16, ttft: f64| Outcome { turn: Some(t), session: Some(1), ..outcome(status, ttft, "a") };
+        let outs = [turn(0, 200, 2000.0), turn(1, 200, 100.0), turn(2, 200, 300.0), turn(3, 503, 0.0)];
+        let s = Summary::of(&outs, 1.0);
+        let [p50, p90] = s.later_turn_ttft_ms.expect("sessions");
+        assert!(
+            p50.is_some_and(|v| (100.0..=300.0).contains(&v)) && p90.is_some_and(|v| v <= 300.0),
+            "{p50:?} {p90:?}"
+        );
     }
 
     #[test]

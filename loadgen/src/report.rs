@@ -82,8 +82,8 @@ pub fn compare(first: (&str, &[Outcome]), second: (&str, &[Outcome])) -> String 
 }
 
 /// A plain-text table: requests per endpoint, then per SLO class. The endpoint is the
-/// server's own `x-served-by` (the simulator sends it), else the filter's choice (debug
-/// headers); a server that says neither (real vLLM behind plain Envoy) is "(not said)".
+/// `x-served-by` (the simulator's own, or the local stack's Envoy's), else the filter's choice
+/// (debug headers); a response that says neither is "(not said)".
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut out = String::new();
     let mut per_endpoint: BTreeMap<String, usize> = BTreeMap::new();

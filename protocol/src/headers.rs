@@ -74,7 +74,8 @@ pub const SESSION_ID: &str = "x-session-id";
 /// and a try past it is retried on the next endpoint.
 pub const PER_TRY_TIMEOUT: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
 
-/// Response header of the simulated model server: its own address.
+/// Response header naming the model server that answered (`ip:port`): the simulator sends its
+/// own, and the local stack's Envoy configs add it where the server did not (vLLM).
 pub const SERVED_BY: &str = "x-served-by";
 
 /// True for a header a gateway routes by and must not forward to model servers
