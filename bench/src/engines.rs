@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use headroom_predictor_core::engine_metrics::parse_engine_metrics;
 use serde::{Deserialize, Serialize};
 
 /// Requests waiting and running in the engines over a measurement, per server and sample.
@@ -66,22 +67,10 @@ impl Sampler {
     }
 }
 
-/// `(waiting, running)` of one `/metrics` page: each gauge summed over its series (one per
-/// engine of a data-parallel server); `None` when neither is there.
+/// `(waiting, running)` of one `/metrics` page, as the predictor reads it (each gauge summed
+/// over its series, one per engine of a data-parallel server); `None` when neither is there.
 fn queue(page: &str) -> Option<(f64, f64)> {
-    let (mut waiting, mut running) = (None::<f64>, None::<f64>);
-    for line in page.lines().filter(|l| !l.starts_with('#')) {
-        let name = line.split(['{', ' ']).next().unwrap_or("");
-        let slot = match name {
-            "vllm:num_requests_waiting" => &mut waiting,
-            "vllm:num_requests_running" => &mut running,
-            _ => continue,
-        };
-        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite()) {
-            *slot = Some(slot.unwrap_or(0.0) + v);
-        }
-    }
-    (waiting.is_some() || running.is_some()).then(|| (waiting.unwrap_or(0.0), running.unwrap_or(0.0)))
+    parse_engine_metrics(page).filter(|m| m.queue_read).map(|m| (f64::from(m.waiting), f64::from(m.running)))
 }
 
 fn summarize(samples: &[(f64, f64)]) -> Option<EngineQueue> {

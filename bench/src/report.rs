@@ -642,14 +642,7 @@ fn engine_queues(w: &WorkloadRun, rates: &[f64]) -> String {
 fn cpu_outside_engines(w: &WorkloadRun, rates: &[f64]) -> String {
     let title = "Host CPU outside the engines / in the engines (shares of the whole host: the model servers' API processes, Envoy, the predictor, the load generator and the rest against the engines' own processes), by requested rate, the mean over the seeds:";
     let mut s = rate_table(w, rates, title, |ms| {
-        let split: Vec<(f64, f64)> = ms
-            .iter()
-            .filter_map(|x| {
-                let parts = x.cpu_by_part.as_ref()?;
-                let engines = parts.get(headroom_stack::host::ENGINES).copied().unwrap_or(0.0);
-                Some((parts.values().sum::<f64>() - engines, engines))
-            })
-            .collect();
+        let split: Vec<(f64, f64)> = ms.iter().filter_map(|x| x.cpu_outside_engines()).collect();
         let n = split.len() as f64;
         (!split.is_empty()).then(|| {
             let (outside, inside) = split.iter().fold((0.0, 0.0), |(a, b), (o, i)| (a + o, b + i));
@@ -784,11 +777,7 @@ fn conditions(w: &WorkloadRun) -> String {
     }
     // On real engines each engine's processes are its core's work: a host busy with them is
     // the fleet at load, and what could set latencies instead is the CPU everything else used.
-    let outside = recorded(w, |m| {
-        let parts = m.cpu_by_part.as_ref()?;
-        let engines = parts.get(headroom_stack::host::ENGINES)?;
-        Some(parts.values().sum::<f64>() - engines)
-    });
+    let outside = recorded(w, |m| m.cpu_outside_engines().map(|(outside, _)| outside));
     let busy = recorded(w, |m| m.host_cpu_busy);
     if let Some(most) = outside.iter().map(|m| m.2).reduce(f64::max) {
         let over = shares_over(&outside, host::OUTSIDE_ENGINES);

@@ -171,6 +171,16 @@ impl Summary {
         }
     }
 
+    /// The host's CPU outside the engines' own processes and in them, from `cpu_by_part`
+    /// (`None`: not read, or no real engine ran: the simulator's servers are no engine's
+    /// core). On a CPU host an engine that queues keeps its core busy, so the first is what
+    /// could set latencies instead of the routing.
+    pub fn cpu_outside_engines(&self) -> Option<(f64, f64)> {
+        let parts = self.cpu_by_part.as_ref()?;
+        let engines = *parts.get(headroom_stack::host::ENGINES)?;
+        Some((parts.values().sum::<f64>() - engines, engines))
+    }
+
     /// Fewest and most requests any server took (a server that took none counts when `servers` says it exists).
     pub fn load_spread(&self, servers: usize) -> (usize, usize) {
         let mut counts: Vec<usize> = self.per_server.values().copied().collect();

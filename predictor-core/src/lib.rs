@@ -12,6 +12,7 @@
 //! flow-control queue, its decisions and admission).
 
 pub mod clock;
+pub mod engine_metrics;
 /// The configuration file, parsed in its own crate (`predictor-config/`).
 pub use headroom_predictor_config as config;
 pub mod flow;

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use headroom_predictor::config::Config;
-use headroom_predictor::scrape::parse_engine_metrics;
 use headroom_predictor::state::AppState;
 use headroom_predictor_core::clock::{Clock, ManualClock};
+use headroom_predictor_core::engine_metrics::parse_engine_metrics;
 
 /// Engine metrics of a server far behind: a request with a minute's SLO has room there,
 /// but the queue ahead of it is past any horizon, so it waits.

@@ -324,15 +324,23 @@ async fn a_metrics_body_over_the_cap_fails_the_scrape() {
     let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { big.clone() }));
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let client = reqwest::Client::new();
-    let err =
-        headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 4096, headroom_predictor::scrape::vllm())
-            .await
-            .unwrap_err();
+    let err = headroom_predictor::scrape::scrape_one(
+        &client,
+        &addr.to_string(),
+        4096,
+        headroom_predictor_core::engine_metrics::vllm(),
+    )
+    .await
+    .unwrap_err();
     assert!(err.message.contains("max_scrape_bytes") && !err.unreachable, "{err}");
-    let ok =
-        headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20, headroom_predictor::scrape::vllm())
-            .await
-            .unwrap();
+    let ok = headroom_predictor::scrape::scrape_one(
+        &client,
+        &addr.to_string(),
+        1 << 20,
+        headroom_predictor_core::engine_metrics::vllm(),
+    )
+    .await
+    .unwrap();
     assert_eq!(ok.running, 1);
     server.abort();
 }
@@ -537,10 +545,14 @@ async fn a_metrics_redirect_is_not_followed() {
     let app = axum::Router::new().route("/metrics", axum::routing::get(redirect));
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let client = headroom_predictor::scrape::scrape_client(std::time::Duration::from_secs(2)).unwrap();
-    let err =
-        headroom_predictor::scrape::scrape_one(&client, &addr.to_string(), 1 << 20, headroom_predictor::scrape::vllm())
-            .await
-            .unwrap_err();
+    let err = headroom_predictor::scrape::scrape_one(
+        &client,
+        &addr.to_string(),
+        1 << 20,
+        headroom_predictor_core::engine_metrics::vllm(),
+    )
+    .await
+    .unwrap_err();
     assert!(err.message.contains("302"), "{err}");
     server.abort();
     other.abort();

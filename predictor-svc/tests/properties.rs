@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use headroom_predictor::scrape::parse_engine_metrics;
+use headroom_predictor_core::engine_metrics::parse_engine_metrics;
 use headroom_predictor_core::model::features;
 use headroom_predictor_core::model::prior::AnalyticPrior;
 use headroom_predictor_core::model::sampler::Samples;

@@ -872,26 +872,37 @@ impl Pool {
     /// few seconds of dispatches. The oldest go first: a request that ended unreported ended
     /// before the ones still running.
     fn unvouched(&self, now: Instant) -> Vec<String> {
-        let mut out = Vec::new();
-        for (i, e) in self.endpoints.iter().enumerate() {
-            let (Some(m), Some(at)) = (e.metrics, e.scraped_at) else { continue };
-            if !m.queue_read || now.saturating_duration_since(at) > VOUCH_FRESH {
-                continue;
+        // Per endpoint whose engine vouches: the dispatch time before which a request must
+        // show, and the sequences it showed (plus the slack).
+        let vouching: Vec<Option<(Instant, u32)>> = self
+            .endpoints
+            .iter()
+            .map(|e| {
+                let (m, at) = (e.metrics?, e.scraped_at?);
+                if !m.queue_read || now.saturating_duration_since(at) > VOUCH_FRESH {
+                    return None;
+                }
+                Some((at.checked_sub(SHOWS_WITHIN)?, m.running.saturating_add(m.waiting).saturating_add(VOUCH_SLACK)))
+            })
+            .collect();
+        // One pass over the books, however many endpoints: the old enough requests of each.
+        let mut old: Vec<Vec<(&String, Instant, u32)>> = vec![Vec::new(); vouching.len()];
+        for (id, f) in self.in_flight.iter().filter(|(_, f)| !f.reserved) {
+            if let Some(Some((cutoff, _))) = vouching.get(f.endpoint) {
+                if f.dispatched_at <= *cutoff {
+                    old[f.endpoint].push((id, f.dispatched_at, f.sequences));
+                }
             }
-            let Some(cutoff) = at.checked_sub(SHOWS_WITHIN) else { continue };
-            let mut old: Vec<(&String, Instant, u32)> = self
-                .in_flight
-                .iter()
-                .filter(|(_, f)| !f.reserved && f.endpoint == i && f.dispatched_at <= cutoff)
-                .map(|(id, f)| (id, f.dispatched_at, f.sequences))
-                .collect();
-            let shown = m.running.saturating_add(m.waiting).saturating_add(VOUCH_SLACK);
-            let mut held: u32 = old.iter().fold(0u32, |n, (.., k)| n.saturating_add(*k));
+        }
+        let mut out = Vec::new();
+        for (mut held_there, vouch) in old.into_iter().zip(&vouching) {
+            let Some((_, shown)) = *vouch else { continue };
+            let mut held: u32 = held_there.iter().fold(0u32, |n, (.., k)| n.saturating_add(*k));
             if held <= shown {
                 continue;
             }
-            old.sort_unstable_by_key(|(id, t, _)| (*t, *id));
-            for (id, _, k) in old {
+            held_there.sort_unstable_by_key(|(id, t, _)| (*t, *id));
+            for (id, _, k) in held_there {
                 if held <= shown {
                     break;
                 }
