@@ -1,4 +1,4 @@
-//! `headroom-bench analyze`: what the report leaves out, read from a run's `results.json` and
+//! `headroom-bench analyze`: what the report leaves out, read from a run's `results.json.gz` and
 //! its per-request logs with the definitions the report itself uses ([`Outcome::met_slo`],
 //! [`Outcome::missed`], [`Summary::of`]): every class over every seed, where each server's
 //! requests went and how they fared, and how flow control let each class through.
@@ -11,7 +11,7 @@ use headroom_loadgen::report::quantile;
 use headroom_loadgen::runner::Outcome;
 
 use crate::summary::Summary;
-use crate::{read_outcomes, requests_file, seeds_of, BenchResults};
+use crate::{read_outcomes, requests_file, seeds_of};
 
 /// What `analyze` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -44,9 +44,7 @@ pub struct Measured {
 /// Every measurement of the run in `dir` whose per-request log is there (`requests/`, named
 /// as the run wrote it; a reference assembled from parts may hold none for some).
 pub fn load(dir: &Path) -> anyhow::Result<Vec<Measured>> {
-    let path = dir.join("results.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let results: BenchResults = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let results = crate::read_results(dir)?;
     let run = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
     let mut out = Vec::new();
     for w in &results.workloads {
@@ -285,7 +283,7 @@ fn flows(measured: &[Measured]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{repeat_seed, RouterRun, WorkloadRun, LADDER_SEED};
+    use crate::{repeat_seed, BenchResults, RouterRun, WorkloadRun, LADDER_SEED};
 
     fn outcome(class: &str, priority: i32, ttft: f64, flow: &str, server: &str) -> Outcome {
         Outcome {
@@ -339,7 +337,7 @@ mod tests {
                 ratios: None,
             }],
         };
-        std::fs::write(dir.join("results.json"), serde_json::to_string(&results).unwrap_or_default())
+        std::fs::write(dir.join(crate::RESULTS_FILE), crate::encode_results(&results).unwrap_or_default())
             .unwrap_or_default();
         dir
     }

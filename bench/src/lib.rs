@@ -405,7 +405,7 @@ pub struct WorkloadRun {
     pub ratios: Option<report::Ratios>,
 }
 
-/// Everything the report is made from (also written as `results.json`).
+/// Everything the report is made from (also written as `RESULTS_FILE`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchResults {
     pub command: String,
@@ -692,7 +692,7 @@ pub trait Lab: Sync {
         1
     }
 
-    /// What `results.json` records as the workload's engine (`None`: the simulator's servers).
+    /// What the results file records as the workload's engine (`None`: the simulator's servers).
     fn engine(&self) -> Option<String> {
         None
     }
@@ -1154,7 +1154,7 @@ impl Board {
     }
 }
 
-/// Runs the whole benchmark and writes `report.md`, `results.json`, one SVG per workload
+/// Runs the whole benchmark and writes `report.md`, `RESULTS_FILE`, one SVG per workload
 /// and the per-request JSON lines under `opts.out`.
 pub fn run(opts: &BenchOptions, command: &str) -> anyhow::Result<BenchResults> {
     run_on(&StackLab { opts }, opts, command)
@@ -1348,29 +1348,54 @@ pub fn run_on(lab: &dyn Lab, opts: &BenchOptions, command: &str) -> anyhow::Resu
     Ok(results)
 }
 
+/// The name of a run's raw results in its output directory: compact JSON, gzipped (a reference
+/// run's is megabytes as text and a tenth of that compressed; `zcat results.json.gz | jq` reads it).
+pub const RESULTS_FILE: &str = "results.json.gz";
+
 /// Writes the report, the raw results (with each workload's ratios) and the charts.
 pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
-    for (name, text) in render(results)? {
-        std::fs::write(out.join(name), text)?;
+    for (name, bytes) in render(results)? {
+        std::fs::write(out.join(name), bytes)?;
     }
     Ok(())
 }
 
-/// Every file `write_outputs` writes for `results`, by name: `results.json` (with each
+/// Every file `write_outputs` writes for `results`, by name: `RESULTS_FILE` (with each
 /// workload's ratios), `report.md` and one SVG per workload. The one place they are made, so a
 /// committed reference can be checked against what its own results render.
-pub fn render(results: &BenchResults) -> anyhow::Result<Vec<(String, String)>> {
+pub fn render(results: &BenchResults) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     let mut results = results.clone();
     for w in &mut results.workloads {
         w.ratios = report::ratios(w);
     }
     let mut files = vec![
-        ("results.json".to_string(), serde_json::to_string_pretty(&results)? + "\n"),
-        ("report.md".to_string(), report::markdown(&results)),
+        (RESULTS_FILE.to_string(), encode_results(&results)?),
+        ("report.md".to_string(), report::markdown(&results).into_bytes()),
     ];
-    files.extend(results.workloads.iter().map(|w| (format!("{}.svg", w.workload), report::chart(w))));
+    files.extend(results.workloads.iter().map(|w| (format!("{}.svg", w.workload), report::chart(w).into_bytes())));
     Ok(files)
+}
+
+/// `results` as `RESULTS_FILE` holds them: compact JSON, gzipped without a timestamp, so the
+/// same results make the same bytes.
+pub fn encode_results(results: &BenchResults) -> anyhow::Result<Vec<u8>> {
+    let mut gz = flate2::GzBuilder::new().mtime(0).write(Vec::new(), flate2::Compression::best());
+    serde_json::to_writer(&mut gz, results)?;
+    Ok(gz.finish()?)
+}
+
+/// Reads a run's raw results: `path` is the run's directory (its `RESULTS_FILE`) or a results
+/// file, gzipped (told by its magic bytes) or plain JSON. Errors name the file.
+pub fn read_results(path: &Path) -> anyhow::Result<BenchResults> {
+    let file = if path.is_dir() { path.join(RESULTS_FILE) } else { path.to_path_buf() };
+    let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", file.display());
+    let bytes = std::fs::read(&file).map_err(|e| named(&e))?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        serde_json::from_reader(flate2::read::GzDecoder::new(&bytes[..])).map_err(|e| named(&e))
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| named(&e))
+    }
 }
 
 impl BenchResults {
@@ -1452,22 +1477,26 @@ mod tests {
     }
 
     /// The committed references (`docs/bench/`, and the real-engine one under `docs/bench/vllm/`)
-    /// are what `headroom-bench report` renders from their own `results.json`: nobody edits a
+    /// are what `headroom-bench report` renders from their own `results.json.gz`: nobody edits a
     /// report by hand, and a change to the rendering shows up here until they are regenerated.
     #[test]
     fn the_committed_references_are_what_their_results_render() {
         let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench");
         for dir in [docs.clone(), docs.join("vllm"), docs.join("sim")] {
-            let Ok(text) = std::fs::read_to_string(dir.join("results.json")) else {
-                assert!(dir != docs, "docs/bench/results.json is missing");
+            let Ok(results) = read_results(&dir) else {
+                assert!(dir != docs, "docs/bench/{RESULTS_FILE} is missing");
                 continue;
             };
-            let results: BenchResults = serde_json::from_str(&text).unwrap();
             for (name, rendered) in render(&results).unwrap() {
-                let committed = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
+                let committed = std::fs::read(dir.join(&name)).unwrap_or_default();
+                // The results file is compared as the results it holds, not as compressed bytes.
+                let same = match name == RESULTS_FILE {
+                    true => decoded(&committed) == decoded(&rendered),
+                    false => committed == rendered,
+                };
                 assert!(
-                    committed == rendered,
-                    "{}/{name} is not what `headroom-bench report --out {}` renders from its results.json: \
+                    same,
+                    "{}/{name} is not what `headroom-bench report --out {}` renders from its {RESULTS_FILE}: \
                      regenerate it, never edit it",
                     dir.display(),
                     dir.display()
@@ -1475,15 +1504,36 @@ mod tests {
             }
         }
         // And the simulated bench's agreement with the real one, from both results.
-        let read = |dir: &Path| -> BenchResults {
-            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap()
-        };
-        let agreement = crate::agreement::table(&read(&docs), &read(&docs.join("sim")));
+        let agreement =
+            crate::agreement::table(&read_results(&docs).unwrap(), &read_results(&docs.join("sim")).unwrap());
         assert!(
             std::fs::read_to_string(docs.join("sim/agreement.md")).unwrap_or_default() == agreement,
-            "docs/bench/sim/agreement.md is not what `headroom-bench agreement --real docs/bench/results.json \
-             --sim docs/bench/sim/results.json` prints: regenerate it, never edit it"
+            "docs/bench/sim/agreement.md is not what `headroom-bench agreement --real docs/bench \
+             --sim docs/bench/sim` prints: regenerate it, never edit it"
         );
+    }
+
+    /// The JSON a gzipped results file holds.
+    fn decoded(gz: &[u8]) -> serde_json::Value {
+        serde_json::from_reader(flate2::read::GzDecoder::new(gz)).unwrap_or_default()
+    }
+
+    #[test]
+    fn results_read_back_gzipped_or_plain_and_name_the_file_they_cannot_read() {
+        let dir = std::env::temp_dir().join(format!("headroom-results-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let results = BenchResults { command: "c".into(), profiles: vec![], time_scale: 1.0, workloads: vec![] };
+        write_outputs(&dir, &results).unwrap();
+        let gz = std::fs::read(dir.join(RESULTS_FILE)).unwrap();
+        assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzipped");
+        assert_eq!(gz, encode_results(&results).unwrap(), "the same results make the same bytes");
+        assert_eq!(read_results(&dir).unwrap().workloads.len(), 0);
+        std::fs::write(dir.join("plain.json"), serde_json::to_string(&results).unwrap()).unwrap();
+        assert!(read_results(&dir.join("plain.json")).is_ok());
+        std::fs::write(dir.join("bad.json"), "{").unwrap();
+        let err = read_results(&dir.join("bad.json")).unwrap_err().to_string();
+        assert!(err.contains("bad.json"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! (docs/reliability.md), and the tables read from a run's results.
 
 use clap::{Parser, Subcommand};
-use headroom_bench::{BenchOptions, BenchResults};
+use headroom_bench::{read_results, BenchOptions};
 use headroom_stack::locate;
 
 /// mimalloc, not glibc's malloc: `sim` allocates and frees small buffers at a high rate
@@ -42,7 +42,7 @@ enum Cmd {
         rates: Option<String>,
         /// How many of the azure trace's requests every rate replays (default: as many as the
         /// ladder's lowest rate sends in one step). To add rungs to another run's ladder on the
-        /// same traffic, give its `trace_window` from results.json.
+        /// same traffic, give its `trace_window` from its results.
         #[arg(long)]
         trace_window: Option<usize>,
         /// Seconds of measured traffic per router and rate (default: 15 on the simulator, 40 on
@@ -124,19 +124,19 @@ enum Cmd {
     /// How far `sim` agrees with `run` on the same traffic: three rungs per workload near the
     /// real run's cliffs, each class's attainment both ways, and each workload's verdict.
     Agreement {
-        /// The real bench's results.json (the judge of record).
+        /// The real bench's run directory or results file (the judge of record).
         #[arg(long)]
         real: std::path::PathBuf,
-        /// `sim`'s results.json.
+        /// `sim`'s run directory or results file.
         #[arg(long)]
         sim: std::path::PathBuf,
     },
-    /// Re-render report.md and the charts from a results.json of an earlier `run`.
+    /// Re-render report.md and the charts from the results.json.gz of an earlier `run`.
     Report {
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
-        /// Another run's results.json (repeatable): its workloads are added to OUT's, and OUT's
-        /// results.json is rewritten with them. A workload OUT has too gains its routers when both
+        /// Another run's directory or results file (repeatable): its workloads are added to OUT's,
+        /// and OUT's results.json.gz is rewritten with them. A workload OUT has too gains its routers when both
         /// were measured the same way (step, lead-in, fleet, speed), and is replaced otherwise.
         /// For a reference run made in parts; each merged workload keeps its commands and speed.
         #[arg(long)]
@@ -274,12 +274,12 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Report { out, merge, recompute, routers } => {
             // A reference assembled from parts into an empty directory starts from its first part.
-            let fresh = !out.join("results.json").exists() && !merge.is_empty();
+            let fresh = !out.join(headroom_bench::RESULTS_FILE).exists() && !merge.is_empty();
             let (mut results, merge) = if fresh {
                 println!("{}: the first part", merge[0].display());
                 (read_results(&merge[0])?, &merge[1..])
             } else {
-                (read_results(&out.join("results.json"))?, &merge[..])
+                (read_results(&out)?, &merge[..])
             };
             for path in merge {
                 for line in results.merge(read_results(path)?) {
@@ -377,8 +377,3 @@ fn main() -> anyhow::Result<()> {
 
 /// The workloads a simulated run measures unless `--workloads` says otherwise.
 const SIM_WORKLOADS: &str = "mixed,azure,hetero,shared-prefix,short-long,long-short";
-
-fn read_results(path: &std::path::Path) -> anyhow::Result<BenchResults> {
-    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}

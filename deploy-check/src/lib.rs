@@ -66,16 +66,29 @@ pub const PREDICTOR_CONFIG_KEY: &str = "predictor.toml";
 /// (`istio/endpoint-picker/picker/configmap.yaml`).
 pub const FILTER_CONFIG_KEY: &str = "filter.json";
 
-/// The CRD files of a schemas folder: every `*.yaml` in it, sorted.
+/// The CRD files of a schemas folder: every `*.yaml` and `*.yaml.gz` in it, sorted. The large
+/// vendored files are kept gzipped so the repository stays light; `read_schema` opens either.
 pub fn schema_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .filter(|p| p.to_str().is_some_and(|n| n.ends_with(".yaml") || n.ends_with(".yaml.gz")))
         .collect();
     files.sort();
     anyhow::ensure!(!files.is_empty(), "{}: no CRD files", dir.display());
     Ok(files)
+}
+
+/// The text of a CRD file, gunzipped when its name ends in `.gz`.
+pub fn read_schema(file: &Path) -> anyhow::Result<String> {
+    let named = |e: std::io::Error| anyhow::anyhow!("{}: {e}", file.display());
+    let bytes = std::fs::read(file).map_err(named)?;
+    if file.extension().is_none_or(|x| x != "gz") {
+        return String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut text).map_err(named)?;
+    Ok(text)
 }
 
 impl Checker {
@@ -88,7 +101,7 @@ impl Checker {
     pub fn from_dir(dir: &Path) -> anyhow::Result<Checker> {
         let mut text = String::new();
         for file in schema_files(dir)? {
-            text.push_str(&std::fs::read_to_string(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?);
+            text.push_str(&read_schema(&file)?);
             text.push_str("\n---\n");
         }
         Checker::new(&text)

@@ -1,7 +1,7 @@
 //! `headroom-deploy-check [--root istio]`: validate the manifests offline (see the crate docs).
 
 use clap::Parser;
-use headroom_deploy_check::{check_tree, Checker};
+use headroom_deploy_check::{check_tree, read_schema, Checker};
 use headroom_stack::locate;
 
 #[derive(Parser)]
@@ -10,7 +10,7 @@ struct Args {
     /// Manifest tree (default: the repository's istio/).
     #[arg(long)]
     root: Option<std::path::PathBuf>,
-    /// CRD schemas, a YAML file (default: every `*.yaml` in <root>/schemas).
+    /// CRD schemas, a YAML file, gzipped or not (default: every `*.yaml` and `*.yaml.gz` in <root>/schemas).
     #[arg(long)]
     crds: Option<std::path::PathBuf>,
 }
@@ -19,10 +19,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let root = args.root.unwrap_or_else(|| locate::root().join("istio"));
     let checker = match &args.crds {
-        Some(file) => {
-            let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-            Checker::new(&text)?
-        }
+        Some(file) => Checker::new(&read_schema(file)?)?,
         None => Checker::from_dir(&root.join("schemas"))?,
     };
     let scratch = std::env::temp_dir().join(format!("headroom-deploy-check-{}", std::process::id()));

@@ -26,8 +26,7 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     let stdout = String::from_utf8_lossy(&run.stdout).to_string();
     assert!(run.status.success(), "bench failed: {stdout}\n{}", String::from_utf8_lossy(&run.stderr));
 
-    let results: BenchResults =
-        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let results: BenchResults = headroom_bench::read_results(&out).unwrap();
     assert_eq!(results.workloads.len(), 1);
     let mixed = &results.workloads[0];
     assert_eq!(mixed.runs.len(), CONTENDERS.len());
@@ -51,7 +50,7 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     assert_eq!(mixed.time_scale, Some(1.0), "--time-scale overrides the workload's default");
     assert_eq!(mixed.lead_in_s, 0.0, "--lead-in overrides the workload's default");
     assert!(mixed.command.as_deref().is_some_and(|c| c.contains("--workloads mixed")), "{:?}", mixed.command);
-    let ratios = mixed.ratios.clone().expect("results.json carries the headline ratios");
+    let ratios = mixed.ratios.clone().expect("the results file carries the headline ratios");
     assert!(ratios.capacity_within_noise.is_some(), "a tie or not, from the seeds: {ratios:?}");
     assert!(ratios.capacity_ratio > 0.0 && ratios.critical_capacity_ratio.is_some_and(|r| r > 0.0), "{ratios:?}");
     // Identical traffic: every router got the same number of requests at the first rate.
