@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(batch) = codec::decode::<ReportBatch>(format, body) {
         if batch.check().is_ok() {
-            for o in &batch.observations {
+            for o in &batch.reports {
                 let _ = pool.finish(&o.request_id, now);
             }
         }

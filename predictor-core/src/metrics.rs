@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
-use headroom_protocol::{Observation, RouteSource};
+use headroom_protocol::{Observation, Report, RouteSource};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -514,26 +514,28 @@ impl Metrics {
     pub fn specimen() -> Metrics {
         let m = Metrics::default();
         let mut o = Observation {
-            pool: "p".into(),
-            request_id: "r".into(),
-            endpoint: "e:1".into(),
+            report: Report {
+                pool: "p".into(),
+                request_id: "r".into(),
+                endpoint: "e:1".into(),
+                source: RouteSource::PredictedPositive,
+                ttft_ms: Some(2.0),
+                tpot_ms: Some(2.0),
+                e2e_ms: 10.0,
+                output_tokens: Some(2),
+                cached_tokens: None,
+                status: 200,
+                failed_at: None,
+            },
             request: headroom_protocol::RequestFeatures { model: "m".into(), streaming: true, ..Default::default() },
             state_at_dispatch: None,
             predicted_ttft_ms: Some(1.0),
             predicted_tpot_ms: Some(1.0),
-            source: RouteSource::PredictedPositive,
-            ttft_ms: Some(2.0),
-            tpot_ms: Some(2.0),
-            e2e_ms: 10.0,
-            output_tokens: Some(2),
-            cached_tokens: None,
-            status: 200,
-            failed_at: None,
         };
         o.request.slo = headroom_protocol::Slo { ttft_ms: Some(1.0), tpot_ms: Some(1.0) };
         m.model_served("m");
         m.observed(&o);
-        m.observed(&Observation { status: 503, ..o });
+        m.observed(&Observation { report: Report { status: 503, ..o.report.clone() }, ..o });
         m.predicted(0.001);
         for family in [&m.dispatches, &m.reports, &m.scrapes, &m.trainings] {
             Self::count(family, "ok", 1);
@@ -671,38 +673,38 @@ impl Metrics {
         let model = self.model_labels(&o.request.model);
         self.requests.get_or_create(&model).inc();
         self.input_tokens.get_or_create(&model).observe(f64::from(o.request.input_tokens));
-        if o.status != 200 {
+        if o.report.status != 200 {
             let labels = ModelErrorLabels {
                 model_name: model.model_name.clone(),
                 target_model_name: model.target_model_name.clone(),
-                error_code: o.status.to_string(),
+                error_code: o.report.status.to_string(),
             };
             self.request_errors.get_or_create(&labels).inc();
             return;
         }
-        if o.e2e_ms.is_finite() && o.e2e_ms >= 0.0 {
-            self.request_duration.get_or_create(&model).observe(o.e2e_ms / 1000.0);
-            if let Some(n) = o.output_tokens.filter(|n| *n > 0) {
-                self.normalized_tpot.get_or_create(&model).observe(o.e2e_ms / 1000.0 / f64::from(n));
+        if o.report.e2e_ms.is_finite() && o.report.e2e_ms >= 0.0 {
+            self.request_duration.get_or_create(&model).observe(o.report.e2e_ms / 1000.0);
+            if let Some(n) = o.report.output_tokens.filter(|n| *n > 0) {
+                self.normalized_tpot.get_or_create(&model).observe(o.report.e2e_ms / 1000.0 / f64::from(n));
             }
         }
-        if let Some(n) = o.output_tokens {
+        if let Some(n) = o.report.output_tokens {
             self.output_tokens.get_or_create(&model).observe(f64::from(n));
         }
         if !o.request.streaming {
             return;
         }
-        let met = o.request.slo.met(o.ttft_ms, o.tpot_ms);
+        let met = o.request.slo.met(o.report.ttft_ms, o.report.tpot_ms);
         if met.iter().any(Option::is_some) {
             let result = if met.iter().flatten().all(|m| *m) { "met" } else { "missed" };
             let labels = SloResultLabels {
-                pool: o.pool.clone(),
+                pool: o.report.pool.clone(),
                 priority: self.priority_label(o.request.priority),
                 result: result.to_string(),
             };
             self.slo_requests.get_or_create(&labels).inc();
         }
-        let pairs = [(o.ttft_ms, o.predicted_ttft_ms, met[0]), (o.tpot_ms, o.predicted_tpot_ms, met[1])];
+        let pairs = [(o.report.ttft_ms, o.predicted_ttft_ms, met[0]), (o.report.tpot_ms, o.predicted_tpot_ms, met[1])];
         let names = ["ttft", "tpot"];
         self.judge_tier(o);
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
@@ -753,12 +755,12 @@ impl Metrics {
     /// Whether the tier the filter placed a request in came true: judged on the SLOs it
     /// stated that were measured (a TPOT needs two tokens), for requests placed by tier.
     fn judge_tier(&self, o: &Observation) {
-        let positive = match o.source {
+        let positive = match o.report.source {
             RouteSource::PredictedPositive => true,
             RouteSource::PredictedNegative => false,
             _ => return,
         };
-        let judged: Vec<bool> = o.request.slo.met(o.ttft_ms, o.tpot_ms).into_iter().flatten().collect();
+        let judged: Vec<bool> = o.request.slo.met(o.report.ttft_ms, o.report.tpot_ms).into_iter().flatten().collect();
         if judged.is_empty() {
             return;
         }
@@ -805,21 +807,23 @@ mod tests {
         let mut request = RequestFeatures { streaming: true, ..Default::default() };
         request.slo.ttft_ms = Some(slo_ttft);
         Observation {
-            pool: "p".into(),
-            request_id: "r".into(),
-            endpoint: "e:1".into(),
+            report: Report {
+                pool: "p".into(),
+                request_id: "r".into(),
+                endpoint: "e:1".into(),
+                source,
+                ttft_ms: Some(ttft),
+                tpot_ms: None,
+                e2e_ms: ttft,
+                output_tokens: Some(1),
+                cached_tokens: None,
+                status: 200,
+                failed_at: None,
+            },
             request,
             state_at_dispatch: None,
             predicted_ttft_ms: Some(100.0),
             predicted_tpot_ms: None,
-            source,
-            ttft_ms: Some(ttft),
-            tpot_ms: None,
-            e2e_ms: ttft,
-            output_tokens: Some(1),
-            cached_tokens: None,
-            status: 200,
-            failed_at: None,
         }
     }
 
@@ -857,11 +861,11 @@ mod tests {
         let mut o = placed(RouteSource::PredictedPositive, 100.0, 300.0);
         o.request.model = "llama".into();
         o.request.slo.tpot_ms = Some(10.0);
-        o.tpot_ms = Some(20.0);
-        o.output_tokens = Some(10);
+        o.report.tpot_ms = Some(20.0);
+        o.report.output_tokens = Some(10);
         m.observed(&o);
         let mut failed = o.clone();
-        failed.status = 503;
+        failed.report.status = 503;
         m.observed(&failed);
         let model = r#"model_name="llama",target_model_name="llama""#;
         assert_eq!(series(&m, &format!("inference_objective_request_total{{{model}}}")), 2.0);

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use headroom_protocol::health::Outcome;
 use headroom_protocol::{
-    limits, BatchAck, DispatchBatch, EndpointPrediction, Observation, PredictRequest, PredictResponse, ReportBatch,
-    CONTRACT,
+    limits, BatchAck, DispatchBatch, EndpointPrediction, Observation, PredictRequest, PredictResponse, Report,
+    ReportBatch,
 };
 
 use crate::model::features;
@@ -95,13 +95,7 @@ fn predicted(
             .zip(answered)
             .map(|((address, s), (ttft_ms, tpot_ms))| EndpointPrediction { address, ttft_ms, tpot_ms, state: s })
             .collect();
-        answers.push(PredictResponse {
-            contract: CONTRACT,
-            pool: req.pool,
-            model_version: model_version.clone(),
-            endpoints,
-            flow: None,
-        });
+        answers.push(PredictResponse { pool: req.pool, model_version: model_version.clone(), endpoints, flow: None });
     }
     Ok(answers)
 }
@@ -159,25 +153,23 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
     if !batch.first_tokens.is_empty() {
         state.flows.wake();
     }
-    for mut o in batch.observations {
-        // Prefix hashes serve placement only; dropping them keeps the log small.
-        o.request.prefix_hashes = Vec::new();
+    for r in batch.reports {
         // One lock of the pool: end tracking and, for a streamed 200 served where it was
-        // dispatched, fold its TPOT into that endpoint's recent average.
-        let tpot = o.tpot_ms.filter(|_| o.status == 200 && o.request.streaming);
-        let finished = state.pools.with(&o.pool, |p| {
+        // dispatched, fold its TPOT into that endpoint's recent average (only a stream has one).
+        let tpot = r.tpot_ms.filter(|_| r.status == 200);
+        let finished = state.pools.with(&r.pool, |p| {
             // Passive health: where it failed before a retry served it elsewhere, and what
             // the endpoint that answered did.
-            for (at, outcome) in Outcome::of_request(o.failed_at.as_deref(), &o.endpoint, o.status) {
+            for (at, outcome) in Outcome::of_request(r.failed_at.as_deref(), &r.endpoint, r.status) {
                 let ejected = p.answered(at, outcome, now);
                 if outcome == Outcome::Failure {
-                    state.metrics.endpoint_failed(&o.pool, ejected);
+                    state.metrics.endpoint_failed(&r.pool, ejected);
                 }
             }
-            let finished = p.finish(&o.request_id, now);
+            let finished = p.finish(&r.request_id, now);
             if let (Finished::Tracked(at, _), Some(tpot)) = (&finished, tpot) {
-                if *at == o.endpoint {
-                    p.observed_tpot(&o.endpoint, tpot, now);
+                if *at == r.endpoint {
+                    p.observed_tpot(&r.endpoint, tpot, now);
                 }
             }
             finished
@@ -190,7 +182,7 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
         ack.accepted += 1;
         state.metrics.report("accepted", 1);
         // A finished request frees its endpoint: drains the pool's queue.
-        state.flows.finished(&o.pool, now);
+        state.flows.finished(&r.pool, now);
         // Dispatched here and tracked until now: `dispatches{accepted}` = `reports{tracked}` +
         // in flight + expired, the accounting the soak checks. A late one was expired.
         match finished {
@@ -199,36 +191,37 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
             Finished::Unknown => {}
         }
         // What the gateway measured, completed from this predictor's own record: a report
-        // teaches only where its request was predicted here and served where it was
-        // dispatched. Echoes a contract-1 filter sends are never learnt from.
-        let dispatched_here = finished.address() == Some(o.endpoint.as_str());
-        match finished.kept().filter(|_| dispatched_here) {
+        // teaches only where its request was predicted here and served where it was dispatched.
+        let dispatched_here = finished.address() == Some(r.endpoint.as_str());
+        let o = match finished.kept().filter(|_| dispatched_here) {
             Some(kept) => {
-                complete(&mut o, kept);
+                let o = completed(r, kept);
                 state.metrics.observed(&o);
                 if state.models.observe(&o) {
                     state.metrics.report("sampled", 1);
                 }
+                o
             }
             None => {
-                o.state_at_dispatch = None;
-                o.predicted_ttft_ms = None;
-                o.predicted_tpot_ms = None;
                 state.metrics.report(if dispatched_here { "no_record" } else { "not_dispatched" }, 1);
+                Observation::unrecorded(r)
             }
-        }
+        };
         state.observations.lock().unwrap_or_else(|p| p.into_inner()).push(o);
     }
     ack
 }
 
-/// Fills a report's observation with what the predictor kept of its request where it was
-/// dispatched: the features, that endpoint's state then, and the predictions answered.
-fn complete(o: &mut Observation, kept: &Kept) {
-    o.request = kept.request.clone();
-    o.state_at_dispatch = Some(kept.state.clone());
-    o.predicted_ttft_ms = kept.predicted_ttft_ms;
-    o.predicted_tpot_ms = kept.predicted_tpot_ms;
+/// A report completed with what the predictor kept of its request where it was dispatched:
+/// the features, that endpoint's state then, and the predictions answered.
+fn completed(report: Report, kept: &Kept) -> Observation {
+    Observation {
+        report,
+        request: kept.request.clone(),
+        state_at_dispatch: Some(kept.state.clone()),
+        predicted_ttft_ms: kept.predicted_ttft_ms,
+        predicted_tpot_ms: kept.predicted_tpot_ms,
+    }
 }
 
 /// What one scrape of an endpoint's engine metrics found.

@@ -118,7 +118,7 @@ fn a_refused_scrape_ends_predictions_at_once_and_a_failed_one_lets_them_age() {
 /// none is.
 #[test]
 fn reports_of_an_endpoint_failing_eject_it_from_the_predictions_for_a_term() {
-    use headroom_protocol::{Observation, ReportBatch, RouteSource};
+    use headroom_protocol::{Report, ReportBatch, RouteSource};
     let config = Config::parse(
         "stale_after_ms = 600000\n[[pool]]\nname = \"default\"\nendpoints = [\"10.0.0.1:8000\", \"10.0.0.2:8000\"]\n",
     )
@@ -129,14 +129,10 @@ fn reports_of_an_endpoint_failing_eject_it_from_the_predictions_for_a_term() {
     state.pools.with("default", |p| p.endpoints.iter_mut().for_each(|e| e.scraped(idle, clock.now())));
     let predicted = |i: usize| service::predict(&state, request(), clock.now()).unwrap().endpoints[i].ttft_ms.is_some();
     let report = |id: &str, endpoint: &str, status: u16, failed_at: Option<&str>| ReportBatch {
-        observations: vec![Observation {
+        reports: vec![Report {
             pool: "default".into(),
             request_id: id.into(),
             endpoint: endpoint.into(),
-            request: Default::default(),
-            state_at_dispatch: None,
-            predicted_ttft_ms: None,
-            predicted_tpot_ms: None,
             source: RouteSource::PredictedPositive,
             ttft_ms: None,
             tpot_ms: None,

@@ -11,7 +11,7 @@ use headroom_predictor_core::config::ModelConfig;
 use headroom_predictor_core::model::calibration::CalibrationView;
 use headroom_predictor_core::model::prior::AnalyticPrior;
 use headroom_predictor_core::model::store::{ModelStore, TrainOutcome};
-use headroom_protocol::{EndpointState, Observation, RequestFeatures, RouteSource, Slo};
+use headroom_protocol::{EndpointState, Observation, Report, RequestFeatures, RouteSource, Slo};
 
 /// The exported models run in plain Rust: these tests need no ONNX Runtime.
 fn native() -> std::sync::Arc<dyn headroom_predictor_core::model::runtime::Runtime> {
@@ -47,21 +47,23 @@ fn request(i: u64, inputs: (u32, u32), max_waiting: u32) -> (u32, EndpointState)
 
 fn observation(i: u64, input: u32, state: EndpointState, truth: (f64, f64), served: (f64, f64)) -> Observation {
     Observation {
-        pool: "p".into(),
-        request_id: format!("req-{i}"),
-        endpoint: "127.0.0.1:1".into(),
+        report: Report {
+            pool: "p".into(),
+            request_id: format!("req-{i}"),
+            endpoint: "127.0.0.1:1".into(),
+            source: RouteSource::PredictedPositive,
+            ttft_ms: Some(truth.0),
+            tpot_ms: Some(truth.1),
+            e2e_ms: truth.0 + 100.0 * truth.1,
+            output_tokens: Some(100),
+            cached_tokens: None,
+            status: 200,
+            failed_at: None,
+        },
         request: RequestFeatures { input_tokens: input, streaming: true, slo: Slo::default(), ..Default::default() },
         state_at_dispatch: Some(state),
         predicted_ttft_ms: Some(served.0),
         predicted_tpot_ms: Some(served.1),
-        source: RouteSource::PredictedPositive,
-        ttft_ms: Some(truth.0),
-        tpot_ms: Some(truth.1),
-        e2e_ms: truth.0 + 100.0 * truth.1,
-        output_tokens: Some(100),
-        cached_tokens: None,
-        status: 200,
-        failed_at: None,
     }
 }
 
@@ -300,7 +302,7 @@ fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
                 covered += 1;
             }
             let o = observation(i, input, state, truth, served);
-            in_flight.push((now + Duration::from_secs_f64(o.e2e_ms / 1000.0), o));
+            in_flight.push((now + Duration::from_secs_f64(o.report.e2e_ms / 1000.0), o));
         }
         f64::from(covered) / 1000.0
     };
@@ -378,7 +380,7 @@ fn contest_after(live: fn(u32) -> f64) -> (String, f64) {
         let truth = world(live(input), input, &state);
         let served = store.predict(&[store.row(&req(input), &state)]).0[0];
         let mut o = observation(i, input, state, truth, served);
-        o.e2e_ms = 0.001; // reported as dispatched: the contest judges requests dispatched after the model
+        o.report.e2e_ms = 0.001; // reported as dispatched: the contest judges requests dispatched after the model
         store.observe(&o);
     }
     (store.duel().tpot.to_string(), served_mape(&store, 1, live, (50, 3000), 2))
@@ -415,7 +417,7 @@ fn the_prior_takes_a_target_only_on_the_hardware_class_the_model_serves_worse() 
         let req = RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
         let served = store.predict(&[store.row(&req, &state)]).0[0];
         let mut o = observation(i, input, state, truth, served);
-        o.e2e_ms = 0.001; // reported as dispatched, as in `contest_after`
+        o.report.e2e_ms = 0.001; // reported as dispatched, as in `contest_after`
         store.observe(&o);
     }
     let serving = store.duel();

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use headroom_predictor_core::config::ModelConfig;
 use headroom_predictor_core::model::features;
 use headroom_predictor_core::model::store::{ModelStore, TrainOutcome, PRIOR};
-use headroom_protocol::{EndpointState, Observation, RequestFeatures, RouteSource, Slo};
+use headroom_protocol::{EndpointState, Observation, Report, RequestFeatures, RouteSource, Slo};
 
 /// The exported models run in plain Rust: these tests need no ONNX Runtime.
 fn native() -> std::sync::Arc<dyn headroom_predictor_core::model::runtime::Runtime> {
@@ -36,21 +36,23 @@ fn observation(i: u64) -> Observation {
     let (ttft, tpot) = truth(input, &state);
     let request = RequestFeatures { input_tokens: input, streaming: true, slo: Slo::default(), ..Default::default() };
     Observation {
-        pool: "p".into(),
-        request_id: format!("req-{i}"),
-        endpoint: "127.0.0.1:1".into(),
+        report: Report {
+            pool: "p".into(),
+            request_id: format!("req-{i}"),
+            endpoint: "127.0.0.1:1".into(),
+            source: RouteSource::PredictedPositive,
+            ttft_ms: Some(ttft),
+            tpot_ms: Some(tpot),
+            e2e_ms: ttft + 100.0 * tpot,
+            output_tokens: Some(100),
+            cached_tokens: None,
+            status: 200,
+            failed_at: None,
+        },
         request,
         state_at_dispatch: Some(state),
         predicted_ttft_ms: None,
         predicted_tpot_ms: None,
-        source: RouteSource::PredictedPositive,
-        ttft_ms: Some(ttft),
-        tpot_ms: Some(tpot),
-        e2e_ms: ttft + 100.0 * tpot,
-        output_tokens: Some(100),
-        cached_tokens: None,
-        status: 200,
-        failed_at: None,
     }
 }
 
@@ -74,8 +76,8 @@ fn mape(store: &ModelStore) -> (f64, f64) {
     let (preds, _) = store.predict(&rows);
     let mut err = (0.0, 0.0);
     for (o, (t, p)) in obs.iter().zip(preds) {
-        err.0 += (t - o.ttft_ms.unwrap()).abs() / o.ttft_ms.unwrap() / 300.0;
-        err.1 += (p - o.tpot_ms.unwrap()).abs() / o.tpot_ms.unwrap() / 300.0;
+        err.0 += (t - o.report.ttft_ms.unwrap()).abs() / o.report.ttft_ms.unwrap() / 300.0;
+        err.1 += (p - o.report.tpot_ms.unwrap()).abs() / o.report.tpot_ms.unwrap() / 300.0;
     }
     err
 }
@@ -108,10 +110,10 @@ fn cold_start_predicts_with_the_prior_then_training_takes_over() {
 fn unusable_observations_are_not_learned_from() {
     let store = ModelStore::open(config(None), native()).unwrap();
     let mut o = observation(1);
-    o.source = RouteSource::Fallback; // its state came from a stale cache, not a predict call
+    o.report.source = RouteSource::Fallback; // its state came from a stale cache, not a predict call
     assert!(!store.observe(&o));
     let mut o = observation(2);
-    o.status = 503;
+    o.report.status = 503;
     assert!(!store.observe(&o));
     let mut o = observation(3);
     o.request.streaming = false; // TTFT of a non-streaming response is its e2e

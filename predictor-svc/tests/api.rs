@@ -157,8 +157,8 @@ async fn what_rides_on_a_batch_is_applied_before_its_predictions() {
         "requests": [predict_body()],
         "dispatches": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1", "request": request},
                        {"pool": "default", "request_id": "b", "endpoint": "127.0.0.1:1", "request": request}],
-        "reports": {"observations": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1",
-            "request": request, "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0, "e2e_ms": 400.0,
+        "reports": {"reports": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1",
+            "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0, "e2e_ms": 400.0,
             "output_tokens": 40, "status": 200}]},
     });
     let (status, _, body) =
@@ -173,7 +173,7 @@ async fn what_rides_on_a_batch_is_applied_before_its_predictions() {
     let (status, _, body) = call(&s, "/v1/predict/batch", codec::JSON, "", bad.to_string().into_bytes()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(json_of(&body)["error"]["field"], "dispatches[0].request_id");
-    let bad = json!({"requests": [], "reports": {"observations": [{"pool": "default"}]}});
+    let bad = json!({"requests": [], "reports": {"reports": [{"pool": "default"}]}});
     let (status, _, body) = call(&s, "/v1/predict/batch", codec::JSON, "", bad.to_string().into_bytes()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(json_of(&body)["error"]["field"].as_str().unwrap().starts_with("reports"), "{:?}", json_of(&body));
@@ -225,8 +225,8 @@ async fn dispatch_and_report_track_in_flight() {
     assert_eq!(answer["endpoints"][0]["state"]["in_flight"], 1);
     assert_eq!(answer["endpoints"][0]["state"]["tightest_tpot_slo_ms"], 30.0);
 
-    let report = json!({"observations": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1",
-        "request": request, "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0, "e2e_ms": 400.0,
+    let report = json!({"reports": [{"pool": "default", "request_id": "a", "endpoint": "127.0.0.1:1",
+        "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0, "e2e_ms": 400.0,
         "output_tokens": 40, "status": 200}]});
     let (status, _, body) = call(&s, "/v1/report", codec::JSON, codec::JSON, report.to_string().into_bytes()).await;
     assert_eq!(status, StatusCode::OK);

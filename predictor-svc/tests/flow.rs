@@ -131,7 +131,7 @@ async fn samples_are_on_disk_as_the_shutdown_begins_while_the_queue_still_drains
         "request": {"model": "m", "input_tokens": 100, "streaming": true}});
     let dispatch = serde_json::json!({"dispatches": [{"pool": "default", "request_id": "done",
         "endpoint": server.to_string()}]});
-    let report = serde_json::json!({"observations": [{"pool": "default", "request_id": "done",
+    let report = serde_json::json!({"reports": [{"pool": "default", "request_id": "done",
         "endpoint": server.to_string(), "source": "predicted_positive", "ttft_ms": 50.0, "tpot_ms": 8.0,
         "e2e_ms": 900.0, "output_tokens": 100, "status": 200}]});
     for (path, body) in [("predict", predict), ("dispatch", dispatch), ("report", report)] {

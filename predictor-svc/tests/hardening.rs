@@ -59,26 +59,24 @@ fn dispatch(id: &str, extra: Value) -> Value {
     json!({"dispatches": [d]})
 }
 
-fn observation(id: &str, i: u64) -> Value {
-    json!({"pool": "default", "request_id": id, "endpoint": "127.0.0.1:1", "request": request(),
-        "state_at_dispatch": {"running": i % 7, "waiting": i % 3, "kv_usage": 0.1, "prefix_match": 0.0,
-            "in_flight": 1, "uncached_tokens_in_flight": 0, "tokens_in_flight": 100},
-        "source": "predicted_positive", "ttft_ms": 50.0 + i as f64, "tpot_ms": 8.0, "e2e_ms": 900.0,
-        "output_tokens": 100, "status": 200})
+fn report(id: &str, i: u64) -> Value {
+    json!({"pool": "default", "request_id": id, "endpoint": "127.0.0.1:1", "source": "predicted_positive",
+        "ttft_ms": 50.0 + i as f64, "tpot_ms": 8.0, "e2e_ms": 900.0, "output_tokens": 100, "status": 200})
 }
 
 #[tokio::test]
-async fn a_huge_predicted_ttft_is_a_400_naming_the_field_not_a_dropped_connection() {
+async fn a_huge_number_in_a_dispatch_is_a_400_naming_the_field_not_a_dropped_connection() {
     let s = state_with("");
     for value in [json!(1e300), json!(1e22), json!(-1.0), json!(3_600_001.0)] {
-        let (status, body) =
-            send(&s, "POST", "/v1/dispatch", None, dispatch("r", json!({"predicted_ttft_ms": value}))).await;
+        let mut d = dispatch("r", json!({}));
+        d["dispatches"][0]["request"]["slo"] = json!({"ttft_ms": value});
+        let (status, body) = send(&s, "POST", "/v1/dispatch", None, d).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{value}");
-        assert_eq!(body["error"]["field"], "dispatches[0].predicted_ttft_ms", "{value}");
+        assert_eq!(body["error"]["field"], "dispatches[0].request.slo.ttft_ms", "{value}");
     }
     // The service is still up and tracks nothing from the refused batches.
     assert_eq!(s.core.pools.with("default", |p| p.in_flight_on("127.0.0.1:1")), Some(0));
-    let (status, _) = send(&s, "POST", "/v1/dispatch", None, dispatch("ok", json!({"predicted_ttft_ms": 120.0}))).await;
+    let (status, _) = send(&s, "POST", "/v1/dispatch", None, dispatch("ok", json!({}))).await;
     assert_eq!(status, StatusCode::OK);
 }
 
@@ -86,23 +84,19 @@ async fn a_huge_predicted_ttft_is_a_400_naming_the_field_not_a_dropped_connectio
 async fn out_of_range_report_values_and_sizes_are_refused_by_field() {
     let s = state_with("");
     let cases = [
-        ("ttft_ms", json!(1e300), "observations[0].ttft_ms"),
-        ("e2e_ms", json!(-3.0), "observations[0].e2e_ms"),
-        ("request_id", json!("x".repeat(129)), "observations[0].request_id"),
-        ("endpoint", json!("e".repeat(257)), "observations[0].endpoint"),
+        ("ttft_ms", json!(1e300), "reports[0].ttft_ms"),
+        ("e2e_ms", json!(-3.0), "reports[0].e2e_ms"),
+        ("request_id", json!("x".repeat(129)), "reports[0].request_id"),
+        ("endpoint", json!("e".repeat(257)), "reports[0].endpoint"),
     ];
     for (key, value, field) in cases {
-        let mut o = observation("r", 1);
+        let mut o = report("r", 1);
         o[key] = value;
-        let (status, body) = send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
+        let (status, body) = send(&s, "POST", "/v1/report", None, json!({"reports": [o]})).await;
         assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some(field)));
     }
-    let mut o = observation("r", 1);
-    o["state_at_dispatch"]["kv_usage"] = json!(7.5);
-    let (_, body) = send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
-    assert_eq!(body["error"]["field"], "observations[0].state_at_dispatch.kv_usage");
-    let many: Vec<Value> = (0..10_001).map(|i| observation(&format!("r{i}"), i)).collect();
-    let body = json!({"observations": many});
+    let many: Vec<Value> = (0..10_001).map(|i| report(&format!("r{i}"), i)).collect();
+    let body = json!({"reports": many});
     let (status, _) = send(&s, "POST", "/v1/report", None, body).await;
     // Over the item cap, or over the body cap first: refused either way, nothing applied.
     assert!(status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE, "{status}");
@@ -125,7 +119,7 @@ async fn guarded_routes_need_the_token_and_open_ones_do_not() {
         ("POST", "/v1/predict", predict.clone()),
         ("POST", "/v1/predict/batch", json!({"requests": [predict.clone()]})),
         ("POST", "/v1/dispatch", dispatch("r", json!({}))),
-        ("POST", "/v1/report", json!({"observations": []})),
+        ("POST", "/v1/report", json!({"reports": []})),
         ("GET", "/v1/observations", Value::Null),
         ("GET", "/v1/models/v1.onnx", Value::Null),
     ];
@@ -163,8 +157,8 @@ async fn guarded_routes_need_the_token_and_open_ones_do_not() {
 #[tokio::test]
 async fn reports_for_requests_never_dispatched_teach_nothing() {
     let s = state_with("");
-    let forged: Vec<Value> = (0..300).map(|i| observation(&format!("forged-{i}"), i)).collect();
-    let (status, body) = send(&s, "POST", "/v1/report", None, json!({"observations": forged})).await;
+    let forged: Vec<Value> = (0..300).map(|i| report(&format!("forged-{i}"), i)).collect();
+    let (status, body) = send(&s, "POST", "/v1/report", None, json!({"reports": forged})).await;
     assert_eq!(status, StatusCode::OK, "still acknowledged (they end nothing in flight)");
     assert_eq!(body["accepted"], 300);
     let c = s.core.models.sample_counts();
@@ -174,24 +168,24 @@ async fn reports_for_requests_never_dispatched_teach_nothing() {
     let predict = |id: &str| json!({"pool": "default", "request_id": id, "request": request()});
     send(&s, "POST", "/v1/predict", None, predict("real")).await;
     send(&s, "POST", "/v1/dispatch", None, dispatch("real", json!({}))).await;
-    send(&s, "POST", "/v1/report", None, json!({"observations": [observation("real", 1)]})).await;
+    send(&s, "POST", "/v1/report", None, json!({"reports": [report("real", 1)]})).await;
     let c = s.core.models.sample_counts();
     assert_eq!((c.train + c.holdout, c.filed), (1, 1));
-    // Dispatched and reported with every echo, but predicted elsewhere (another replica, or
-    // this one before a restart): tracked as load, never learned from.
+    // Dispatched and reported, but predicted elsewhere (another replica, or this one before
+    // a restart): tracked as load, never learned from.
     send(&s, "POST", "/v1/dispatch", None, dispatch("failover", json!({}))).await;
-    send(&s, "POST", "/v1/report", None, json!({"observations": [observation("failover", 3)]})).await;
+    send(&s, "POST", "/v1/report", None, json!({"reports": [report("failover", 3)]})).await;
     let c = s.core.models.sample_counts();
-    assert_eq!((c.train + c.holdout, c.filed), (1, 1), "no sample from an echo");
+    assert_eq!((c.train + c.holdout, c.filed), (1, 1), "no sample without a record");
     let metrics = s.core.metrics.render();
     assert!(metrics.contains("headroom_dispatches_without_record_total 1\n"), "{metrics}");
     assert!(metrics.contains("headroom_reports_total{result=\"no_record\"} 1\n"), "{metrics}");
     // Served by another endpoint than the one dispatched to: not learned either.
     send(&s, "POST", "/v1/predict", None, predict("moved")).await;
     send(&s, "POST", "/v1/dispatch", None, dispatch("moved", json!({}))).await;
-    let mut o = observation("moved", 2);
+    let mut o = report("moved", 2);
     o["endpoint"] = json!("127.0.0.1:2");
-    send(&s, "POST", "/v1/report", None, json!({"observations": [o]})).await;
+    send(&s, "POST", "/v1/report", None, json!({"reports": [o]})).await;
     let c = s.core.models.sample_counts();
     assert_eq!((c.train + c.holdout, c.filed), (1, 1));
 }
@@ -217,7 +211,12 @@ fn store_config(dir: &std::path::Path, keep_versions: usize) -> ModelConfig {
 /// Feeds `n` samples whose latency follows the queue, so every round trains a model.
 fn feed(store: &ModelStore, from: u64, n: u64) {
     for i in from..from + n {
-        let o: headroom_protocol::Observation = serde_json::from_value(observation(&format!("f{i}"), i)).unwrap();
+        let mut o = report(&format!("f{i}"), i);
+        // Completed as the predictor completes a report from its record.
+        o["request"] = request();
+        o["state_at_dispatch"] = json!({"running": i % 7, "waiting": i % 3, "kv_usage": 0.1, "prefix_match": 0.0,
+            "in_flight": 1, "uncached_tokens_in_flight": 0, "tokens_in_flight": 100});
+        let o: headroom_protocol::Observation = serde_json::from_value(o).unwrap();
         store.observe(&o);
     }
 }
@@ -460,8 +459,8 @@ async fn a_server_that_refuses_connections_loses_its_prediction_at_the_next_scra
 #[tokio::test]
 async fn observations_come_in_bounded_pages() {
     let s = state_with("observations_kept = 5000\n");
-    let reports: Vec<Value> = (0..2500).map(|i| observation(&format!("o-{i}"), i)).collect();
-    let (status, _) = send(&s, "POST", "/v1/report", None, json!({"observations": reports})).await;
+    let reports: Vec<Value> = (0..2500).map(|i| report(&format!("o-{i}"), i)).collect();
+    let (status, _) = send(&s, "POST", "/v1/report", None, json!({"reports": reports})).await;
     assert_eq!(status, StatusCode::OK);
     let (status, body) = send(&s, "GET", "/v1/observations?limit=100000", None, Value::Null).await;
     assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("limit")), "{body}");
@@ -493,7 +492,7 @@ async fn observations_come_in_bounded_pages() {
 async fn abandoned_requests_of_unknown_pools_create_no_queue() {
     let s = state_with("");
     let abandoned: Vec<Value> = (0..50).map(|i| json!({"pool": format!("pool-{i}"), "request_id": "r"})).collect();
-    let (status, _) = send(&s, "POST", "/v1/report", None, json!({"observations": [], "abandoned": abandoned})).await;
+    let (status, _) = send(&s, "POST", "/v1/report", None, json!({"reports": [], "abandoned": abandoned})).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(s.core.flows.queue_count(), 0);
 }

@@ -84,9 +84,17 @@ proptest! {
                             slo: Slo { ttft_ms: None, tpot_ms: tpot },
                             ..Default::default()
                         },
-                        predicted_ttft_ms: ttft,
-                        predicted_tpot_ms: None,
                     };
+                    // Predicted here first (its record), or placed without an answer.
+                    if ttft.is_some() {
+                        let answered: Vec<_> = pool
+                            .endpoints
+                            .iter()
+                            .map(|e| if e.address == d.endpoint { (ttft, None) } else { (None, None) })
+                            .collect();
+                        let states = vec![EndpointState::default(); answered.len()];
+                        pool.remember(&d.request_id, &d.request, &states, &answered, now);
+                    }
                     pool.dispatch(&d, now);
                 }
                 Op::Finish { id } => {

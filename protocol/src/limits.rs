@@ -10,8 +10,8 @@
 //! lists them with the reasons for each number.
 
 use crate::messages::{
-    Abandoned, Dispatch, DispatchBatch, EndpointPrediction, EndpointState, FirstToken, FlowTerms, Observation,
-    PredictBatch, PredictRequest, ReportBatch, RequestFeatures, Slo,
+    Abandoned, Dispatch, DispatchBatch, EndpointPrediction, EndpointState, FirstToken, FlowTerms, PredictBatch,
+    PredictRequest, Report, ReportBatch, RequestFeatures, Slo,
 };
 
 /// Largest latency, SLO or prediction accepted, in milliseconds (one hour): no
@@ -272,23 +272,15 @@ impl Dispatch {
         text(at, "pool", &self.pool, MAX_NAME_BYTES, true)?;
         text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, true)?;
         text(at, "endpoint", &self.endpoint, MAX_NAME_BYTES, true)?;
-        self.request.check(&format!("{at}.request"))?;
-        opt_ms(at, "predicted_ttft_ms", self.predicted_ttft_ms)?;
-        opt_ms(at, "predicted_tpot_ms", self.predicted_tpot_ms)
+        self.request.check(&format!("{at}.request"))
     }
 }
 
-impl Observation {
+impl Report {
     pub fn check(&self, at: &str) -> Result<(), Invalid> {
         text(at, "pool", &self.pool, MAX_NAME_BYTES, true)?;
         text(at, "request_id", &self.request_id, MAX_REQUEST_ID_BYTES, true)?;
         text(at, "endpoint", &self.endpoint, MAX_NAME_BYTES, false)?;
-        self.request.check(&format!("{at}.request"))?;
-        if let Some(s) = &self.state_at_dispatch {
-            s.check(&format!("{at}.state_at_dispatch"))?;
-        }
-        opt_ms(at, "predicted_ttft_ms", self.predicted_ttft_ms)?;
-        opt_ms(at, "predicted_tpot_ms", self.predicted_tpot_ms)?;
         opt_ms(at, "ttft_ms", self.ttft_ms)?;
         opt_ms(at, "tpot_ms", self.tpot_ms)?;
         if let Some(failed_at) = &self.failed_at {
@@ -317,9 +309,9 @@ impl DispatchBatch {
 
 impl ReportBatch {
     pub fn check(&self) -> Result<(), Invalid> {
-        items("observations", self.observations.len())?;
+        items("reports", self.reports.len())?;
         items("first_tokens", self.first_tokens.len())?;
-        self.observations.iter().enumerate().try_for_each(|(i, o)| o.check(&format!("observations[{i}]")))?;
+        self.reports.iter().enumerate().try_for_each(|(i, r)| r.check(&format!("reports[{i}]")))?;
         self.first_tokens.iter().enumerate().try_for_each(|(i, f)| f.check(&format!("first_tokens[{i}]")))?;
         items("abandoned", self.abandoned.len())?;
         self.abandoned.iter().enumerate().try_for_each(|(i, a)| a.check(&format!("abandoned[{i}]")))
@@ -337,20 +329,14 @@ mod tests {
             request_id: "r".into(),
             endpoint: "e:1".into(),
             request: RequestFeatures::default(),
-            predicted_ttft_ms: Some(10.0),
-            predicted_tpot_ms: Some(10.0),
         }
     }
 
-    fn observation() -> Observation {
-        Observation {
+    fn report() -> Report {
+        Report {
             pool: "p".into(),
             request_id: "r".into(),
             endpoint: "e:1".into(),
-            request: RequestFeatures::default(),
-            state_at_dispatch: Some(EndpointState::default()),
-            predicted_ttft_ms: None,
-            predicted_tpot_ms: None,
             source: RouteSource::PredictedPositive,
             ttft_ms: Some(1.0),
             tpot_ms: Some(1.0),
@@ -365,13 +351,9 @@ mod tests {
     #[test]
     fn in_range_values_pass() {
         assert_eq!(DispatchBatch { dispatches: vec![dispatch()] }.check(), Ok(()));
-        assert_eq!(
-            ReportBatch { observations: vec![observation()], first_tokens: vec![], abandoned: vec![] }.check(),
-            Ok(())
-        );
+        assert_eq!(ReportBatch { reports: vec![report()], first_tokens: vec![], abandoned: vec![] }.check(), Ok(()));
         let first = FirstToken { pool: "p".into(), request_id: "r".into(), endpoint: "e:1".into(), ttft_ms: -1.0 };
-        let err =
-            ReportBatch { observations: vec![], first_tokens: vec![first], abandoned: vec![] }.check().unwrap_err();
+        let err = ReportBatch { reports: vec![], first_tokens: vec![first], abandoned: vec![] }.check().unwrap_err();
         assert_eq!(err.field, "first_tokens[0].ttft_ms");
     }
 
@@ -380,13 +362,13 @@ mod tests {
         let bad = [f64::NAN, f64::INFINITY, -1.0, 1e22, 1e300, MAX_MS * 1.0001];
         for v in bad {
             let mut d = dispatch();
-            d.predicted_ttft_ms = Some(v);
+            d.request.slo.ttft_ms = Some(v);
             let err = DispatchBatch { dispatches: vec![d] }.check().unwrap_err();
-            assert_eq!(err.field, "dispatches[0].predicted_ttft_ms", "{v}");
-            let mut o = observation();
+            assert_eq!(err.field, "dispatches[0].request.slo.ttft_ms", "{v}");
+            let mut o = report();
             o.e2e_ms = v;
             assert_eq!(o.check("o").unwrap_err().field, "o.e2e_ms", "{v}");
-            let mut o = observation();
+            let mut o = report();
             o.tpot_ms = Some(v);
             assert_eq!(o.check("o").unwrap_err().field, "o.tpot_ms", "{v}");
             let slo = Slo { ttft_ms: None, tpot_ms: Some(v) };
@@ -394,9 +376,6 @@ mod tests {
         }
         let zero_slo = Slo { ttft_ms: Some(0.0), tpot_ms: None };
         assert_eq!(zero_slo.check("").unwrap_err().field, "slo.ttft_ms");
-        let mut o = observation();
-        o.state_at_dispatch = Some(EndpointState { kv_usage: 1.5, ..Default::default() });
-        assert_eq!(o.check("o").unwrap_err().field, "o.state_at_dispatch.kv_usage");
     }
 
     #[test]
@@ -465,19 +444,17 @@ mod proptests {
 
         #[test]
         fn any_numbers_in_a_report_are_checked(
-            e2e in any::<f64>(), ttft in any::<f64>(), kv in any::<f64>(), id in ".{0,200}",
+            e2e in any::<f64>(), ttft in any::<f64>(), id in ".{0,200}",
         ) {
-            let body = serde_json::json!({"observations": [{"pool": "p", "request_id": id, "endpoint": "e",
-                "request": {"model": "m", "input_tokens": 1}, "source": "fallback", "ttft_ms": ttft,
-                "e2e_ms": e2e, "status": 200, "state_at_dispatch": {"running": 0, "waiting": 0, "kv_usage": kv,
-                "prefix_match": 0.0, "in_flight": 0, "uncached_tokens_in_flight": 0, "tokens_in_flight": 0}}]});
+            let body = serde_json::json!({"reports": [{"pool": "p", "request_id": id, "endpoint": "e",
+                "source": "fallback", "ttft_ms": ttft, "e2e_ms": e2e, "status": 200}]});
             for format in [Format::MsgPack, Format::Json] {
                 let Ok(bytes) = codec::encode(format, &body) else { continue };
                 if let Ok(batch) = codec::decode::<ReportBatch>(format, &bytes) {
                     let ok = batch.check().is_ok();
-                    let o = &batch.observations[0];
+                    let o = &batch.reports[0];
                     let in_range = is_ms(o.e2e_ms) && o.ttft_ms.is_none_or(is_ms)
-                        && (0.0..=1.0).contains(&kv) && o.request_id.len() <= MAX_REQUEST_ID_BYTES && !o.request_id.is_empty();
+                        && o.request_id.len() <= MAX_REQUEST_ID_BYTES && !o.request_id.is_empty();
                     prop_assert_eq!(ok, in_range);
                 }
             }

@@ -2,18 +2,11 @@
 //!
 //! Each side sends only what it alone knows. The predictor keeps a record of every
 //! request it predicts (its features, each endpoint's state and predictions); a dispatch
-//! then names the request and the endpoint chosen, and a report carries only what the
-//! gateway measured. The predictor learns from its own record, never from what the
-//! gateway says the predictor said. Contract 1 (before records) echoed the features,
-//! predictions and endpoint state back in every dispatch and report; a predictor
-//! answers with its [`CONTRACT`], and a filter sends the lean messages only to a fleet of
-//! predictors that all keep records ([`PredictResponse::contract`]), so either side can
-//! be rolled out first.
+//! then names the request and the endpoint chosen, and a report ([`Report`]) carries only
+//! what the gateway measured. The predictor completes a report from its record into an
+//! [`Observation`] and learns from that, never from what the gateway says the predictor said.
 
 use serde::{Deserialize, Serialize};
-
-/// The contract version this build speaks: 2, dispatches and reports without echoes.
-pub const CONTRACT: u32 = 2;
 
 /// Latency goals a caller stated for one request, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -270,10 +263,6 @@ pub struct EndpointPrediction {
 /// `POST /v1/predict` answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PredictResponse {
-    /// The predictor's contract version ([`CONTRACT`]); absent (0 or 1): a predictor that
-    /// keeps no record and needs the echoes.
-    #[serde(default)]
-    pub contract: u32,
     pub pool: String,
     /// Which model produced the predictions (e.g. `analytic-prior`).
     pub model_version: String,
@@ -318,17 +307,10 @@ pub struct Dispatch {
     pub request_id: String,
     pub endpoint: String,
     /// The request's features: sent when the filter placed it without the predictor's
-    /// answer (its fallback), which the predictor may hold no record of, and always to a
-    /// contract-1 predictor. Omitted (default), the predictor's record has them.
+    /// answer (its fallback), which the predictor may hold no record of. Omitted (default),
+    /// the predictor's record has them.
     #[serde(default, skip_serializing_if = "RequestFeatures::is_unset")]
     pub request: RequestFeatures,
-    /// Contract 1 only (the predictor's own TTFT prediction, echoed): a predictor that
-    /// keeps records reads its record instead and ignores it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_ttft_ms: Option<f64>,
-    /// Contract 1 only, as `predicted_ttft_ms`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_tpot_ms: Option<f64>,
 }
 
 /// `POST /v1/dispatch` body: decisions made since the filter's last flush.
@@ -366,30 +348,14 @@ impl RouteSource {
     }
 }
 
-/// What was observed for one finished request. On the wire (a report) the gateway fills
-/// only the measurements, the endpoint that served and the tier it chose from; the
-/// predictor completes the rest from its own record of the request (what it predicted
-/// there, the endpoint's state then, the features) before it learns from it, logs it or
-/// serves it at `/v1/observations`.
+/// What the gateway measured of one finished request, and where it was served: a report,
+/// on the wire. The predictor completes it from its record into an [`Observation`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Observation {
+pub struct Report {
     pub pool: String,
     pub request_id: String,
     /// The endpoint that actually served (Envoy's `upstream.address`).
     pub endpoint: String,
-    /// The request's features (prefix hashes omitted): the predictor's record. From a
-    /// contract-1 filter, as it sent them at dispatch.
-    #[serde(default, skip_serializing_if = "RequestFeatures::is_unset")]
-    pub request: RequestFeatures,
-    /// The endpoint's state when the predictor predicted the request there: its record.
-    /// (A contract-1 filter echoes it; a predictor that keeps records ignores the echo.)
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state_at_dispatch: Option<EndpointState>,
-    /// What the predictor predicted at the endpoint that served: its record.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_ttft_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_tpot_ms: Option<f64>,
     pub source: RouteSource,
     /// Streaming: time from forwarding upstream to the first token event.
     /// Non-streaming: the first token arrives with the whole body, so this
@@ -418,6 +384,40 @@ pub struct Observation {
     pub failed_at: Option<String>,
 }
 
+/// One finished request as the predictor knows it: the gateway's [`Report`] completed from
+/// the predictor's record of the request where it was dispatched. What the predictor learns
+/// from, logs, and serves at `/v1/observations`; the record's fields are empty where it kept
+/// none (a request it did not predict, or served elsewhere than dispatched).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    #[serde(flatten)]
+    pub report: Report,
+    /// The request's features (prefix hashes omitted).
+    #[serde(default, skip_serializing_if = "RequestFeatures::is_unset")]
+    pub request: RequestFeatures,
+    /// The endpoint's state when the predictor predicted the request there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_at_dispatch: Option<EndpointState>,
+    /// What the predictor predicted at the endpoint that served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_ttft_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_tpot_ms: Option<f64>,
+}
+
+impl Observation {
+    /// A report the predictor holds no record for.
+    pub fn unrecorded(report: Report) -> Observation {
+        Observation {
+            report,
+            request: RequestFeatures::default(),
+            state_at_dispatch: None,
+            predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
+        }
+    }
+}
+
 /// A routed request's first token passed the gateway: it is past prefill. Sent
 /// while the response still streams, so the predictor stops counting its prompt
 /// as prefill work ahead of new requests when it happened, not when predicted.
@@ -441,11 +441,11 @@ pub struct Abandoned {
     pub request_id: String,
 }
 
-/// `POST /v1/report` body: first-token events and observations batched on the
-/// filter's tick. First tokens are applied before the observations of a batch.
+/// `POST /v1/report` body: first-token events and reports batched on the filter's tick.
+/// First tokens are applied before the reports of a batch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReportBatch {
-    pub observations: Vec<Observation>,
+    pub reports: Vec<Report>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_tokens: Vec<FirstToken>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -491,82 +491,36 @@ mod tests {
     use super::*;
     use crate::codec::{self, Format};
 
-    /// The dispatch as a contract-1 predictor decodes it: `request` required.
-    #[derive(Debug, Deserialize)]
-    struct DispatchV1 {
-        #[allow(dead_code)]
-        request: RequestFeatures,
-        predicted_ttft_ms: Option<f64>,
-    }
-
-    /// The observation as a contract-1 predictor decodes it.
-    #[derive(Debug, Deserialize)]
-    struct ObservationV1 {
-        request: RequestFeatures,
-        state_at_dispatch: Option<EndpointState>,
-    }
-
-    fn dispatch(lean: bool) -> Dispatch {
-        let request = RequestFeatures {
-            model: "m".into(),
-            input_tokens: 10,
-            prefix_hashes: (1..=256u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect(),
-            ..Default::default()
-        };
-        Dispatch {
+    /// An observation reads and writes as one flat object, the report's fields beside the
+    /// record's, in both formats: logs and `/v1/observations` keep one shape.
+    #[test]
+    fn an_observation_is_its_report_and_its_record_side_by_side() {
+        let report = Report {
             pool: "p".into(),
             request_id: "r".into(),
             endpoint: "10.0.0.1:8000".into(),
-            request: if lean { RequestFeatures::default() } else { request },
-            predicted_ttft_ms: (!lean).then_some(100.0),
-            predicted_tpot_ms: None,
-        }
-    }
-
-    /// Either side may roll out first: a new filter sends a contract-1 predictor the echoed
-    /// messages it reads, and a new predictor reads them too; the lean form, which only a
-    /// predictor that keeps records is sent, is what an old one could not read.
-    #[test]
-    fn the_echoed_form_reads_on_both_contracts_and_the_lean_one_only_on_the_new() {
+            source: RouteSource::PredictedPositive,
+            ttft_ms: Some(90.0),
+            tpot_ms: None,
+            e2e_ms: 900.0,
+            output_tokens: Some(10),
+            cached_tokens: None,
+            status: 200,
+            failed_at: None,
+        };
+        let o = Observation {
+            request: RequestFeatures { model: "m".into(), ..Default::default() },
+            state_at_dispatch: Some(EndpointState::default()),
+            predicted_ttft_ms: Some(100.0),
+            ..Observation::unrecorded(report.clone())
+        };
+        let json = serde_json::to_value(&o).unwrap_or_default();
+        assert_eq!((json["request_id"].as_str(), json["predicted_ttft_ms"].as_f64()), (Some("r"), Some(100.0)));
         for format in [Format::MsgPack, Format::Json] {
-            let full = codec::encode(format, &dispatch(false)).unwrap_or_default();
-            let old: DispatchV1 = codec::decode(format, &full).unwrap_or_else(|e| panic!("{e:?}"));
-            assert_eq!(old.predicted_ttft_ms, Some(100.0));
-            assert_eq!(codec::decode::<Dispatch>(format, &full).ok(), Some(dispatch(false)));
-            let lean = codec::encode(format, &dispatch(true)).unwrap_or_default();
-            assert!(codec::decode::<DispatchV1>(format, &lean).is_err(), "a contract-1 predictor refuses it");
-            assert_eq!(codec::decode::<Dispatch>(format, &lean).ok(), Some(dispatch(true)));
-            assert!(lean.len() * 10 < full.len(), "lean {} bytes, echoed {}", lean.len(), full.len());
-
-            let o = Observation {
-                pool: "p".into(),
-                request_id: "r".into(),
-                endpoint: "10.0.0.1:8000".into(),
-                request: RequestFeatures { model: "m".into(), ..Default::default() },
-                state_at_dispatch: Some(EndpointState::default()),
-                predicted_ttft_ms: Some(100.0),
-                predicted_tpot_ms: None,
-                source: RouteSource::PredictedPositive,
-                ttft_ms: Some(90.0),
-                tpot_ms: None,
-                e2e_ms: 900.0,
-                output_tokens: Some(10),
-                cached_tokens: None,
-                status: 200,
-                failed_at: None,
-            };
-            let old: ObservationV1 = codec::decode(format, &codec::encode(format, &o).unwrap_or_default())
-                .unwrap_or_else(|e| panic!("{e:?}"));
-            assert_eq!((old.request.model.as_str(), old.state_at_dispatch.is_some()), ("m", true));
-            let lean = Observation {
-                request: RequestFeatures::default(),
-                state_at_dispatch: None,
-                predicted_ttft_ms: None,
-                ..o
-            };
-            let bytes = codec::encode(format, &lean).unwrap_or_default();
-            assert!(codec::decode::<ObservationV1>(format, &bytes).is_err());
-            assert_eq!(codec::decode::<Observation>(format, &bytes).ok(), Some(lean));
+            let bytes = codec::encode(format, &o).unwrap_or_default();
+            assert_eq!(codec::decode::<Observation>(format, &bytes).ok(), Some(o.clone()));
+            // A report on the wire reads as itself, and an observation's bytes as its report.
+            assert_eq!(codec::decode::<Report>(format, &bytes).ok(), Some(report.clone()));
         }
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use headroom_protocol::codec::{decode, encode, Format};
 use headroom_protocol::{
-    EndpointPrediction, EndpointState, Observation, PredictBatch, PredictBatchResponse, PredictRequest,
-    PredictResponse, ReportBatch,
+    EndpointPrediction, EndpointState, PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse, Report,
+    ReportBatch,
 };
 
 /// How the fake answers `POST /v1/predict` and `/v1/predict/batch` (dispatch and report
@@ -40,8 +40,8 @@ pub struct FakePredictor {
     pub addr: SocketAddr,
     /// Requests it was asked to predict, alone or in batches.
     pub predicts: Arc<AtomicU64>,
-    /// Observations reported to it, decoded.
-    pub observations: Arc<Mutex<Vec<Observation>>>,
+    /// Reports sent to it, decoded.
+    pub reports: Arc<Mutex<Vec<Report>>>,
     /// The addresses [`Misbehaviour::Ranked`] answers with, best first (set by the test
     /// once it knows them).
     pub ranking: Arc<Mutex<Vec<String>>>,
@@ -56,14 +56,10 @@ impl FakePredictor {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let predicts = Arc::new(AtomicU64::new(0));
-        let observations = Arc::new(Mutex::new(Vec::new()));
+        let reports = Arc::new(Mutex::new(Vec::new()));
         let ranking = Arc::new(Mutex::new(Vec::new()));
-        let seen = Seen {
-            stop: stop.clone(),
-            predicts: predicts.clone(),
-            observations: observations.clone(),
-            ranking: ranking.clone(),
-        };
+        let seen =
+            Seen { stop: stop.clone(), predicts: predicts.clone(), reports: reports.clone(), ranking: ranking.clone() };
         let thread = std::thread::spawn(move || {
             while !seen.stop.load(Ordering::Relaxed) {
                 match listener.accept() {
@@ -75,7 +71,7 @@ impl FakePredictor {
                 }
             }
         });
-        Ok(FakePredictor { addr, predicts, observations, ranking, stop, thread: Some(thread) })
+        Ok(FakePredictor { addr, predicts, reports, ranking, stop, thread: Some(thread) })
     }
 }
 
@@ -93,7 +89,7 @@ impl Drop for FakePredictor {
 struct Seen {
     stop: Arc<AtomicBool>,
     predicts: Arc<AtomicU64>,
-    observations: Arc<Mutex<Vec<Observation>>>,
+    reports: Arc<Mutex<Vec<Report>>>,
     ranking: Arc<Mutex<Vec<String>>>,
 }
 
@@ -113,9 +109,7 @@ fn ranked_answer(pool: String, ranking: &[String]) -> PredictResponse {
             }
         })
         .collect();
-    // A contract-1 predictor (no `contract` in its answers): the filter echoes to it, so the
-    // reports the fake keeps show what such a predictor is sent.
-    PredictResponse { contract: 0, pool, model_version: "fake".into(), endpoints, flow: None }
+    PredictResponse { pool, model_version: "fake".into(), endpoints, flow: None }
 }
 
 /// What `mode` answers for the requests of `pools` (one per request), or `None` when it
@@ -134,7 +128,7 @@ fn answers(mode: Misbehaviour, pools: Vec<String>, ranking: &Mutex<Vec<String>>)
 }
 
 fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
-    let Seen { stop, predicts, observations, ranking } = seen;
+    let Seen { stop, predicts, reports: kept, ranking } = seen;
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
     let Ok(mut writer) = conn.try_clone() else { return };
     let mut reader = BufReader::new(conn);
@@ -178,7 +172,7 @@ fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
             let batch = decode::<PredictBatch>(Format::MsgPack, &body).unwrap_or_default();
             predicts.fetch_add(batch.requests.len() as u64, Ordering::Relaxed);
             if let Some(reports) = batch.reports {
-                observations.lock().unwrap().extend(reports.observations);
+                kept.lock().unwrap().extend(reports.reports);
             }
             let pools = batch.requests.into_iter().map(|r| r.pool).collect();
             match answers(mode, pools, ranking) {
@@ -188,7 +182,7 @@ fn serve(conn: TcpStream, mode: Misbehaviour, seen: &Seen) {
         } else {
             if path == "/v1/report" {
                 if let Ok(batch) = decode::<ReportBatch>(Format::MsgPack, &body) {
-                    observations.lock().unwrap().extend(batch.observations);
+                    kept.lock().unwrap().extend(batch.reports);
                 }
             }
             b"\x82\xa8accepted\x00\xa8rejected\x00".to_vec()

@@ -73,7 +73,7 @@ fn the_filter_tracks_requests_by_its_own_ids_and_the_predictor_by_its_token() {
     }
 
     // The predictor's guarded routes refuse anyone without the token; the filter has it.
-    let forged = json!({"observations": []}).to_string();
+    let forged = json!({"reports": []}).to_string();
     let r = h.http.post(format!("{}/v1/report", h.predictor())).header("content-type", "application/json").body(forged);
     assert_eq!(r.send().unwrap().status(), 401);
     let r = h.completion(3, true, &SLO).unwrap();

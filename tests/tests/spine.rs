@@ -63,7 +63,7 @@ fn streaming_and_non_streaming_are_routed_measured_and_reported() {
         assert_eq!(obs["status"], 200);
         assert_eq!(obs["endpoint"].as_str(), reply.served_by.as_deref(), "reported endpoint is the one that served");
         assert!(obs["ttft_ms"].as_f64().unwrap_or(0.0) > 0.0, "{obs}");
-        assert!(obs["state_at_dispatch"].is_object(), "dispatch-time features are echoed back: {obs}");
+        assert!(obs["state_at_dispatch"].is_object(), "completed from the predictor's record: {obs}");
         assert_eq!(obs["request"]["slo"]["ttft_ms"], 2000.0);
     }
     assert_eq!(plain_obs["output_tokens"], 7, "tokens come from the usage block");

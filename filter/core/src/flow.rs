@@ -23,7 +23,7 @@ use headroom_protocol::health::{Outcome, Recorded};
 use headroom_protocol::meter::{Measurement, ResponseMeter};
 use headroom_protocol::{
     codec, limits, openai, paths, tokens, Abandoned, Dispatch, EndpointState, FirstToken, FlowAnswer, FlowOutcome,
-    FlowTerms, Format, Observation, PredictRequest, PredictResponse, RequestFeatures, RouteSource,
+    FlowTerms, Format, PredictRequest, PredictResponse, Report, RequestFeatures, RouteSource,
 };
 
 use crate::config::FilterConfig;
@@ -58,9 +58,9 @@ struct Choice {
     /// Endpoints to try next on retry, in order.
     fallbacks: Vec<String>,
     source: RouteSource,
+    /// What the predictor predicted there: the debug headers say it.
     predicted_ttft_ms: Option<f64>,
     predicted_tpot_ms: Option<f64>,
-    state: Option<EndpointState>,
 }
 
 /// A predictor call under way.
@@ -298,7 +298,6 @@ impl Flow {
             e.ttft_ms = limits::ms_or_none(e.ttft_ms);
             e.tpot_ms = limits::ms_or_none(e.tpot_ms);
         }
-        vm.contract.heard(answer.contract, host.now_ms());
         let states = answer.endpoints.iter().map(|e| (e.address.clone(), e.state.clone())).collect();
         vm.states.update(&self.pool, states, host.now_ms());
         // An endpoint failing requests is left out while ejected, however idle its metrics
@@ -354,7 +353,6 @@ impl Flow {
                     source,
                     predicted_ttft_ms: e.ttft_ms,
                     predicted_tpot_ms: e.tpot_ms,
-                    state: Some(e.state.clone()),
                 };
                 self.route(host, vm, Some(choice), true)
             }
@@ -495,28 +493,20 @@ impl Flow {
             host.record(Event::ServedElsewhere);
         }
         let failed_at = choice.as_ref().filter(|_| elsewhere).map(|c| c.endpoint.clone());
-        let chosen = choice.as_ref().filter(|_| !elsewhere);
         let endpoint = served.or_else(|| choice.as_ref().map(|c| c.endpoint.clone())).unwrap_or_default();
         self.judge_health(host, vm, failed_at.as_deref(), &endpoint);
-        let mut request = std::mem::take(&mut self.features);
-        request.prefix_hashes = Vec::new();
+        let request = std::mem::take(&mut self.features);
         if self.status == 200 && request.streaming {
             let [ttft, tpot] = request.slo.met(measured.ttft_ms, measured.tpot_ms).map(|met| met == Some(false));
             if ttft || tpot {
                 host.record(Event::SloViolation { ttft, tpot });
             }
         }
-        // To a predictor that keeps records: only what the gateway measured, and where.
-        let echo = !vm.contract.lean(host.now_ms());
-        let chosen = chosen.filter(|_| echo);
-        let observation = Observation {
+        // Only what the gateway measured, and where: the predictor has the rest in its record.
+        let report = Report {
             pool: std::mem::take(&mut self.pool),
             request_id: std::mem::take(&mut self.request_id),
             endpoint,
-            request: if echo { request } else { RequestFeatures::default() },
-            state_at_dispatch: chosen.and_then(|c| c.state.clone()),
-            predicted_ttft_ms: chosen.and_then(|c| c.predicted_ttft_ms),
-            predicted_tpot_ms: chosen.and_then(|c| c.predicted_tpot_ms),
             source: choice.as_ref().map_or(RouteSource::Envoy, |c| c.source),
             // Held to the contract's bounds (a stream open for over an hour).
             ttft_ms: limits::ms_or_none(measured.ttft_ms),
@@ -527,7 +517,7 @@ impl Flow {
             status: self.status,
             failed_at,
         };
-        vm.outbox.report(std::mem::take(&mut self.dispatch_seq), observation);
+        vm.outbox.report(std::mem::take(&mut self.dispatch_seq), report);
     }
 
     /// Files what the request's endpoints did in the VM's passive health: the chosen one
@@ -702,14 +692,13 @@ impl Flow {
             let placed: Vec<u32> = states.iter().map(|(e, _)| vm.placed.at(e)).collect();
             let ranked = fallback::rank_composite(&refs, &placed, &mut vm.rng);
             let mut chosen = ranked.iter().filter_map(|&i| states.get(i));
-            let (endpoint, state) = chosen.next()?;
+            let (endpoint, _) = chosen.next()?;
             Some(Choice {
                 endpoint: endpoint.clone(),
                 fallbacks: chosen.take(vm.config.fallback_endpoints).map(|(e, _)| e.clone()).collect(),
                 source: RouteSource::Fallback,
                 predicted_ttft_ms: None,
                 predicted_tpot_ms: None,
-                state: Some(state.clone()),
             })
         });
         // Nothing fresh is known of the endpoints the gateway allows: one of them at random
@@ -724,7 +713,6 @@ impl Flow {
                 source: RouteSource::Fallback,
                 predicted_ttft_ms: None,
                 predicted_tpot_ms: None,
-                state: None,
             })
         });
         self.route(host, vm, choice, paused)
@@ -741,21 +729,17 @@ impl Flow {
             vm.placed.started(&c.endpoint);
             // On probation, this is its one probe (`PassiveHealth::sent`).
             vm.health.sent(&c.endpoint, host.now_ms());
-            // To a predictor that keeps records, the dispatch names the request and where it
-            // went; the features go along when the filter placed it without the predictor's
-            // answer (its fallback), which the predictor may hold no record of.
-            let lean = vm.contract.lean(host.now_ms());
+            // The dispatch names the request and where it went; the features go along when
+            // the filter placed it without the predictor's answer (its fallback), which the
+            // predictor may hold no record of.
             let dispatch = Dispatch {
                 pool: self.pool.clone(),
                 request_id: self.request_id.clone(),
                 endpoint: c.endpoint.clone(),
-                request: if lean && c.source != RouteSource::Fallback {
-                    RequestFeatures::default()
-                } else {
-                    self.features.clone()
+                request: match c.source {
+                    RouteSource::Fallback => self.features.clone(),
+                    _ => RequestFeatures::default(),
                 },
-                predicted_ttft_ms: c.predicted_ttft_ms.filter(|_| !lean),
-                predicted_tpot_ms: c.predicted_tpot_ms.filter(|_| !lean),
             };
             self.held_dispatch = Some((dispatch, vm.predictor_cluster(host.now_ms())));
             // Read from the body, or header-only with the body already through: as it is.

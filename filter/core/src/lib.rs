@@ -8,7 +8,6 @@
 
 pub mod coalesce;
 pub mod config;
-pub mod contract;
 pub mod fallback;
 pub mod flow;
 pub mod header_map;

@@ -1,4 +1,4 @@
-//! What the filter owes the predictor: dispatches and observations, batched on
+//! What the filter owes the predictor: dispatches and reports, batched on
 //! the tick, and what happens to a batch after its call.
 //!
 //! Rules, each for a reason:
@@ -17,7 +17,7 @@
 //!   reaches one that never saw the dispatch teaches nothing, and the one that
 //!   did keeps the request in its books until it expires. A dispatch goes to the
 //!   replica current when its request was placed (its home), while that replica is
-//!   up; its first token and observation go where the dispatch was delivered,
+//!   up; its first token and report go where the dispatch was delivered,
 //!   while that replica is up. Else the current replica takes them (a failover).
 //!   A batch is a run of items from the queue's front bound for one replica.
 //! - After the call: delivered (2xx) is done; refused (4xx) can never succeed and
@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use headroom_protocol::{codec, Abandoned, Dispatch, DispatchBatch, FirstToken, Format, Observation, ReportBatch};
+use headroom_protocol::{codec, Abandoned, Dispatch, DispatchBatch, FirstToken, Format, Report, ReportBatch};
 use serde::Serialize;
 
 use crate::queue::BoundedQueue;
@@ -60,15 +60,15 @@ impl Outcome {
     }
 }
 
-/// An item of the report queue: a request's first token, then its observation.
+/// An item of the report queue: a request's first token, then its report.
 /// Both wait for the request's dispatch to be delivered; they keep their order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub enum Report {
+pub enum Owed {
     FirstToken(FirstToken),
     /// A request that left while waiting in the predictor's queue (never dispatched).
     Abandoned(Abandoned),
-    /// Boxed: an observation is several times a first token's size.
-    Observation(Box<Observation>),
+    /// Boxed: a report is several times a first token's size.
+    Report(Box<Report>),
 }
 
 /// A queued item: the sequence number of its request's dispatch (0: none) and the
@@ -87,7 +87,7 @@ pub type Route<'a> = &'a dyn Fn(Option<&str>) -> String;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Batch {
     Dispatches { to: String, items: Vec<Queued<Dispatch>> },
-    Observations { to: String, items: Vec<Queued<Report>> },
+    Reports { to: String, items: Vec<Queued<Owed>> },
 }
 
 impl Batch {
@@ -95,14 +95,14 @@ impl Batch {
     pub fn last_seq(&self) -> u64 {
         match self {
             Batch::Dispatches { items, .. } => last_seq(items),
-            Batch::Observations { .. } => 0,
+            Batch::Reports { .. } => 0,
         }
     }
 
     /// The replica it goes to.
     pub fn to(&self) -> &str {
         match self {
-            Batch::Dispatches { to, .. } | Batch::Observations { to, .. } => to,
+            Batch::Dispatches { to, .. } | Batch::Reports { to, .. } => to,
         }
     }
 }
@@ -110,7 +110,7 @@ impl Batch {
 /// Counts for the filter's stats, taken (and reset) by [`Outbox::take_counts`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
-    /// Observations delivered.
+    /// Reports delivered.
     pub reported: u64,
     /// Items dropped because a queue was full.
     pub dropped: u64,
@@ -126,11 +126,11 @@ pub struct Counts {
 #[derive(Debug)]
 pub struct Outbox {
     dispatches: BoundedQueue<Queued<Dispatch>>,
-    observations: BoundedQueue<Queued<Report>>,
+    reports: BoundedQueue<Queued<Owed>>,
     next_seq: u64,
     /// Every dispatch with a sequence number up to this one is delivered or given up.
     done_through: u64,
-    /// The replica each delivered dispatch went to, until its observation is delivered;
+    /// The replica each delivered dispatch went to, until its report is delivered;
     /// bounded (the oldest forgotten: its reports then go to the current replica).
     delivered: BTreeMap<u64, Rc<str>>,
     max_delivered: usize,
@@ -143,7 +143,7 @@ impl Outbox {
     pub fn new(max_queued: usize, max_batch: usize, max_batch_bytes: usize) -> Self {
         Outbox {
             dispatches: BoundedQueue::new(max_queued),
-            observations: BoundedQueue::new(max_queued),
+            reports: BoundedQueue::new(max_queued),
             next_seq: 0,
             done_through: 0,
             delivered: BTreeMap::new(),
@@ -168,20 +168,20 @@ impl Outbox {
         self.next_seq
     }
 
-    /// Queues an observation; `dispatch_seq` is what [`Outbox::dispatch`] returned (0: none).
-    pub fn report(&mut self, dispatch_seq: u64, o: Observation) {
-        self.observations.push(Queued { seq: dispatch_seq, home: None, item: Report::Observation(Box::new(o)) });
+    /// Queues a request's report; `dispatch_seq` is what [`Outbox::dispatch`] returned (0: none).
+    pub fn report(&mut self, dispatch_seq: u64, o: Report) {
+        self.reports.push(Queued { seq: dispatch_seq, home: None, item: Owed::Report(Box::new(o)) });
     }
 
     /// Queues a first-token event of the request dispatched as `dispatch_seq`.
     pub fn first_token(&mut self, dispatch_seq: u64, f: FirstToken) {
-        self.observations.push(Queued { seq: dispatch_seq, home: None, item: Report::FirstToken(f) });
+        self.reports.push(Queued { seq: dispatch_seq, home: None, item: Owed::FirstToken(f) });
     }
 
     /// Queues word of a request that left while replica `holder` held it in its queue
     /// (no dispatch: sent with the next report batch to that replica).
     pub fn abandoned(&mut self, a: Abandoned, holder: &str) {
-        self.observations.push(Queued { seq: 0, home: Some(holder.into()), item: Report::Abandoned(a) });
+        self.reports.push(Queued { seq: 0, home: Some(holder.into()), item: Owed::Abandoned(a) });
     }
 
     /// The next dispatch batch and its encoded body, if any is queued.
@@ -190,7 +190,7 @@ impl Outbox {
         encoded(&body).map(|bytes| (batch, bytes))
     }
 
-    /// The next report batch: only observations whose dispatch was delivered (or that had none).
+    /// The next report batch: only reports whose dispatch was delivered (or that had none).
     pub fn next_reports(&mut self, route: Route) -> Option<(Batch, Vec<u8>)> {
         let (batch, body) = self.take_reports(self.max_batch_bytes, 0, route, None)?;
         encoded(&body).map(|bytes| (batch, bytes))
@@ -229,12 +229,12 @@ impl Outbox {
         let delivered = &self.delivered;
         // Where its dispatch was delivered; else (no dispatch, or one riding in this same
         // call to the current replica) its own home, or the current replica.
-        let to = |q: &Queued<Report>| match delivered.get(&q.seq) {
+        let to = |q: &Queued<Owed>| match delivered.get(&q.seq) {
             Some(at) => route(Some(at)),
             None => route(q.home.as_deref()),
         };
         let limits = (self.max_batch, max_bytes);
-        let (to, items, oversized) = take_fitting(&mut self.observations, limits, |seq| seq <= done, to, only);
+        let (to, items, oversized) = take_fitting(&mut self.reports, limits, |seq| seq <= done, to, only);
         self.counts.oversized += oversized;
         if items.is_empty() {
             return None;
@@ -242,12 +242,12 @@ impl Outbox {
         let mut body = ReportBatch::default();
         for q in &items {
             match &q.item {
-                Report::FirstToken(f) => body.first_tokens.push(f.clone()),
-                Report::Abandoned(a) => body.abandoned.push(a.clone()),
-                Report::Observation(o) => body.observations.push((**o).clone()),
+                Owed::FirstToken(f) => body.first_tokens.push(f.clone()),
+                Owed::Abandoned(a) => body.abandoned.push(a.clone()),
+                Owed::Report(o) => body.reports.push((**o).clone()),
             }
         }
-        Some((Batch::Observations { to, items }, body))
+        Some((Batch::Reports { to, items }, body))
     }
 
     /// Applies how a batch's call ended.
@@ -263,14 +263,14 @@ impl Outbox {
                 }
                 self.dispatched_through(&items);
             }
-            (Outcome::Delivered, Batch::Observations { items, .. }) => {
+            (Outcome::Delivered, Batch::Reports { items, .. }) => {
                 self.counts.reported += self.ended(&items);
             }
             (Outcome::Refused, Batch::Dispatches { items, .. }) => {
                 self.counts.refused += items.len() as u64;
                 self.dispatched_through(&items);
             }
-            (Outcome::Refused, Batch::Observations { items, .. }) => {
+            (Outcome::Refused, Batch::Reports { items, .. }) => {
                 self.ended(&items);
                 self.counts.refused += items.len() as u64;
             }
@@ -278,18 +278,18 @@ impl Outbox {
                 self.counts.failed += 1;
                 self.dispatches.requeue(items);
             }
-            (Outcome::Failed, Batch::Observations { items, .. }) => {
+            (Outcome::Failed, Batch::Reports { items, .. }) => {
                 self.counts.failed += 1;
-                self.observations.requeue(items);
+                self.reports.requeue(items);
             }
         }
     }
 
-    /// The observations among `items` are done with: their dispatches' replicas are
+    /// The reports among `items` are done with: their dispatches' replicas are
     /// forgotten. Returns how many there were.
-    fn ended(&mut self, items: &[Queued<Report>]) -> u64 {
+    fn ended(&mut self, items: &[Queued<Owed>]) -> u64 {
         let mut n = 0;
-        for q in items.iter().filter(|q| matches!(q.item, Report::Observation(_))) {
+        for q in items.iter().filter(|q| matches!(q.item, Owed::Report(_))) {
             self.delivered.remove(&q.seq);
             n += 1;
         }
@@ -303,7 +303,7 @@ impl Outbox {
     /// Counts since the last call, queue overflow included.
     pub fn take_counts(&mut self) -> Counts {
         let mut c = std::mem::take(&mut self.counts);
-        c.dropped = self.dispatches.take_dropped() + self.observations.take_dropped();
+        c.dropped = self.dispatches.take_dropped() + self.reports.take_dropped();
         c
     }
 }
@@ -370,20 +370,14 @@ mod tests {
             request_id: id.into(),
             endpoint: "e:1".into(),
             request: RequestFeatures { prefix_hashes: vec![u64::MAX; hashes], ..Default::default() },
-            predicted_ttft_ms: None,
-            predicted_tpot_ms: None,
         }
     }
 
-    fn observation(id: &str) -> Observation {
-        Observation {
+    fn report(id: &str) -> Report {
+        Report {
             pool: "p".into(),
             request_id: id.into(),
             endpoint: "e:1".into(),
-            request: RequestFeatures::default(),
-            state_at_dispatch: None,
-            predicted_ttft_ms: None,
-            predicted_tpot_ms: None,
             source: RouteSource::Fallback,
             ttft_ms: None,
             tpot_ms: None,
@@ -409,41 +403,41 @@ mod tests {
     fn ids(batch: &Batch) -> Vec<String> {
         match batch {
             Batch::Dispatches { items, .. } => items.iter().map(|q| q.item.request_id.clone()).collect(),
-            Batch::Observations { items, .. } => items
+            Batch::Reports { items, .. } => items
                 .iter()
                 .map(|q| match &q.item {
-                    Report::FirstToken(f) => format!("first:{}", f.request_id),
-                    Report::Observation(o) => o.request_id.clone(),
-                    Report::Abandoned(a) => format!("abandoned:{}", a.request_id),
+                    Owed::FirstToken(f) => format!("first:{}", f.request_id),
+                    Owed::Report(o) => o.request_id.clone(),
+                    Owed::Abandoned(a) => format!("abandoned:{}", a.request_id),
                 })
                 .collect(),
         }
     }
 
     #[test]
-    fn a_first_token_goes_with_the_reports_after_its_dispatch_and_before_its_observation() {
+    fn a_first_token_goes_with_the_reports_after_its_dispatch_and_before_its_report() {
         let mut out = Outbox::new(100, 10, 1 << 20);
         let seq = out.dispatch(dispatch("a", 0), "p0");
         let first = FirstToken { pool: "p".into(), request_id: "a".into(), endpoint: "e:1".into(), ttft_ms: 12.0 };
         out.first_token(seq, first.clone());
-        out.report(seq, observation("a"));
+        out.report(seq, report("a"));
         assert!(out.next_reports(&up).is_none(), "the dispatch is not delivered yet");
         let (batch, _) = out.next_dispatches(&up).unwrap();
         out.sent(batch, Outcome::Delivered);
         let (batch, body) = out.next_reports(&up).unwrap();
         assert_eq!(ids(&batch), ["first:a", "a"]);
         let sent: ReportBatch = codec::decode(Format::MsgPack, &body).unwrap();
-        assert_eq!((sent.first_tokens, sent.observations.len()), (vec![first], 1));
+        assert_eq!((sent.first_tokens, sent.reports.len()), (vec![first], 1));
         out.sent(batch, Outcome::Delivered);
-        assert_eq!(out.take_counts().reported, 1, "observations are what count as reported");
+        assert_eq!(out.take_counts().reported, 1, "reports are what count as reported");
     }
 
     #[test]
     fn a_report_waits_for_its_dispatch_to_be_delivered() {
         let mut out = Outbox::new(100, 10, 1 << 20);
         let seq = out.dispatch(dispatch("a", 0), "p0");
-        out.report(0, observation("envoy-routed")); // no dispatch: free to go
-        out.report(seq, observation("a"));
+        out.report(0, report("envoy-routed")); // no dispatch: free to go
+        out.report(seq, report("a"));
         let (dispatches, _) = out.next_dispatches(&up).unwrap();
         // The dispatch is on its way but not delivered: the report must not overtake it
         // (reports keep their order, so what queued behind it waits too, for a tick at most).
@@ -455,7 +449,7 @@ mod tests {
         let (reports, body) = out.next_reports(&up).unwrap();
         assert_eq!(ids(&reports), ["a"]);
         let decoded: ReportBatch = codec::decode(Format::MsgPack, &body).unwrap();
-        assert_eq!(decoded.observations[0].request_id, "a");
+        assert_eq!(decoded.reports[0].request_id, "a");
     }
 
     #[test]
@@ -464,7 +458,7 @@ mod tests {
         let seq = out.dispatch(dispatch("a", 0), "p0");
         let (batch, _) = out.next_dispatches(&up).unwrap();
         out.sent(batch, Outcome::Failed);
-        out.report(seq, observation("a"));
+        out.report(seq, report("a"));
         assert!(out.next_reports(&up).is_none(), "still not delivered");
         let (batch, _) = out.next_dispatches(&up).unwrap();
         assert_eq!(ids(&batch), ["a"], "requeued at the front");
@@ -513,15 +507,15 @@ mod tests {
         let (batch, _) = out.next_dispatches(&up).unwrap();
         assert_eq!((batch.to(), ids(&batch)), ("p1", vec!["b".to_string()]));
         out.sent(batch, Outcome::Delivered);
-        out.report(b, observation("b"));
-        out.report(a, observation("a"));
+        out.report(b, report("b"));
+        out.report(a, report("a"));
         let (batch, _) = out.next_reports(&up).unwrap();
         assert_eq!((batch.to(), ids(&batch)), ("p1", vec!["b".to_string()]));
         out.sent(batch, Outcome::Delivered);
         let (batch, _) = out.next_reports(&up).unwrap();
         assert_eq!((batch.to(), ids(&batch)), ("p0", vec!["a".to_string()]));
         out.sent(batch, Outcome::Delivered);
-        assert!(out.delivered.is_empty(), "forgotten once the observation is delivered");
+        assert!(out.delivered.is_empty(), "forgotten once the report is delivered");
     }
 
     /// Failover and failback: placed on p0 while it was down, a request's dispatch went to
@@ -537,7 +531,7 @@ mod tests {
         out.sent(batch, Outcome::Delivered);
         let first = FirstToken { pool: "p".into(), request_id: "a".into(), endpoint: "e:1".into(), ttft_ms: 1.0 };
         out.first_token(seq, first);
-        out.report(seq, observation("a"));
+        out.report(seq, report("a"));
         out.abandoned(Abandoned { pool: "p".into(), request_id: "left".into() }, "p0");
         let (batch, _) = out.next_reports(&up).unwrap();
         assert_eq!((batch.to(), ids(&batch)), ("p1", vec!["first:a".to_string(), "a".to_string()]));
@@ -548,7 +542,7 @@ mod tests {
         let seq = out.dispatch(dispatch("b", 0), "p1");
         let (batch, _) = out.next_dispatches(&up).unwrap();
         out.sent(batch, Outcome::Delivered);
-        out.report(seq, observation("b"));
+        out.report(seq, report("b"));
         let p1_down = failed_over("p1", "p0");
         let (batch, _) = out.next_reports(&p1_down).unwrap();
         assert_eq!((batch.to(), ids(&batch)), ("p0", vec!["b".to_string()]));

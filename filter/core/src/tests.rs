@@ -253,9 +253,7 @@ fn predictions(endpoints: &[(&str, Option<f64>)]) -> Vec<u8> {
 
 /// An answer with flow control's part (`flow`).
 fn predictions_after(endpoints: &[(&str, Option<f64>)], flow: Option<FlowAnswer>) -> Vec<u8> {
-    // A contract-1 predictor's answer (no `contract`): the filter echoes to it.
     let answer = PredictResponse {
-        contract: 0,
         flow,
         pool: "default".into(),
         model_version: "test".into(),
@@ -395,41 +393,19 @@ fn routes_to_an_endpoint_predicted_to_meet_the_slo_and_reports_what_happened() {
     let dispatched: Vec<DispatchBatch> = batches(&host, paths::DISPATCH);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
     assert_eq!(dispatched.len(), 1);
-    assert_eq!(dispatched[0].dispatches[0].request_id, asked.request_id);
-    let o = &reported[0].observations[0];
+    // The dispatch names the request and the endpoint (the predictor's record has the
+    // rest), and the report carries only what the gateway measured, and where.
+    let d = &dispatched[0].dispatches[0];
+    assert_eq!((d.request_id.as_str(), d.endpoint.as_str()), (asked.request_id.as_str(), "10.0.0.2:8000"));
+    assert!(d.request.is_unset(), "{d:?}");
+    let o = &reported[0].reports[0];
     assert_eq!((o.endpoint.as_str(), o.request_id.as_str()), ("10.0.0.2:8000", asked.request_id.as_str()));
-    assert_eq!((o.status, o.predicted_ttft_ms, o.source), (200, Some(200.0), RouteSource::PredictedPositive));
-    assert_eq!(o.ttft_ms, Some(120.0));
-    assert!(o.state_at_dispatch.is_some() && o.request.prefix_hashes.is_empty());
+    assert_eq!(
+        (o.status, o.source, o.ttft_ms, o.failed_at.as_deref()),
+        (200, RouteSource::PredictedPositive, Some(120.0), None)
+    );
     vm.flush(&mut host); // the next tick counts what was delivered
     assert!(host.has(Event::Outbox(crate::outbox::Counts { reported: 1, ..Default::default() })));
-}
-
-/// To a predictor that keeps records (contract 2) the dispatch names the request and the
-/// endpoint, and the report carries only what the gateway measured; the spine test above
-/// is the same flow against a contract-1 predictor, which gets the echoes.
-#[test]
-fn to_a_predictor_that_keeps_records_dispatches_and_reports_carry_no_echo() {
-    let mut host = FakeHost::new();
-    let mut vm = vm("{}");
-    let v1 = predictions(&[("10.0.0.1:8000", Some(300.0)), ("10.0.0.2:8000", Some(200.0))]);
-    let mut answer: PredictResponse = codec::decode(Format::MsgPack, &v1).unwrap();
-    answer.contract = headroom_protocol::CONTRACT;
-    let mut flow = Flow::new();
-    let answer = codec::encode(Format::MsgPack, &answer).unwrap();
-    assert_eq!(routed(&mut flow, &mut host, &mut vm, 200, &answer), Step::Resume);
-    host.upstream = Some("10.0.0.2:8000".into());
-    stream_response(&mut flow, &mut host, &mut vm, 120);
-    deliver_all(&mut host, &mut vm, 200);
-    let dispatched: Vec<DispatchBatch> = batches(&host, paths::DISPATCH);
-    let d = &dispatched[0].dispatches[0];
-    assert_eq!(d.endpoint, "10.0.0.2:8000");
-    assert!(d.request.is_unset() && d.predicted_ttft_ms.is_none() && d.predicted_tpot_ms.is_none(), "{d:?}");
-    let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
-    let o = &reported[0].observations[0];
-    assert!(o.request.is_unset() && o.state_at_dispatch.is_none() && o.predicted_ttft_ms.is_none(), "{o:?}");
-    assert_eq!((o.ttft_ms, o.status, o.source), (Some(120.0), 200, RouteSource::PredictedPositive));
-    assert_eq!(o.endpoint, "10.0.0.2:8000");
 }
 
 /// One gateway, two models: each request is predicted, placed and reported in the pool its
@@ -452,7 +428,7 @@ fn a_mapped_model_is_routed_in_its_own_pool() {
     let dispatched: Vec<DispatchBatch> = batches(&host, paths::DISPATCH);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
     assert_eq!(dispatched[0].dispatches[0].pool, "big-pool");
-    assert_eq!(reported[0].observations[0].pool, "big-pool");
+    assert_eq!(reported[0].reports[0].pool, "big-pool");
 
     // The default model's request times out: big-pool's fresh states are not its to use.
     host.now_ns += 10 * MS;
@@ -489,7 +465,6 @@ fn while_the_predictor_is_down_the_fallback_spreads_requests_over_its_frozen_sta
     // first endpoint looks best in them every time.
     let endpoints = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
     let answer = PredictResponse {
-        contract: 0,
         flow: None,
         pool: "default".into(),
         model_version: "test".into(),
@@ -541,7 +516,7 @@ fn without_fresh_states_a_fallback_leaves_the_choice_to_envoy() {
     stream_response(&mut flow, &mut host, &mut vm, 50);
     deliver_all(&mut host, &mut vm, 200);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
-    assert_eq!(reported[0].observations[0].source, RouteSource::Envoy);
+    assert_eq!(reported[0].reports[0].source, RouteSource::Envoy);
     assert!(batches::<DispatchBatch>(&host, paths::DISPATCH).is_empty());
 }
 
@@ -868,7 +843,7 @@ fn a_request_whose_client_leaves_while_the_predictor_holds_it_is_reported_abando
     assert_eq!(reported.len(), 1);
     assert_eq!(reported[0].abandoned.len(), 1);
     assert_eq!(reported[0].abandoned[0].request_id, asked.request_id);
-    assert!(reported[0].observations.is_empty(), "never dispatched: nothing observed");
+    assert!(reported[0].reports.is_empty(), "never dispatched: nothing observed");
     // An answer arriving afterwards is for nobody.
     let answer = predictions(&[("10.0.0.1:8000", Some(100.0))]);
     let token = host.answer(200, &answer);
@@ -911,9 +886,8 @@ fn a_request_served_elsewhere_is_reported_where_it_ran_without_the_chosen_predic
     assert!(host.has(Event::ServedElsewhere));
     deliver_all(&mut host, &mut vm, 200);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
-    let o = &reported[0].observations[0];
-    assert_eq!(o.endpoint, "10.0.0.7:8000");
-    assert_eq!((o.predicted_ttft_ms, o.predicted_tpot_ms, o.state_at_dispatch.is_some()), (None, None, false));
+    let o = &reported[0].reports[0];
+    assert_eq!((o.endpoint.as_str(), o.failed_at.as_deref()), ("10.0.0.7:8000", Some("10.0.0.1:8000")));
 }
 
 /// The server answers `status` at once with a JSON error, served where the destination's
@@ -1036,7 +1010,7 @@ fn a_choice_that_envoy_retried_elsewhere_counts_against_it_and_the_report_says_w
     assert!(!vm.health.is_ejected(good, host.now_ms()));
     deliver_all(&mut host, &mut vm, 200);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
-    let o = &reported[0].observations[0];
+    let o = &reported[0].reports[0];
     assert_eq!((o.endpoint.as_str(), o.failed_at.as_deref(), o.status), (good, Some(bad), 200));
     // Now the request goes to the healthy one, negative tier or not.
     let mut flow = Flow::new();
@@ -1076,7 +1050,7 @@ fn a_stream_cut_off_by_its_server_is_reported_with_status_0() {
     assert!(host.has(Event::CutOff));
     deliver_all(&mut host, &mut vm, 200);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
-    let o = &reported[0].observations[0];
+    let o = &reported[0].reports[0];
     assert_eq!((o.status, o.endpoint.as_str()), (0, "10.0.0.1:8000"), "tracking ends, nothing is learnt");
 }
 
@@ -1304,7 +1278,7 @@ fn the_first_token_is_reported_as_it_passes_and_not_when_switched_off() {
         if on {
             assert_eq!(firsts.len(), 1);
             assert_eq!((firsts[0].endpoint.as_str(), firsts[0].ttft_ms), ("10.0.0.1:8000", 42.0));
-            assert!(reported.iter().all(|b| b.observations.is_empty()), "the stream is still open");
+            assert!(reported.iter().all(|b| b.reports.is_empty()), "the stream is still open");
         } else {
             assert!(firsts.is_empty());
         }
@@ -1552,8 +1526,8 @@ fn what_the_worker_owes_rides_on_its_next_predict_call_and_goes_back_to_the_outb
     let carried: PredictBatch = codec::decode(Format::MsgPack, &call.body).unwrap();
     assert_eq!(carried.dispatches.iter().map(|d| d.request_id.as_str()).collect::<Vec<_>>(), [a_id.as_str()]);
     let reports = carried.reports.unwrap();
-    assert_eq!((reports.first_tokens.len(), reports.observations.len()), (1, 1));
-    assert_eq!(reports.observations[0].request_id, a_id);
+    assert_eq!((reports.first_tokens.len(), reports.reports.len()), (1, 1));
+    assert_eq!(reports.reports[0].request_id, a_id);
 
     // While it is out, the tick sends no dispatch or report batch of its own.
     let before = host.calls.len();
@@ -1572,7 +1546,7 @@ fn what_the_worker_owes_rides_on_its_next_predict_call_and_goes_back_to_the_outb
     assert_eq!(dispatched.first(), Some(&a_id), "a's dispatch first, then b's: {dispatched:?}");
     assert_eq!(dispatched.len(), 2);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
-    assert_eq!(reported.iter().map(|r| r.observations.len()).sum::<usize>(), 1);
+    assert_eq!(reported.iter().map(|r| r.reports.len()).sum::<usize>(), 1);
 }
 
 #[test]
@@ -1593,7 +1567,7 @@ fn a_ride_delivered_lets_the_reports_waiting_for_it_go() {
     // Delivered: the tick sends a's report, which no longer waits for its dispatch.
     vm.on_tick(&mut host);
     let reported: Vec<ReportBatch> = batches(&host, paths::REPORT);
-    assert_eq!(reported.iter().map(|r| r.observations.len()).sum::<usize>(), 1);
+    assert_eq!(reported.iter().map(|r| r.reports.len()).sum::<usize>(), 1);
     assert!(batches::<DispatchBatch>(&host, paths::DISPATCH).is_empty(), "a's dispatch went with b's call only");
 }
 
@@ -1834,7 +1808,6 @@ fn a_request_past_every_servers_context_is_a_400_once_the_count_is_known() {
     let body = format!(r#"{{"model":"m","prompt":"{prompt}","max_tokens":100}}"#);
     let answer = |contexts: &[u32]| {
         let a = PredictResponse {
-            contract: 0,
             flow: None,
             pool: "default".into(),
             model_version: "test".into(),

@@ -10,7 +10,6 @@ use headroom_protocol::health::PassiveHealth;
 use headroom_protocol::{codec, paths};
 
 use crate::coalesce::{CallId, Coalescer, Delivery, Ride};
-use crate::contract::Contract;
 use crate::fallback::StateCache;
 use crate::host::{callout_status, Event, FallbackCause, Host, Level};
 use crate::outbox::{Batch, Outbox, Outcome};
@@ -70,8 +69,6 @@ pub struct Vm {
     pub stream: PredictStream,
     /// Each model's bytes per prompt token, learned from the responses' usage blocks.
     pub tokens: TokenCounts,
-    /// Whether the predictors keep records, so dispatches and reports go without echoes.
-    pub contract: Contract,
     /// Random per VM: with `next_request`, makes the ids the filter tracks requests by.
     vm_nonce: u64,
     next_request: u64,
@@ -107,7 +104,6 @@ impl Vm {
             predictions: Coalescer::default(),
             stream: PredictStream::default(),
             tokens: TokenCounts::default(),
-            contract: Contract::default(),
             vm_nonce: Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15).next_u64(),
             next_request: 0,
             shards: Shards::new(config.predictor_clusters(), &config.pool),
@@ -303,7 +299,7 @@ impl Vm {
         let batches = self.sending.values().map(|(_, b)| b).chain(self.riding.values().flatten());
         batches.fold((false, false), |(d, r), b| match b {
             Batch::Dispatches { .. } => (true, r),
-            Batch::Observations { .. } => (d, true),
+            Batch::Reports { .. } => (d, true),
         })
     }
 

@@ -59,27 +59,29 @@ fn stem(file: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use headroom_protocol::{EndpointState, RequestFeatures, RouteSource};
+    use headroom_protocol::{EndpointState, Report, RequestFeatures, RouteSource};
 
     use super::*;
 
     fn observation(id: &str) -> Observation {
         Observation {
-            pool: "p".into(),
-            request_id: id.into(),
-            endpoint: "127.0.0.1:1".into(),
+            report: Report {
+                pool: "p".into(),
+                request_id: id.into(),
+                endpoint: "127.0.0.1:1".into(),
+                source: RouteSource::PredictedPositive,
+                ttft_ms: Some(25.0),
+                tpot_ms: Some(6.0),
+                e2e_ms: 700.0,
+                output_tokens: Some(100),
+                cached_tokens: None,
+                status: 200,
+                failed_at: None,
+            },
             request: RequestFeatures { input_tokens: 100, streaming: true, ..Default::default() },
             state_at_dispatch: Some(EndpointState::default()),
             predicted_ttft_ms: Some(20.0),
             predicted_tpot_ms: Some(5.0),
-            source: RouteSource::PredictedPositive,
-            ttft_ms: Some(25.0),
-            tpot_ms: Some(6.0),
-            e2e_ms: 700.0,
-            output_tokens: Some(100),
-            cached_tokens: None,
-            status: 200,
-            failed_at: None,
         }
     }
 
@@ -96,7 +98,7 @@ mod tests {
         let files = [&accuracy, &bench].map(|p| p.display().to_string());
         let back = read(&files).unwrap();
         let got: Vec<(&str, &str)> =
-            back.iter().map(|r| (r.phase.as_str(), r.observation.request_id.as_str())).collect();
+            back.iter().map(|r| (r.phase.as_str(), r.observation.report.request_id.as_str())).collect();
         // Lines that are not an observation are skipped; a file without phases is its own.
         assert_eq!(got, [("mixed", "a"), ("shifted", "b"), ("mixed-headroom-predicted-140", "c")]);
         assert_eq!(back[2].observation, observation("c"));

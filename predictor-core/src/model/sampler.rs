@@ -36,11 +36,13 @@ pub struct Sample {
 /// (fallback-routed requests carry stale state), with TTFT and TPOT from streaming
 /// requests only (a non-streaming response's first token arrives with the whole body).
 pub fn learnable(o: &Observation) -> Option<(&EndpointState, Option<f64>, Option<f64>)> {
-    let from_predict =
-        matches!(o.source, RouteSource::PredictedPositive | RouteSource::PredictedNegative | RouteSource::Composite);
-    let state = o.state_at_dispatch.as_ref().filter(|_| from_predict && o.status == 200)?;
+    let from_predict = matches!(
+        o.report.source,
+        RouteSource::PredictedPositive | RouteSource::PredictedNegative | RouteSource::Composite
+    );
+    let state = o.state_at_dispatch.as_ref().filter(|_| from_predict && o.report.status == 200)?;
     let ok = |v: Option<f64>| v.filter(|x| x.is_finite() && *x > 0.0);
-    let (ttft, tpot) = if o.request.streaming { (ok(o.ttft_ms), ok(o.tpot_ms)) } else { (None, None) };
+    let (ttft, tpot) = if o.request.streaming { (ok(o.report.ttft_ms), ok(o.report.tpot_ms)) } else { (None, None) };
     (ttft.is_some() || tpot.is_some()).then_some((state, ttft, tpot))
 }
 

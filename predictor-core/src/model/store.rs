@@ -442,14 +442,14 @@ impl ModelStore {
         // correction hides is still a model gone stale).
         let served = [o.predicted_ttft_ms, o.predicted_tpot_ms].map(ok);
         let class = state.hardware_class;
-        let dispatched = Duration::try_from_secs_f64(o.e2e_ms / 1000.0).ok().and_then(|d| now.checked_sub(d));
+        let dispatched = Duration::try_from_secs_f64(o.report.e2e_ms / 1000.0).ok().and_then(|d| now.checked_sub(d));
         let dispatched = dispatched.unwrap_or(now);
         // The prior's correction learns from every report, with what it would have served.
         let prior_served = {
             let mut prior_calibration = self.prior_calibration.lock().unwrap_or_else(|p| p.into_inner());
-            let at_dispatch = prior_calibration.served_at(class, self.prior.predict(&row), o.e2e_ms, now);
+            let at_dispatch = prior_calibration.served_at(class, self.prior.predict(&row), o.report.e2e_ms, now);
             let prior_served = [at_dispatch.map(|p| p.0), at_dispatch.map(|p| p.1)];
-            prior_calibration.observe(class, prior_served, o.e2e_ms, [ttft, tpot], now);
+            prior_calibration.observe(class, prior_served, o.report.e2e_ms, [ttft, tpot], now);
             prior_served
         };
         // The model's correction, from the targets it served; the contest, on those too.
@@ -458,7 +458,7 @@ impl ModelStore {
         self.calibration.lock().unwrap_or_else(|p| p.into_inner()).observe(
             class,
             model_served,
-            o.e2e_ms,
+            o.report.e2e_ms,
             [ttft, tpot],
             now,
         );
@@ -485,7 +485,7 @@ impl ModelStore {
             }
         }
         let sample = Sample { row, ttft_ms: ttft, tpot_ms: tpot };
-        self.samples.lock().unwrap_or_else(|p| p.into_inner()).push(&o.request_id, sample);
+        self.samples.lock().unwrap_or_else(|p| p.into_inner()).push(&o.report.request_id, sample);
         true
     }
 

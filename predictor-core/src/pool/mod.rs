@@ -726,7 +726,7 @@ impl Pool {
     }
 
     /// Starts tracking a dispatched request: with this predictor's record of it, the
-    /// features and predictions it answered; without one, what the dispatch carries.
+    /// features and predictions it answered; without one, the features the dispatch carries.
     pub fn dispatch(&mut self, d: &Dispatch, now: Instant) -> Applied {
         let Some(i) = self.index_of(&d.endpoint) else { return Applied::UnknownEndpoint };
         if self.finished.contains(&d.request_id) {
@@ -752,20 +752,21 @@ impl Pool {
                 };
                 (&r.request, (*ttft, *tpot), Some(Box::new(kept)))
             }
-            // No record of it, or of that endpoint: a contract-1 dispatch's own values.
-            _ => (&d.request, (d.predicted_ttft_ms, d.predicted_tpot_ms), None),
+            // No record of it, or of that endpoint (the filter's fallback placed it, or another
+            // replica predicted it): the dispatch's features, and nothing predicted.
+            _ => (&d.request, (None, None), None),
         };
         let prefix = self.endpoints[i].prefix.match_fraction(&request.prefix_hashes);
         self.endpoints[i].prefix.insert(&request.prefix_hashes);
         // On probation, this is its one probe (`PassiveHealth::sent`).
         let ms = self.health_ms(now);
         self.health.sent(&d.endpoint, ms);
-        // Without a record or a prediction, nothing says how long it runs, and this replica
-        // is likely not where its report goes (a rollout's overlap balances each call): its
-        // books hold it for the least a request with a predicted end is held.
-        let lifetime = match (&kept, predicted) {
-            (None, (None, None)) => self.expiry.floor.min(self.expiry.ttl),
-            _ => self.expiry.lifetime(predicted, request.max_tokens),
+        // Without a record, nothing says how long it runs, and this replica is likely not
+        // where its report goes (calls are balanced over the replicas): its books hold it for
+        // the least a request with a predicted end is held.
+        let lifetime = match &kept {
+            None => self.expiry.floor.min(self.expiry.ttl),
+            Some(_) => self.expiry.lifetime(predicted, request.max_tokens),
         };
         let with_record = kept.is_some();
         let fastest = self.cost_of(i).map(|c| c.fastest_tpot_ms);
@@ -1094,6 +1095,24 @@ impl Pools {
     }
 }
 
+/// Test set-up: `d`'s request as this predictor answered it (`predicted`, TTFT and TPOT, at
+/// `d.endpoint`; nothing elsewhere), then dispatched.
+#[cfg(test)]
+impl Pool {
+    pub(crate) fn predicted_then_dispatched(
+        &mut self,
+        d: &Dispatch,
+        predicted: (Option<f64>, Option<f64>),
+        now: Instant,
+    ) -> Applied {
+        let states = vec![EndpointState::default(); self.endpoints.len()];
+        let answers: Vec<_> =
+            self.endpoints.iter().map(|e| if e.address == d.endpoint { predicted } else { (None, None) }).collect();
+        self.remember(&d.request_id, &d.request, &states, &answers, now);
+        self.dispatch(d, now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::books::FIRST_TOKEN_GRACE;
@@ -1114,8 +1133,6 @@ mod tests {
                 prediction_based: true,
                 ..Default::default()
             },
-            predicted_ttft_ms: Some(100.0),
-            predicted_tpot_ms: None,
         }
     }
 
@@ -1123,14 +1140,9 @@ mod tests {
         Pool::new("p", &["a:1".into(), "b:2".into()], 100)
     }
 
-    /// A lean dispatch (contract 2): the request and the endpoint, nothing else.
+    /// A dispatch of a request the predictor answered: the request and the endpoint, nothing else.
     fn lean(id: &str, endpoint: &str) -> Dispatch {
-        Dispatch {
-            request: RequestFeatures::default(),
-            predicted_ttft_ms: None,
-            predicted_tpot_ms: None,
-            ..dispatch(id, endpoint, 0, None)
-        }
+        Dispatch { request: RequestFeatures::default(), ..dispatch(id, endpoint, 0, None) }
     }
 
     /// What a predict answer for `id` said: 500 tokens, `b:2` at `ttft` ms.
@@ -1207,14 +1219,13 @@ mod tests {
         // Predicted by another replica: a lean dispatch says only where it went.
         assert_eq!(p.dispatch(&lean("elsewhere", "a:1"), now), Applied::AcceptedWithoutRecord);
         assert_eq!(p.in_flight_on("a:1"), 1);
-        // A contract-1 dispatch's features still count as load; its echoed prediction is
-        // used for timing only, never kept for learning.
-        assert_eq!(p.dispatch(&dispatch("old", "a:1", 400, None), now), Applied::AcceptedWithoutRecord);
+        // Placed by the filter's fallback: the features its dispatch carries count as load.
+        assert_eq!(p.dispatch(&dispatch("fallback", "a:1", 400, None), now), Applied::AcceptedWithoutRecord);
         assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].uncached_tokens_in_flight, 400);
-        // Nothing says how long it runs: held for the floor, not the ten-minute ceiling.
-        assert_eq!(p.expire(now + Expiry::default().floor), 1);
+        // Nothing says how long they run: held for the floor, not the ten-minute ceiling.
+        assert_eq!(p.expire(now + Expiry::default().floor), 2);
         assert_eq!(p.finish("elsewhere", now), Finished::Late("a:1".into(), None));
-        assert_eq!(p.finish("old", now), Finished::Tracked("a:1".into(), None));
+        assert_eq!(p.finish("fallback", now), Finished::Late("a:1".into(), None));
     }
 
     #[test]
@@ -1308,9 +1319,8 @@ mod tests {
         assert_eq!(p.dispatch(&dispatch("liar", "a:1", 10, Some(5.0)), now), Applied::AcceptedWithoutRecord);
         assert_eq!(p.dispatch(&dispatch("greedy", "a:1", 10, Some(7.0)), now), Applied::AcceptedWithoutRecord);
         assert_eq!(p.dispatch(&dispatch("near", "a:1", 10, Some(13.9)), now), Applied::AcceptedWithoutRecord);
-        let mut honest = dispatch("tight", "b:2", 10, Some(14.0));
-        honest.predicted_tpot_ms = Some(7.0);
-        assert_eq!(p.dispatch(&honest, now), Applied::AcceptedWithoutRecord);
+        let honest = dispatch("tight", "b:2", 10, Some(14.0));
+        assert_eq!(p.predicted_then_dispatched(&honest, (Some(100.0), Some(7.0)), now), Applied::Accepted);
         let mut unrouted = dispatch("unrouted", "b:2", 10, Some(20.0));
         unrouted.request.prediction_based = false;
         assert_eq!(p.dispatch(&unrouted, now), Applied::AcceptedWithoutRecord);
@@ -1336,9 +1346,8 @@ mod tests {
         assert_eq!(s[1].tightest_tpot_slo_ms, None, "a goal it was not placed by holds nobody");
         assert_eq!(s[1].in_flight, 1, "though its load counts");
         // Predicted to miss its SLO where it runs, but above the floor: it protects.
-        let mut loaded = dispatch("loaded", "a:1", 10, Some(40.0));
-        loaded.predicted_tpot_ms = Some(60.0);
-        assert_eq!(p.dispatch(&loaded, now), Applied::AcceptedWithoutRecord);
+        let loaded = dispatch("loaded", "a:1", 10, Some(40.0));
+        assert_eq!(p.predicted_then_dispatched(&loaded, (Some(100.0), Some(60.0)), now), Applied::Accepted);
         assert_eq!(p.states_for(&asking(100.0, 0), now)[0].tightest_tpot_slo_ms, Some(40.0));
         // With no engine costs known, every goal placed by counts, as the seed's rule has it.
         let mut unknown = pool();
@@ -1367,9 +1376,8 @@ mod tests {
         let mut p = pool();
         let now = Instant::now();
         for (i, ms) in [1e300, 1e22, f64::MAX, f64::INFINITY, f64::NAN, -5.0].into_iter().enumerate() {
-            let mut d = dispatch(&format!("r{i}"), "a:1", 10, None);
-            d.predicted_ttft_ms = Some(ms);
-            assert_eq!(p.dispatch(&d, now), Applied::AcceptedWithoutRecord, "{ms}");
+            let d = dispatch(&format!("r{i}"), "a:1", 10, None);
+            assert_eq!(p.predicted_then_dispatched(&d, (Some(ms), None), now), Applied::Accepted, "{ms}");
         }
         assert_eq!(p.states_for(&RequestFeatures::default(), now)[0].in_flight, 6);
     }
@@ -1379,7 +1387,8 @@ mod tests {
         let mut p = pool().with_max_in_flight(3);
         let now = Instant::now();
         for i in 0..3 {
-            assert_eq!(p.dispatch(&dispatch(&format!("r{i}"), "a:1", 1, None), now), Applied::AcceptedWithoutRecord);
+            let d = dispatch(&format!("r{i}"), "a:1", 1, None);
+            assert_eq!(p.predicted_then_dispatched(&d, (Some(100.0), None), now), Applied::Accepted);
         }
         assert_eq!(p.dispatch(&dispatch("r3", "a:1", 1, None), now), Applied::PoolFull);
         for i in 0..100 {
@@ -1437,15 +1446,15 @@ mod tests {
             .with_class_costs(vec![cost(0.1), cost(0.2)]);
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
-        let d = |id: &str, endpoint: &str, tokens: u32, hash: u64| {
+        // No first token expected for a long time.
+        let d = |p: &mut Pool, id: &str, endpoint: &str, tokens: u32, hash: u64, at: Instant| {
             let mut d = dispatch(id, endpoint, tokens, None);
             d.request.prefix_hashes = vec![hash]; // nothing cached
-            d.predicted_ttft_ms = Some(10_000.0); // no first token expected for a long time
-            d
+            p.predicted_then_dispatched(&d, (Some(10_000.0), None), at)
         };
-        p.dispatch(&d("r1", "a:1", 1000, 11), t0); // prefills over 0-100 ms
-        p.dispatch(&d("r2", "a:1", 500, 12), ms(20)); // behind it: 100-150 ms
-        p.dispatch(&d("r3", "b:2", 1000, 13), t0); // 0-200 ms on the slower class
+        d(&mut p, "r1", "a:1", 1000, 11, t0); // prefills over 0-100 ms
+        d(&mut p, "r2", "a:1", 500, 12, ms(20)); // behind it: 100-150 ms
+        d(&mut p, "r3", "b:2", 1000, 13, t0); // 0-200 ms on the slower class
         let at = |p: &mut Pool, n: u64| {
             let s = p.states_for(&RequestFeatures::default(), ms(n));
             [0, 1].map(|i| (s[i].prefill_backlog_tokens, s[i].uncached_tokens_in_flight))
@@ -1465,7 +1474,7 @@ mod tests {
         assert_eq!(at(&mut p, 130)[0], (Some(0), 1000));
         // Without costs the backlog is every prompt in prefill, counted whole.
         let mut whole = pool();
-        whole.dispatch(&d("w", "a:1", 1000, 14), t0);
+        d(&mut whole, "w", "a:1", 1000, 14, t0);
         assert_eq!(at(&mut whole, 250)[0], (Some(1000), 1000));
     }
 
@@ -1473,7 +1482,7 @@ mod tests {
     fn prefill_tokens_leave_after_predicted_ttft_and_prefix_is_remembered() {
         let mut p = pool();
         let now = Instant::now();
-        p.dispatch(&dispatch("r1", "a:1", 100, None), now);
+        p.predicted_then_dispatched(&dispatch("r1", "a:1", 100, None), (Some(100.0), None), now);
         let req = RequestFeatures { prefix_hashes: vec![1, 2], ..Default::default() };
         let s = p.states_for(&req, now);
         assert_eq!(s[0].uncached_tokens_in_flight, 100);
@@ -1482,7 +1491,7 @@ mod tests {
         let later = now + Duration::from_millis(150);
         assert_eq!(p.states_for(&req, later)[0].uncached_tokens_in_flight, 0);
         // A second request with the same prefix is mostly cached.
-        p.dispatch(&dispatch("r2", "a:1", 100, None), later);
+        p.predicted_then_dispatched(&dispatch("r2", "a:1", 100, None), (Some(100.0), None), later);
         assert_eq!(p.states_for(&req, later)[0].uncached_tokens_in_flight, 0);
     }
 
@@ -1493,7 +1502,7 @@ mod tests {
         p.endpoints[0].metrics =
             Some(EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, decode: None, queue_read: true });
         p.endpoints[0].scraped_at = Some(now);
-        p.dispatch(&dispatch("r1", "a:1", 100, None), now);
+        p.predicted_then_dispatched(&dispatch("r1", "a:1", 100, None), (Some(100.0), None), now);
         let req = RequestFeatures { prefix_hashes: vec![1, 2], ..Default::default() };
         assert_eq!(p.states_for(&req, now)[0].prefix_match, 1.0);
         p.endpoints[0].unreachable();
@@ -1506,8 +1515,8 @@ mod tests {
     fn a_first_token_ends_prefill_when_observed_not_when_predicted() {
         let mut p = pool();
         let now = Instant::now();
-        p.dispatch(&own("slow", 100, 50.0), now);
-        p.dispatch(&own("fast", 300, 100.0), now);
+        p.predicted_then_dispatched(&own("slow", 100), (Some(50.0), None), now);
+        p.predicted_then_dispatched(&own("fast", 300), (Some(100.0), None), now);
         let uncached =
             |p: &mut Pool, at: Instant| p.states_for(&RequestFeatures::default(), at)[0].uncached_tokens_in_flight;
         // An event for another endpoint, or an unknown request, changes nothing.
@@ -1522,15 +1531,14 @@ mod tests {
         assert!(p.first_token("slow", "a:1", late));
         assert_eq!(uncached(&mut p, late), 0);
         // ...and a lost event is forgotten after the grace period.
-        p.dispatch(&own("lost", 100, 50.0), late);
+        p.predicted_then_dispatched(&own("lost", 100), (Some(50.0), None), late);
         assert_eq!(uncached(&mut p, late + FIRST_TOKEN_GRACE + Duration::from_millis(100)), 0);
     }
 
     /// A dispatch to `a:1` with a prefix of its own (nothing cached from the others).
-    fn own(id: &str, tokens: u32, predicted_ms: f64) -> Dispatch {
+    fn own(id: &str, tokens: u32) -> Dispatch {
         let mut d = dispatch(id, "a:1", tokens, None);
         d.request.prefix_hashes = vec![id.len() as u64 * 1000 + u64::from(id.as_bytes()[0])];
-        d.predicted_ttft_ms = Some(predicted_ms);
         d
     }
 
@@ -1632,22 +1640,19 @@ mod tests {
         let mut p = pool().with_expiry(expiry);
         let now = Instant::now();
         // 100 ms to the first token, 10 tokens at 200 ms: 2.1 s predicted, 8.4 s at most.
-        let mut predicted = dispatch("short", "a:1", 1, None);
-        predicted.predicted_tpot_ms = Some(200.0);
-        p.dispatch(&predicted, now);
-        // No TPOT predicted (a fallback placement): the end is not known, the TTL holds.
-        p.dispatch(&dispatch("unknown", "a:1", 1, None), now);
+        p.predicted_then_dispatched(&dispatch("short", "a:1", 1, None), (Some(100.0), Some(200.0)), now);
+        // No TPOT predicted: the end is not known, the TTL holds.
+        p.predicted_then_dispatched(&dispatch("unknown", "a:1", 1, None), (Some(100.0), None), now);
         // A tiny prediction is held to the floor.
-        let mut tiny = dispatch("tiny", "b:2", 1, None);
-        tiny.predicted_tpot_ms = Some(1.0);
-        p.dispatch(&tiny, now);
+        p.predicted_then_dispatched(&dispatch("tiny", "b:2", 1, None), (Some(100.0), Some(1.0)), now);
         assert_eq!(p.expire(now + Duration::from_secs(4)), 0, "the floor");
         assert_eq!(p.expire(now + Duration::from_secs(6)), 1, "tiny, past the floor");
         assert_eq!(p.in_flight_by_endpoint(), [2, 0]);
         assert_eq!(p.expire(now + Duration::from_millis(8_500)), 1, "short, past 4x its 2.1 s");
         assert_eq!(p.in_flight_by_endpoint(), [1, 0], "the one without a predicted end stays");
         // Its report comes after all: it still names where it ran, so it teaches, counted late.
-        assert_eq!(p.finish("short", now + Duration::from_secs(9)), Finished::Late("a:1".into(), None));
+        let late = p.finish("short", now + Duration::from_secs(9));
+        assert!(matches!(&late, Finished::Late(a, Some(_)) if a == "a:1"), "{late:?}");
         assert_eq!(p.finish("short", now + Duration::from_secs(9)), Finished::Unknown, "once");
         assert_eq!(p.expire(now + Duration::from_secs(601)), 1);
         // Overdue ids are forgotten after the TTL too.
@@ -1658,17 +1663,12 @@ mod tests {
     #[test]
     fn a_lifetime_is_never_unbounded_or_negative() {
         let expiry = Expiry::default();
-        let mut d = dispatch("r", "a:1", 1, None);
         for (ttft, tpot) in [(f64::NAN, 1.0), (-1.0, 1.0), (f64::INFINITY, 1.0), (1e300, 1e300)] {
-            d.predicted_ttft_ms = Some(ttft);
-            d.predicted_tpot_ms = Some(tpot);
-            let t = expiry.lifetime((d.predicted_ttft_ms, d.predicted_tpot_ms), d.request.max_tokens);
+            let t = expiry.lifetime((Some(ttft), Some(tpot)), Some(10));
             assert!(t == expiry.ttl || t == expiry.floor, "{ttft} {tpot}: {t:?}");
         }
-        d.request.max_tokens = None;
-        d.predicted_ttft_ms = Some(100.0);
         assert_eq!(
-            expiry.lifetime((d.predicted_ttft_ms, d.predicted_tpot_ms), d.request.max_tokens),
+            expiry.lifetime((Some(100.0), Some(1e300)), None),
             expiry.ttl,
             "no max_tokens: the output is unbounded"
         );
@@ -1687,14 +1687,7 @@ mod books_tests {
         let mut request =
             RequestFeatures { input_tokens: tokens, streaming: true, prediction_based: true, ..Default::default() };
         request.slo.tpot_ms = Some(tpot_slo);
-        Dispatch {
-            pool: "p".into(),
-            request_id: id.into(),
-            endpoint: endpoint.into(),
-            request,
-            predicted_ttft_ms: Some(100.0),
-            predicted_tpot_ms: Some(10.0),
-        }
+        Dispatch { pool: "p".into(), request_id: id.into(), endpoint: endpoint.into(), request }
     }
 
     /// The sums of one moment are kept while the books stand still, and every change of
@@ -1793,8 +1786,8 @@ mod books_tests {
                     let id = format!("r{step}");
                     let mut d = dispatch(&id, endpoint, 1 + next(900) as u32, [20.0, 50.0, 80.0][next(3) as usize]);
                     d.request.priority = next(2) as i32 - 1;
-                    d.predicted_ttft_ms = [None, Some(50.0), Some(900.0), Some(4_000.0)][next(4) as usize];
-                    p.dispatch(&d, now);
+                    let ttft = [None, Some(50.0), Some(900.0), Some(4_000.0)][next(4) as usize];
+                    p.predicted_then_dispatched(&d, (ttft, Some(10.0)), now);
                     ids.push(id);
                 }
                 4 => {

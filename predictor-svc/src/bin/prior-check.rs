@@ -73,10 +73,12 @@ fn main() -> anyhow::Result<()> {
     let mut points: Vec<Point> = Vec::new();
     for recorded in replay::read(&files)? {
         let o = recorded.observation;
-        let (Some(state), Some(measured), Some(served)) = (&o.state_at_dispatch, o.tpot_ms, o.predicted_tpot_ms) else {
+        let (Some(state), Some(measured), Some(served)) = (&o.state_at_dispatch, o.report.tpot_ms, o.predicted_tpot_ms)
+        else {
             continue;
         };
-        if o.status != 200 || !o.request.streaming || o.output_tokens.unwrap_or(0) < 2 || measured <= 0.0 {
+        if o.report.status != 200 || !o.request.streaming || o.report.output_tokens.unwrap_or(0) < 2 || measured <= 0.0
+        {
             continue;
         }
         let r = row(&o.request, state, &prior);

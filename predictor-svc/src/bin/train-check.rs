@@ -184,7 +184,7 @@ fn learnable(r: &Recorded, prior: &AnalyticPrior) -> Option<Learnable> {
     let sample = Sample { row: row(&o.request, state, prior), ttft_ms: ttft, tpot_ms: tpot };
     Some(Learnable {
         phase: r.phase.clone(),
-        request_id: o.request_id.clone(),
+        request_id: o.report.request_id.clone(),
         sample,
         served: [o.predicted_ttft_ms, o.predicted_tpot_ms],
     })
