@@ -239,6 +239,75 @@ pub fn capacity(points: &[(f64, f64)], threshold: f64) -> Option<Capacity> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use headroom_protocol::{Observation, Report, RequestFeatures, Slo};
+
+    /// The benchmark's attainment and the predictor's `headroom_slo_requests` judge the same
+    /// requests alike, every case of a goal stated or not and a latency met, missed or
+    /// unmeasured: one definition (`Slo::met_by`). A whole response is where they part, by
+    /// that definition's named parameter: the benchmark judges it by its deadline, the metric
+    /// not at all.
+    #[test]
+    fn the_benchmark_and_the_slo_metric_agree_on_the_same_requests() {
+        let metrics = headroom_predictor_core::metrics::Metrics::default();
+        let (mut outcomes, mut id) = (Vec::new(), 0);
+        let goals = [Some(100.0), None];
+        let ttfts = [Some(50.0), Some(150.0), None];
+        let tpots = [Some(5.0), Some(20.0), None];
+        for (ttft_goal, tpot_goal) in goals.iter().flat_map(|t| [(*t, Some(10.0)), (*t, None)]) {
+            if ttft_goal.is_none() && tpot_goal.is_none() {
+                continue;
+            }
+            for (ttft_ms, tpot_ms) in ttfts.iter().flat_map(|t| tpots.map(|p| (*t, p))) {
+                for stream in [true, false] {
+                    id += 1;
+                    let slo = Slo { ttft_ms: ttft_goal, tpot_ms: tpot_goal };
+                    let (tpot_ms, e2e_ms) = if stream { (tpot_ms, 400.0) } else { (None, ttft_ms.unwrap_or(99.0)) };
+                    outcomes.push(Outcome {
+                        stream,
+                        status: 200,
+                        max_tokens: 10,
+                        slo_ttft_ms: slo.ttft_ms,
+                        slo_tpot_ms: slo.tpot_ms,
+                        ttft_ms,
+                        tpot_ms,
+                        e2e_ms,
+                        ..Default::default()
+                    });
+                    let report = Report {
+                        pool: "p".into(),
+                        request_id: format!("r{id}"),
+                        endpoint: "e:1".into(),
+                        source: RouteSource::PredictedPositive,
+                        ttft_ms,
+                        tpot_ms,
+                        e2e_ms,
+                        output_tokens: Some(10),
+                        cached_tokens: None,
+                        status: 200,
+                        failed_at: None,
+                    };
+                    let request = RequestFeatures { model: "m".into(), streaming: stream, slo, ..Default::default() };
+                    metrics.observed(&Observation { request, ..Observation::unrecorded(report) });
+                }
+            }
+        }
+        let counted = |result: &str| -> f64 {
+            let text = metrics.render();
+            let series = text.lines().filter(|l| l.starts_with("headroom_slo_requests_total{"));
+            let of = series.filter(|l| l.contains(&format!("result=\"{result}\"")));
+            of.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+        };
+        let streamed: Vec<Outcome> = outcomes.iter().filter(|o| o.stream).cloned().collect();
+        let (met, missed) = (counted("met"), counted("missed"));
+        // Judged where a goal can be: a TPOT goal alone, with one token, judges nothing (met).
+        let unjudged = streamed.iter().filter(|o| o.slo_ttft_ms.is_none() && o.tpot_ms.is_none()).count() as f64;
+        assert_eq!(met + missed + unjudged, streamed.len() as f64, "every other streamed request is judged");
+        assert_eq!(Summary::of(&streamed, 1.0).attainment, (met + unjudged) / streamed.len() as f64);
+        assert!(met > 0.0 && missed > 0.0, "both verdicts are exercised: {met} met, {missed} missed");
+        // The whole responses: judged by the benchmark's deadline, some met and some missed.
+        let whole: Vec<bool> = outcomes.iter().filter(|o| !o.stream).map(Outcome::met_slo).collect();
+        assert!(whole.contains(&true) && whole.contains(&false), "{whole:?}");
+    }
 
     #[test]
     fn capacity_interpolates_the_first_crossing() {

@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use headroom_protocol::headers;
 use headroom_protocol::meter::ResponseMeter;
+use headroom_protocol::{headers, Served, Slo, Unstreamed};
 use serde::{Deserialize, Serialize};
 
 use crate::workload::RequestSpec;
@@ -86,30 +86,22 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Whether the request met its SLOs. Streaming: TTFT and TPOT against
-    /// their SLOs. Non-streaming: the client sees no first token, so the whole
-    /// response must arrive by the deadline the SLOs imply,
-    /// `ttft_slo + tpot_slo * max_tokens`.
+    /// Whether the request met its SLOs: a 200 that met every goal [`Slo::met_by`] judges,
+    /// a request not streamed by the deadline its goals imply for the whole response
+    /// ([`Unstreamed::ByDeadline`]: its client sees no first token).
     pub fn met_slo(&self) -> bool {
-        if self.status != 200 {
-            return false;
-        }
-        if self.stream {
-            let ttft_ok = match (self.slo_ttft_ms, self.ttft_ms) {
-                (Some(slo), Some(t)) => t <= slo,
-                (Some(_), None) => false,
-                (None, _) => true,
-            };
-            let tpot_ok = match (self.slo_tpot_ms, self.tpot_ms) {
-                (Some(slo), Some(t)) => t <= slo,
-                _ => true,
-            };
-            ttft_ok && tpot_ok
-        } else {
-            let deadline =
-                self.slo_ttft_ms.unwrap_or(0.0) + self.slo_tpot_ms.unwrap_or(0.0) * f64::from(self.max_tokens);
-            deadline <= 0.0 || self.e2e_ms <= deadline
-        }
+        let whole = Unstreamed::ByDeadline { max_tokens: self.max_tokens };
+        self.status == 200 && self.slo().met_by(&self.served(), whole).unwrap_or(true)
+    }
+
+    /// The goals it stated.
+    pub fn slo(&self) -> Slo {
+        Slo { ttft_ms: self.slo_ttft_ms, tpot_ms: self.slo_tpot_ms }
+    }
+
+    /// What its client saw.
+    pub fn served(&self) -> Served {
+        Served { streamed: self.stream, ttft_ms: self.ttft_ms, tpot_ms: self.tpot_ms, e2e_ms: self.e2e_ms }
     }
 
     pub fn shed(&self) -> bool {
@@ -132,8 +124,7 @@ impl Outcome {
         if !self.stream {
             return Some("e2e");
         }
-        let ttft = self.slo_ttft_ms.is_some_and(|slo| self.ttft_ms.is_none_or(|t| t > slo));
-        let tpot = matches!((self.slo_tpot_ms, self.tpot_ms), (Some(slo), Some(t)) if t > slo);
+        let [ttft, tpot] = self.slo().met(self.ttft_ms, self.tpot_ms).map(|met| met == Some(false));
         Some(match (ttft, tpot) {
             (true, true) => "ttft+tpot",
             (false, true) => "tpot",

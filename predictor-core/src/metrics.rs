@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
-use headroom_protocol::{Observation, Report, RouteSource};
+use headroom_protocol::{Observation, Report, RouteSource, Unstreamed};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -691,12 +691,14 @@ impl Metrics {
         if let Some(n) = o.report.output_tokens {
             self.output_tokens.get_or_create(&model).observe(f64::from(n));
         }
+        // Goals are per token: a whole response is not judged here (the benchmark judges it
+        // by its deadline, `Unstreamed::ByDeadline`).
         if !o.request.streaming {
             return;
         }
         let met = o.request.slo.met(o.report.ttft_ms, o.report.tpot_ms);
-        if met.iter().any(Option::is_some) {
-            let result = if met.iter().flatten().all(|m| *m) { "met" } else { "missed" };
+        if let Some(all) = o.request.slo.met_by(&o.served(), Unstreamed::NotJudged) {
+            let result = if all { "met" } else { "missed" };
             let labels = SloResultLabels {
                 pool: o.report.pool.clone(),
                 priority: self.priority_label(o.request.priority),

@@ -25,15 +25,58 @@ impl Slo {
         self.ttft_ms.is_some() || self.tpot_ms.is_some()
     }
 
-    /// Whether a request measured at `ttft_ms` and `tpot_ms` met each goal, `[ttft, tpot]`:
-    /// `None` where the goal was not stated or the latency not measured (a TPOT needs two
-    /// tokens), so it is not judged. The one definition of an SLO violation: the filter's
-    /// `slo_violation` stats, the predictor's `inference_objective_request_slo_violation`
-    /// and its tier precision all read it.
+    /// Whether a streamed request measured at `ttft_ms` and `tpot_ms` met each goal,
+    /// `[ttft, tpot]`: `None` where the goal was not stated, or for TPOT not measured (it
+    /// needs two tokens), so not judged. A stated TTFT goal with no first token seen is
+    /// missed: the client saw none. The one definition of an SLO violation, with
+    /// [`Slo::met_by`] for a whole request: the filter's `slo_violation` stats, the
+    /// predictor's `inference_objective_request_slo_violation`, its tier precision and the
+    /// benchmark's attainment all read it.
     pub fn met(&self, ttft_ms: Option<f64>, tpot_ms: Option<f64>) -> [Option<bool>; 2] {
-        let judge = |goal: Option<f64>, seen: Option<f64>| Some(seen.filter(|v| v.is_finite())? <= goal?);
-        [judge(self.ttft_ms, ttft_ms), judge(self.tpot_ms, tpot_ms)]
+        let seen = |v: Option<f64>| v.filter(|v| v.is_finite());
+        let ttft = self.ttft_ms.map(|goal| seen(ttft_ms).is_some_and(|t| t <= goal));
+        let tpot = self.tpot_ms.and_then(|goal| Some(seen(tpot_ms)? <= goal));
+        [ttft, tpot]
     }
+
+    /// Whether a finished request met every goal it stated that is judged (`None`: none is).
+    /// Streamed, by [`Slo::met`]; not streamed, by `unstreamed`.
+    pub fn met_by(&self, r: &Served, unstreamed: Unstreamed) -> Option<bool> {
+        if r.streamed {
+            let judged = self.met(r.ttft_ms, r.tpot_ms);
+            return judged.iter().any(Option::is_some).then(|| judged.iter().flatten().all(|m| *m));
+        }
+        match unstreamed {
+            Unstreamed::NotJudged => None,
+            Unstreamed::ByDeadline { max_tokens } => {
+                let deadline = self.ttft_ms.unwrap_or(0.0) + self.tpot_ms.unwrap_or(0.0) * f64::from(max_tokens);
+                (deadline > 0.0).then_some(r.e2e_ms <= deadline)
+            }
+        }
+    }
+}
+
+/// What a finished request showed its client, as [`Slo::met_by`] judges it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Served {
+    /// Streamed (SSE): its first token and the time between tokens are seen.
+    pub streamed: bool,
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2e_ms: f64,
+}
+
+/// How a request that was not streamed is judged: its client sees no first token, only the
+/// whole response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unstreamed {
+    /// Not judged. The gateway's and the predictor's counts (`slo_violation`,
+    /// `inference_objective_request_slo_violation`, `headroom_slo_requests`): their goals are
+    /// per token, and a whole response's first token is its last.
+    NotJudged,
+    /// By the deadline its goals imply for its whole response, `ttft + tpot * max_tokens`:
+    /// the benchmark's rule, what its client waited for.
+    ByDeadline { max_tokens: u32 },
 }
 
 /// What the filter knows about a request before routing it.
@@ -406,6 +449,12 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// What its client saw, for [`Slo::met_by`].
+    pub fn served(&self) -> Served {
+        let r = &self.report;
+        Served { streamed: self.request.streaming, ttft_ms: r.ttft_ms, tpot_ms: r.tpot_ms, e2e_ms: r.e2e_ms }
+    }
+
     /// A report the predictor holds no record for.
     pub fn unrecorded(report: Report) -> Observation {
         Observation {
@@ -490,6 +539,26 @@ impl ErrorBody {
 mod tests {
     use super::*;
     use crate::codec::{self, Format};
+
+    /// The one rule: a stated TTFT goal with no first token is missed, a TPOT unmeasured is
+    /// not judged, and a whole response is judged only by the deadline its goals imply.
+    #[test]
+    fn goals_are_judged_by_one_rule_and_a_whole_response_only_by_its_deadline() {
+        let slo = Slo { ttft_ms: Some(100.0), tpot_ms: Some(10.0) };
+        assert_eq!(slo.met(Some(90.0), Some(12.0)), [Some(true), Some(false)]);
+        assert_eq!(slo.met(None, None), [Some(false), None], "no first token seen: missed");
+        assert_eq!(slo.met(Some(f64::NAN), Some(f64::NAN)), [Some(false), None]);
+        assert_eq!(Slo { ttft_ms: None, tpot_ms: Some(10.0) }.met(Some(1.0), None), [None, None]);
+        let stream = Served { streamed: true, ttft_ms: Some(90.0), tpot_ms: Some(9.0), e2e_ms: 5_000.0 };
+        assert_eq!(slo.met_by(&stream, Unstreamed::NotJudged), Some(true));
+        let whole = Served { streamed: false, ttft_ms: Some(150.0), tpot_ms: None, e2e_ms: 150.0 };
+        assert_eq!(slo.met_by(&whole, Unstreamed::NotJudged), None);
+        // 100 + 10 x 10 = 200 ms for the whole of a 10-token answer.
+        assert_eq!(slo.met_by(&whole, Unstreamed::ByDeadline { max_tokens: 10 }), Some(true));
+        let late = Served { e2e_ms: 201.0, ..whole };
+        assert_eq!(slo.met_by(&late, Unstreamed::ByDeadline { max_tokens: 10 }), Some(false));
+        assert_eq!(Slo::default().met_by(&late, Unstreamed::ByDeadline { max_tokens: 10 }), None, "no goal");
+    }
 
     /// An observation reads and writes as one flat object, the report's fields beside the
     /// record's, in both formats: logs and `/v1/observations` keep one shape.
