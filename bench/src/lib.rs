@@ -177,14 +177,12 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
     match workload {
         // 2-6k-token prompts: an A100 alone takes ~0.5 s for 6k tokens, beyond the 400 ms
         // interactive TTFT, so routers that ignore hardware miss SLOs even at light load.
-        // Every router crosses 90% between 35 and 50 (2026-11-29): the rung at 42.5 moved
-        // llm-d's default's capacity from 40.5 (a line across 35-50) to 42.9 (docs/benchmark.md,
-        // "long-short, every router").
+        // Every router crosses 90% between 35 and 50: a rung at 42.5 keeps a capacity from
+        // being a line drawn across that span (docs/benchmark.md, "long-short, every router").
         "long-short" => vec![20.0, 35.0, 42.5, 50.0, 65.0, 80.0],
-        // Sustained, after the lead-in (`default_lead_in`), one seed (2026-11-26): least request
-        // met 94.5% at 200 req/s and 80.3% at 240, llm-d's default 100% and 70.3%, headroom
-        // predicted 90.1% at 240 and 34.1% at 280 (measured from empty, the cliff looked near
-        // 320-400). Every crossing fell across 40 req/s, so the rungs are 20 apart from 200 to 280.
+        // Sustained, after the lead-in (`default_lead_in`), every router's crossing falls in
+        // 200-280 req/s (measured from empty, the cliff looked near 320-400), so the rungs are
+        // 20 apart there.
         "short-long" => vec![120.0, 160.0, 200.0, 220.0, 240.0, 260.0, 280.0, 320.0],
         // At a sustained load (the lead-in, `default_lead_in`), 0.25x: least request falls
         // under 90% near 120 req/s, llm-d's default near 116, flow control p90 on the prior's
@@ -218,7 +216,7 @@ pub fn default_rates(workload: &str) -> Vec<f64> {
         // 15 req/s (least request's non-sheddable classes 88% at 140 and 45% at 155; flow
         // control's 94% at 170 and 48% at 185), and the rungs at 132.5, 147.5 and 177.5 moved
         // the verdict's critical capacities from 133.8 / 170.8 to 134.9 / 173.4 (docs/benchmark.md,
-        // "mixed held, the reference run's way"). Since the late rule (2026-12-03) flow control's
+        // "mixed held, the reference run's way"). Since the late rule flow control's
         // critical classes keep 96% at 162.5 and 88% at 170, so its crossing falls across 155-170:
         // a rung at 162.5. The low rungs stay for the routers that fall early (round robin,
         // composite: 61-71).
@@ -376,8 +374,8 @@ pub struct WorkloadRun {
     #[serde(default)]
     pub lead_in_s: f64,
     /// Whether the same traffic went on past each step until the step's requests had all
-    /// ended (`runner::run_with_trailing`): with every lead-in since 2026-11-26 (night);
-    /// false in results written before, whose last requests decoded in a draining fleet.
+    /// ended (`runner::run_with_trailing`): with every lead-in; false in results written
+    /// before the trailing traffic, whose last requests decoded in a draining fleet.
     #[serde(default)]
     pub load_held_after: bool,
     pub servers: usize,
@@ -979,8 +977,8 @@ impl Ladder {
 
 /// Whether a ladder stops after this measurement: both capacities are behind it. A router
 /// that sheds meets under [`STOP_BELOW`] of all requests well before its critical classes
-/// fall (flow control p90 on azure held, 2026-11-28: 78% of all requests, 91% of the
-/// non-sheddable at 140 req/s); stopping on the first alone would leave its critical
+/// fall (flow control p90 on azure held: 78% of all requests, 91% of the non-sheddable
+/// at 140 req/s); stopping on the first alone would leave its critical
 /// capacity open-ended at that rate.
 pub fn ladder_done(s: &Summary) -> bool {
     s.attainment < STOP_BELOW && s.critical_attainment.is_none_or(|c| c < STOP_BELOW)

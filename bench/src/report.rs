@@ -77,7 +77,7 @@ fn seed_capacities(run: &RouterRun, pick: Pick) -> Option<Vec<Capacity>> {
 /// The lowest and highest of the seeds' capacities: the noise band. An end is open when any
 /// seed's capacity is open that way, wherever its bound falls among the others: a seed still
 /// over the threshold at its last rate (offered at 52.9 req/s) may cross far above another's
-/// crossing at 52.9 (long-short, 2026-12-03, where seeds offer a rung's rate 10% apart), so
+/// crossing at 52.9 (long-short, where seeds offer a rung's rate 10% apart), so
 /// the band then reads "52.8-≥ 52.9", not "52.8-52.9". `None` without repeats.
 fn seed_band(run: &RouterRun, pick: Pick) -> Option<(Capacity, Capacity)> {
     let caps = seed_capacities(run, pick)?;
@@ -1153,7 +1153,7 @@ mod tests {
 
     #[test]
     fn a_ratio_under_the_target_never_prints_as_it() {
-        // mixed held, 2026-12-03: 176.0 against 135.4 req/s, which rounds to 1.30.
+        // mixed held: 176.0 against 135.4 req/s, which rounds to 1.30.
         assert_eq!(ratio_label(176.0 / 135.4), "1.29x");
         assert_eq!(ratio_label(1.3), "1.30x");
         assert_eq!(ratio_label(1.4), "1.40x");

@@ -30,7 +30,7 @@ pub struct ModelInfo {
     pub holdout_coverage_tpot: Option<f64>,
     /// The held-out errors as drift judges them (TTFT, TPOT; `spread::ErrorSpread`).
     /// Absent when judged on too few to tell (`spread::MIN_HOLDOUT_TO_COMPARE`), as a
-    /// drift round's model may be, and in models saved before 2026-11-26: drift does not
+    /// drift round's model may be, and in models saved before drift judged spreads: drift does not
     /// judge those; the next round's model, judged on the refilled reservoir, restores it.
     #[serde(default)]
     pub holdout_drift: [Option<ErrorSpread>; 2],

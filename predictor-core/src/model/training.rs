@@ -98,7 +98,7 @@ pub struct Scores {
 ///
 /// Why the log for a quantile: the pinball loss is minimised by the quantile only in the
 /// variable it is taken of. Taken of the relative error `(truth - predicted) / truth`
-/// (until 2026-11-27) it is a pinball weighted by `1 / truth`, minimised below the
+/// it is a pinball weighted by `1 / truth`, minimised below the
 /// quantile, and it charges at most `q` for any under-prediction but without bound for an
 /// over-prediction: it preferred an optimistic predictor to one several times too cautious
 /// where the engine is saturated, the wrong way round for routing (azure past the cliff:

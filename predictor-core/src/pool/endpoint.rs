@@ -69,9 +69,8 @@ const DECODE_MIN_TOKENS: f64 = 32.0;
 const DECODE_MAX_WINDOW: Duration = Duration::from_secs(5);
 /// While the histogram moved `recent_tpot_ms` this recently, reports leave it alone.
 pub(super) const DECODE_FRESH: Duration = Duration::from_secs(10);
-/// Time constant of an endpoint's recent prefill rate. 30 s was tried (2026-11-27): flow
-/// control on the prior held more of mixed traffic past the cliff, less of the bursty
-/// azure trace, and the trained models' TTFT lost accuracy (docs/predictor.md, "The
+/// Time constant of an endpoint's recent prefill rate: short enough to follow a burst. A
+/// longer one (30 s) made the trained models' TTFT less accurate (docs/predictor.md, "The
 /// prefill rate over 30 seconds").
 pub(super) const PREFILL_RATE_TAU: Duration = Duration::from_secs(5);
 

@@ -7,7 +7,7 @@
 //! more than one token) it rebuilds the feature row from the state the predictor saw
 //! at dispatch, with this build's `model::features::row`, and compares three TPOTs with
 //! the measured one: the prior without its prefill term (what it was before
-//! 2026-11-27), the prior, and the prediction the request was placed on (the trained
+//! decodes shared the engine with prefills), the prior, and the prediction the request was placed on (the trained
 //! model, calibrated). Printed as a markdown table: mean absolute percentage error, the
 //! median of measured over predicted and the share of requests that took no longer than
 //! predicted (coverage, what a p90 objective holds at 90%), overall, by the share of the
@@ -17,7 +17,7 @@
 //! A second table, per hardware class, scores the served TPOT and the prior's (times
 //! the factor that puts it at the class's 90th percentile, where a live correction of a
 //! p90 objective would take it) with the p90 pinball loss two ways: of the relative
-//! error (what judged models until 2026-11-27) and of the log ratio (`training::loss`),
+//! error (what judged models before `training::loss`) and of the log ratio (`training::loss`),
 //! with the share of requests each would have let through on their TPOT goal that then
 //! missed it. docs/notebook/predictor.md, "A proper loss, judged per hardware class", has a run.
 //!
@@ -126,7 +126,7 @@ fn main() -> anyhow::Result<()> {
 /// The per-class table of p90 losses (module docs).
 fn losses(points: &[Point]) -> String {
     const P90: Objective = Objective::Quantile { q: 0.9 };
-    // The pinball loss of the relative error, as models were judged until 2026-11-27.
+    // The pinball loss of the relative error, as models were judged before `training::loss`.
     let relative = |predicted: f64, measured: f64| {
         let r = (measured - predicted) / measured;
         if r > 0.0 {
