@@ -2,8 +2,10 @@
 
 use std::fmt::Write;
 
+use crate::host;
+use crate::results::{BenchResults, Ratios, RouterRun, WorkloadRun, SIM_ENGINE};
 use crate::summary::{capacity, Capacity, ClassSummary, Summary, TierCount};
-use crate::{host, BenchResults, RouterRun, WorkloadRun, TARGET};
+use crate::summary::{STOP_BELOW, TARGET};
 use headroom_loadgen::chart::{attainment_svg, Panel, Series};
 
 /// The capacity target of predicted routing over the best baseline.
@@ -135,24 +137,6 @@ pub fn router_capacity(run: &RouterRun) -> Capacity {
 /// together keep [`TARGET`] attainment. `None` when a point lacks the figure (older results).
 pub fn router_critical_capacity(run: &RouterRun) -> Option<Capacity> {
     capacity_by(run, critical)
-}
-
-/// The headline comparison of a workload, also written into `results.json`: the best
-/// headroom (predicted) router against the best baseline, by capacity and by critical
-/// capacity (each "best" chosen by its own measure).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Ratios {
-    pub best_headroom: String,
-    pub best_baseline: String,
-    pub capacity_ratio: f64,
-    pub best_headroom_critical: Option<String>,
-    pub best_baseline_critical: Option<String>,
-    pub critical_capacity_ratio: Option<f64>,
-    /// Whether the two capacities' noise bands overlap (a tie); `None` without repeats.
-    #[serde(default)]
-    pub capacity_within_noise: Option<bool>,
-    #[serde(default)]
-    pub critical_within_noise: Option<bool>,
 }
 
 /// A verdict's ratio in hundredths, rounded down: a ratio just under the target (176.0 against
@@ -445,7 +429,7 @@ pub fn section(w: &WorkloadRun, results: &BenchResults) -> String {
     let _ = writeln!(
         s,
         "SLO attainment by requested rate (req/s); `-`: not run, the router was already under {}. Rates near the cliff were measured once per seed: the mean, then the range; a capacity's range is over the seeds' curves (its noise band):\n",
-        pct(crate::STOP_BELOW)
+        pct(STOP_BELOW)
     );
     let header: Vec<String> = rates.iter().map(|r| format!("{r}")).collect();
     let _ = writeln!(
@@ -705,7 +689,7 @@ fn servers_kind(engine: Option<&str>) -> &'static str {
 /// Where the routing ran: behind the real Envoy, or in `headroom-bench sim`'s simulated time.
 fn gateway_kind(engine: Option<&str>) -> &'static str {
     match engine {
-        Some(crate::sim::ENGINE) => {
+        Some(SIM_ENGINE) => {
             "routed in simulated time (`headroom-bench sim`: the filter's and the predictor's own code on one clock, Envoy and the network modelled as delays)"
         }
         _ => "behind the real Envoy",
@@ -718,8 +702,8 @@ pub fn markdown(results: &BenchResults) -> String {
         |e: &str| !results.workloads.is_empty() && results.workloads.iter().all(|w| w.engine.as_deref() == Some(e));
     let engine = if all("vllm") {
         Some("vllm")
-    } else if all(crate::sim::ENGINE) {
-        Some(crate::sim::ENGINE)
+    } else if all(SIM_ENGINE) {
+        Some(SIM_ENGINE)
     } else {
         None
     };
@@ -1237,7 +1221,7 @@ mod tests {
         assert!(md.contains("behind the real Envoy"), "{md}");
 
         let mut sim = r.clone();
-        sim.workloads[0].engine = Some(crate::sim::ENGINE.into());
+        sim.workloads[0].engine = Some(SIM_ENGINE.into());
         let md = markdown(&sim);
         assert!(md.contains("routed in simulated time"), "{md}");
         assert!(!md.contains("behind the real Envoy"), "a simulated run never claims the real gateway: {md}");

@@ -8,6 +8,13 @@ use headroom_loadgen::runner::Outcome;
 use headroom_protocol::RouteSource;
 use serde::{Deserialize, Serialize};
 
+/// The attainment the capacity is measured at.
+pub const TARGET: f64 = 0.9;
+
+/// A router's ladder stops after a rate where it met fewer SLOs than this, over all requests
+/// and over the non-sheddable classes alike ([`ladder_done`]).
+pub const STOP_BELOW: f64 = 0.75;
+
 /// What one router did with one workload at one rate.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {

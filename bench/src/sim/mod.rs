@@ -28,8 +28,8 @@ use crate::{
 };
 use world::{Balancer, Gateway, Setup, World};
 
-/// What `results.json` records as a simulated-time workload's engine.
-pub const ENGINE: &str = "simulated time";
+/// What the results record as a simulated-time workload's engine.
+pub use crate::results::SIM_ENGINE as ENGINE;
 
 /// Envoy's worker threads on the real stack (`EnvoyLaunch::new`): one filter VM each.
 const ENVOY_WORKERS: usize = 2;
