@@ -7,7 +7,7 @@
 //! callout: decide (route / shed 429 / fall back) against the TTFT SLO left after any
 //!          wait, set the destination header, resume
 //! response: measure TTFT/TPOT as the body streams past
-//! log:     queue the observation for the next flush
+//! log:     queue the report for the next flush
 //!
 //! Each callback takes the host and the VM's state and returns a [`Step`] for the
 //! adapter to carry out.
@@ -450,7 +450,7 @@ impl Flow {
         vm.outbox.first_token(self.dispatch_seq, event);
     }
 
-    /// The stream is done: what was measured goes to the outbox as an observation.
+    /// The stream is done: what was measured goes to the outbox as a report.
     pub fn on_log(&mut self, host: &mut dyn Host, vm: &mut Vm) {
         if let Some(c) = &self.choice {
             vm.placed.ended(&c.endpoint);

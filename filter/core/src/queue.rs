@@ -1,4 +1,4 @@
-//! Dispatches and observations waiting for the next flush tick.
+//! Dispatches and reports waiting for the next flush tick.
 //!
 //! Bounded: while the predictor is unreachable the oldest items are dropped
 //! (and counted) rather than growing a VM's memory without limit.

@@ -61,7 +61,7 @@ pub struct Vm {
     /// What each endpoint answered this VM: one that keeps failing is left out of its
     /// choices, the fallback's included, for a while (`headroom_protocol::health`).
     pub health: PassiveHealth,
-    /// Dispatches and observations waiting for the tick.
+    /// Dispatches and reports waiting for the tick.
     pub outbox: Outbox,
     /// Predict calls coalesced per round trip (`coalesce`).
     pub predictions: Coalescer,
