@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
-use headroom_protocol::{Observation, Report, RouteSource, Unstreamed};
+use headroom_protocol::{Observation, Report, RouteSource, Slo};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -691,13 +691,14 @@ impl Metrics {
         if let Some(n) = o.report.output_tokens {
             self.output_tokens.get_or_create(&model).observe(f64::from(n));
         }
-        // Goals are per token: a whole response is not judged here (the benchmark judges it
-        // by its deadline, `Unstreamed::ByDeadline`).
+        // Goals are per token: a whole response is not judged here (`Unstreamed::NotJudged`;
+        // the benchmark judges it by its deadline), and a stream as `Slo::met_by` judges it.
         if !o.request.streaming {
             return;
         }
         let met = o.request.slo.met(o.report.ttft_ms, o.report.tpot_ms);
-        if let Some(all) = o.request.slo.met_by(&o.served(), Unstreamed::NotJudged) {
+        let all = Slo::all_met(met);
+        if let Some(all) = all {
             let result = if all { "met" } else { "missed" };
             let labels = SloResultLabels {
                 pool: o.report.pool.clone(),
@@ -708,7 +709,7 @@ impl Metrics {
         }
         let pairs = [(o.report.ttft_ms, o.predicted_ttft_ms, met[0]), (o.report.tpot_ms, o.predicted_tpot_ms, met[1])];
         let names = ["ttft", "tpot"];
-        self.judge_tier(o);
+        self.judge_tier(o, all);
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         for (k, (actual, predicted, met)) in pairs.into_iter().enumerate() {
             let Some(actual) = actual.filter(|a| a.is_finite() && *a > 0.0) else { continue };
@@ -754,19 +755,15 @@ impl Metrics {
         }
     }
 
-    /// Whether the tier the filter placed a request in came true: judged on the SLOs it
-    /// stated that were measured (a TPOT needs two tokens), for requests placed by tier.
-    fn judge_tier(&self, o: &Observation) {
+    /// Whether the tier the filter placed a request in came true, for requests placed by
+    /// tier: `met` is whether its judged SLOs were met (`None`: none was judged).
+    fn judge_tier(&self, o: &Observation, met: Option<bool>) {
         let positive = match o.report.source {
             RouteSource::PredictedPositive => true,
             RouteSource::PredictedNegative => false,
             _ => return,
         };
-        let judged: Vec<bool> = o.request.slo.met(o.report.ttft_ms, o.report.tpot_ms).into_iter().flatten().collect();
-        if judged.is_empty() {
-            return;
-        }
-        let met = judged.iter().all(|&m| m);
+        let Some(met) = met else { return };
         let (precision, recall) = self.decisions.lock().unwrap_or_else(|p| p.into_inner()).push(positive, met);
         if let Some(p) = precision {
             self.tier_precision.set(p);

@@ -39,12 +39,16 @@ impl Slo {
         [ttft, tpot]
     }
 
+    /// Whether every goal judged in `judged` ([`Slo::met`]) was met (`None`: none was judged).
+    pub fn all_met(judged: [Option<bool>; 2]) -> Option<bool> {
+        judged.iter().any(Option::is_some).then(|| judged.iter().flatten().all(|m| *m))
+    }
+
     /// Whether a finished request met every goal it stated that is judged (`None`: none is).
     /// Streamed, by [`Slo::met`]; not streamed, by `unstreamed`.
     pub fn met_by(&self, r: &Served, unstreamed: Unstreamed) -> Option<bool> {
         if r.streamed {
-            let judged = self.met(r.ttft_ms, r.tpot_ms);
-            return judged.iter().any(Option::is_some).then(|| judged.iter().flatten().all(|m| *m));
+            return Slo::all_met(self.met(r.ttft_ms, r.tpot_ms));
         }
         match unstreamed {
             Unstreamed::NotJudged => None,
@@ -449,12 +453,6 @@ pub struct Observation {
 }
 
 impl Observation {
-    /// What its client saw, for [`Slo::met_by`].
-    pub fn served(&self) -> Served {
-        let r = &self.report;
-        Served { streamed: self.request.streaming, ttft_ms: r.ttft_ms, tpot_ms: r.tpot_ms, e2e_ms: r.e2e_ms }
-    }
-
     /// A report the predictor holds no record for.
     pub fn unrecorded(report: Report) -> Observation {
         Observation {
