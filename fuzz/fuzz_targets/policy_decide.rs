@@ -2,7 +2,8 @@
 //! only endpoints that exist, each once, and never panics.
 #![no_main]
 
-use headroom_filter_core::{policy, rng::Rng, FilterConfig};
+use headroom_filter_core::{policy, FilterConfig};
+use headroom_protocol::rng::Rng;
 use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, Slo};
 use libfuzzer_sys::fuzz_target;
 

@@ -21,18 +21,3 @@ pub mod model;
 pub mod pool;
 pub mod predictor;
 pub mod service;
-
-/// What unit tests share.
-#[cfg(test)]
-pub(crate) mod testing {
-    /// Deterministic pseudo-random numbers (xorshift) below the `n` asked for, from `seed`
-    /// (not zero): what the tests that walk a random history of operations draw from.
-    pub fn below(mut seed: u64) -> impl FnMut(u64) -> u64 {
-        move |n| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        }
-    }
-}

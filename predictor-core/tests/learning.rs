@@ -11,6 +11,7 @@ use headroom_predictor_core::config::ModelConfig;
 use headroom_predictor_core::model::calibration::CalibrationView;
 use headroom_predictor_core::model::prior::AnalyticPrior;
 use headroom_predictor_core::model::store::{ModelStore, TrainOutcome};
+use headroom_protocol::rng::Rng;
 use headroom_protocol::{EndpointState, Observation, Report, RequestFeatures, RouteSource, Slo};
 
 /// The exported models run in plain Rust: these tests need no ONNX Runtime.
@@ -181,11 +182,9 @@ fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
     // Latencies +-35% around the world's, and one request in 40 seven times faster than
     // its state says (it hit a step boundary, say): errors of 6x now and then, which move
     // a mean of 50 or 100 errors by chance. Then a shift comes: the fleet three times as slow.
-    // (A hash of the id, not the id: `request` derives the state from the id's residues.)
+    // (Drawn from the id, not the id: `request` derives the state from the id's residues.)
     let slowdown = |i: u64| {
-        let h = (i ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let h = (h ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        let h = h ^ (h >> 29);
+        let h = Rng::new(i).next_u64();
         let u = (h % 1000) as f64 / 1000.0;
         2.0 * if (h >> 20).is_multiple_of(40) { 0.14 } else { 0.65 + 0.7 * u }
     };

@@ -6,7 +6,8 @@
 //! `docs/protocol.md` shows one example of each message. Also here, because every
 //! component must agree on them: the header names (`headers`), the bounds of every
 //! value (`limits`), what "headroom" is (`headroom`), when an endpoint is ejected for failing (`health`), the token approximation (`tokens`), OpenAI body parsing
-//! (`openai`) and the response meter that reads TTFT/TPOT off a stream (`meter`).
+//! (`openai`) and the response meter that reads TTFT/TPOT off a stream (`meter`), and the seeded
+//! random generator every component draws from (`rng`).
 
 pub mod codec;
 pub mod headers;
@@ -17,6 +18,7 @@ pub mod messages;
 pub mod meter;
 pub mod openai;
 pub mod prefix;
+pub mod rng;
 pub mod stats;
 pub mod stream;
 pub mod tokens;

@@ -28,6 +28,8 @@
 
 use std::collections::HashMap;
 
+use headroom_protocol::rng::Rng;
+
 use crate::engine::{Engine, NewRequest, RequestId, Token};
 use crate::profile::Profile;
 use crate::virtual_time::Shape;
@@ -108,24 +110,6 @@ pub struct Floor {
     pub ttft: TargetFloor,
     pub tpot: TargetFloor,
     pub records: Vec<Record>,
-}
-
-/// A deterministic generator (SplitMix64): the floor is reproducible to the digit.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1).
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
 }
 
 /// One server as its driver runs it (`server::driver`): a step's tokens are delivered
@@ -333,7 +317,7 @@ fn replay(
     let mut clock_drawn = !step_unknown;
     let mut next_id = RequestId::MAX / 2;
     let mut finished = Vec::new();
-    let gap = |rng: &mut Rng| -rng.unit().ln() / opts.rate_per_ms;
+    let gap = |rng: &mut Rng| -rng.next_f64().ln() / opts.rate_per_ms;
     let mut t = at + gap(rng);
     // Far enough for the longest request of these workloads on a loaded server.
     let horizon = at + 600_000.0;
@@ -345,7 +329,7 @@ fn replay(
             fleet.run_until(reach, &mut finished);
             if let Some(step) = fleet.servers[server].step.as_mut() {
                 let length = step.1 - step.0;
-                step.1 = reach + rng.unit() * length;
+                step.1 = reach + rng.next_f64() * length;
                 step.0 = step.1 - length;
             }
             clock_drawn = true;
@@ -400,7 +384,7 @@ impl Sums {
 /// The floors of TTFT and TPOT for `arrivals` (sorted by time) on a fleet of `profiles`.
 pub fn floor(profiles: &[Profile], arrivals: &[Arrival], opts: &FloorOptions) -> Floor {
     let mut world = Fleet::new(profiles);
-    let mut rng = Rng(opts.seed);
+    let mut rng = Rng::new(opts.seed);
     // Per scored request: the replays' values, [TTFT, TPOT] x [step known, unknown].
     let mut replays: HashMap<RequestId, [[Vec<f64>; 2]; 2]> = HashMap::new();
     let mut done: Vec<(RequestId, Life)> = Vec::new();
@@ -412,14 +396,14 @@ pub fn floor(profiles: &[Profile], arrivals: &[Arrival], opts: &FloorOptions) ->
         if a.at_ms < opts.warmup_ms {
             continue;
         }
-        let lag = rng.unit() * opts.report_lag_ms;
+        let lag = rng.next_f64() * opts.report_lag_ms;
         records.insert(id, world.record(id, server, a, arrivals, lag));
         let mut values: [[Vec<f64>; 2]; 2] = Default::default();
         for _ in 0..opts.futures {
             // The same future for both, so they differ by the step clock alone.
             let seed = rng.next_u64();
             for (k, step_unknown) in [false, true].into_iter().enumerate() {
-                let mut future = Rng(seed);
+                let mut future = Rng::new(seed);
                 if let Some(life) = replay(world.clone(), id, a.at_ms, opts, &mut future, step_unknown) {
                     values[0][k].extend(life.ttft());
                     values[1][k].extend(life.tpot());
@@ -457,10 +441,10 @@ mod tests {
     use super::*;
 
     fn poisson(rate_per_ms: f64, span_ms: f64, shapes: &[Shape], seed: u64) -> Vec<Arrival> {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let (mut t, mut out) = (0.0, Vec::new());
         loop {
-            t += -rng.unit().ln() / rate_per_ms;
+            t += -rng.next_f64().ln() / rate_per_ms;
             if t >= span_ms {
                 return out;
             }

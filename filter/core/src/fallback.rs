@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use headroom_protocol::EndpointState;
 
-use crate::rng::Rng;
+use headroom_protocol::rng::Rng;
 
 /// The last endpoint states a VM saw of each pool, with when it saw them.
 #[derive(Debug, Clone, Default)]

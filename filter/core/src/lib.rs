@@ -19,7 +19,6 @@ pub mod prefix_load;
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod proptests;
 pub mod queue;
-pub mod rng;
 pub mod shards;
 pub mod stats;
 pub mod stream;

@@ -31,7 +31,7 @@ use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, Rout
 
 use crate::config::{DefaultProfile, FilterConfig, Strategy};
 use crate::fallback;
-use crate::rng::Rng;
+use headroom_protocol::rng::Rng;
 
 /// Smallest weight an eligible endpoint gets, so none is starved outright.
 const MIN_WEIGHT: f64 = 0.01;

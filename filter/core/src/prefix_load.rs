@@ -24,7 +24,7 @@
 use headroom_protocol::{EndpointPrediction, RequestFeatures};
 use serde::Deserialize;
 
-use crate::rng::Rng;
+use headroom_protocol::rng::Rng;
 
 /// The profile's knobs, with llm-d's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]

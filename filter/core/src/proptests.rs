@@ -8,9 +8,9 @@ use headroom_protocol::{limits, openai, EndpointPrediction, EndpointState, Reque
 use proptest::prelude::*;
 
 use crate::config::FilterConfig;
-use crate::rng::Rng;
 use crate::{fallback, header_map, headers, policy};
 use headroom_protocol::meter::ResponseMeter;
+use headroom_protocol::rng::Rng;
 
 /// Every OpenAI API a body may be for.
 const API: [openai::Api; 3] = [openai::Api::Completions, openai::Api::Chat, openai::Api::Responses];

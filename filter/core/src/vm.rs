@@ -13,11 +13,11 @@ use crate::coalesce::{CallId, Coalescer, Delivery, Ride};
 use crate::fallback::StateCache;
 use crate::host::{callout_status, Event, FallbackCause, Host, Level};
 use crate::outbox::{Batch, Outbox, Outcome};
-use crate::rng::Rng;
 use crate::shards::Shards;
 use crate::stream::PredictStream;
 use crate::token_count::TokenCounts;
 use crate::FilterConfig;
+use headroom_protocol::rng::Rng;
 
 /// Timeout of a dispatch or report batch call.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);

@@ -470,7 +470,8 @@ mod tests {
         // against the rule computed from scratch (with the turns the tenants were given).
         let t0 = Instant::now();
         let mut q = queue(10_000, 10_000);
-        let mut next = crate::testing::below(0x2545_f491_4f6c_dd1du64);
+        let mut rng = headroom_protocol::rng::Rng::new(0x2545_f491_4f6c_dd1du64);
+        let mut next = |n| rng.below(n);
         let mut served: HashMap<(i32, String), u64> = HashMap::new();
         let mut live: Vec<(u64, i32, String, Instant)> = Vec::new();
         for id in 0..2_000u64 {

@@ -98,7 +98,8 @@ fn the_kept_sums_equal_a_sum_from_scratch_through_any_history() {
     let mut p = Pool::new("p", &[], 64);
     let listed = |names: &[&str]| names.iter().map(|a| (a.to_string(), 0)).collect::<Vec<_>>();
     p.set_discovered(0, listed(&["a:1", "b:1", "c:1"]));
-    let mut next = crate::testing::below(0x9e37_79b9_7f4a_7c15u64);
+    let mut rng = headroom_protocol::rng::Rng::new(0x9e37_79b9_7f4a_7c15u64);
+    let mut next = |n| rng.below(n);
     let mut now = t0;
     let mut ids: Vec<String> = Vec::new();
     for step in 0..3_000u64 {

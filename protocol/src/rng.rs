@@ -1,6 +1,9 @@
-//! A small seeded PRNG (xorshift64*): deterministic in tests, no host entropy needed.
+//! The one pseudo-random generator of the house (xorshift64*, its seed scrambled by
+//! SplitMix64): the filter's weighted picks and exploration, the simulator's replayed
+//! futures and the tests that walk random histories all draw from it, so a seed means the
+//! same stream everywhere and nothing needs host entropy (the filter runs in a Wasm VM).
 
-/// Pseudo-random numbers for weighted picks and exploration.
+/// Seeded pseudo-random numbers: the same seed, the same stream.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
 
@@ -29,6 +32,12 @@ impl Rng {
     pub fn next_f64(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
+
+    /// Uniform below `n` (0 for `n` of 0 or 1); the modulo bias is below 2^-40 for any
+    /// `n` under 2^24, far under what a test or a simulated draw can see.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64().checked_rem(n).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -54,5 +63,19 @@ mod tests {
     fn seeds_give_different_streams() {
         assert_ne!(Rng::new(1).next_u64(), Rng::new(2).next_u64());
         assert_eq!(Rng::new(7).next_u64(), Rng::new(7).next_u64());
+    }
+
+    #[test]
+    fn below_stays_under_its_bound_and_reaches_every_value() {
+        let mut rng = Rng::new(3);
+        let mut seen = [false; 7];
+        for _ in 0..1_000 {
+            let x = rng.below(7);
+            assert!(x < 7);
+            seen[x as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s), "{seen:?}");
+        assert_eq!(rng.below(0), 0);
+        assert_eq!(rng.below(1), 0);
     }
 }
