@@ -1,12 +1,12 @@
 //! The parts of OpenAI completions / chat / responses request bodies headroom reads.
 //!
 //! The filter and the simulated model server both parse bodies here, so they
-//! agree on the prompt text and hence on its token count.
+//! agree on the prompt text and its size. The parser counts no tokens: text is measured
+//! in bytes, and each reader turns bytes into tokens once, at its own ratio (the filter at
+//! the one it learned for the model, the simulator at the shared approximation).
 
 use serde::Deserialize;
 use serde_json::Value;
-
-use crate::tokens::estimate_tokens;
 
 /// What headroom needs from an inference request body.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,11 +15,8 @@ pub struct InferenceBody {
     /// The prompt as one string: the `prompt` of a completion, or each chat
     /// message rendered as `role: content\n`.
     pub prompt_text: String,
-    /// Prompt tokens: [`estimate_tokens`] of the text, or the length of a
-    /// pre-tokenised prompt.
-    pub prompt_tokens: u32,
-    /// The prompt came as token ids: `prompt_tokens` is the model's own count.
-    pub pretokenised: bool,
+    /// How long the prompts are, in the unit the body gives them.
+    pub prompt_size: PromptSize,
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
@@ -28,9 +25,40 @@ pub struct InferenceBody {
     /// The sequences the engine will run for it: each prompt of a list (or of a batch of
     /// token-id lists) times `max(n, best_of)`. 1 for one prompt and one answer.
     pub sequences: u32,
-    /// The longest single prompt's tokens: what must fit a server's context with `max_tokens`
-    /// (vLLM judges each prompt of a list alone). `prompt_tokens` for one prompt.
-    pub longest_prompt_tokens: u32,
+}
+
+impl InferenceBody {
+    /// All prompts' tokens at the shared approximation: what the simulated engine counts.
+    pub fn approximate_prompt_tokens(&self) -> u32 {
+        self.prompt_size.approximate_tokens().0
+    }
+}
+
+/// The size of a request's prompts: all of them together, and the longest alone (what must
+/// fit a server's context with `max_tokens`: vLLM judges each prompt of a list alone; for
+/// one prompt, the two are equal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptSize {
+    /// Given as token ids: the model's own count.
+    Tokens { total: u32, longest: u32 },
+    /// Given as text: UTF-8 bytes (a list's prompts joined one per line).
+    Bytes { total: u64, longest: u64 },
+}
+
+impl PromptSize {
+    /// `(total, longest)` in tokens: text converted by `tokens_of_bytes`, token ids as given.
+    pub fn tokens(self, tokens_of_bytes: impl Fn(u64) -> u32) -> (u32, u32) {
+        match self {
+            PromptSize::Tokens { total, longest } => (total, longest),
+            PromptSize::Bytes { total, longest } => (tokens_of_bytes(total), tokens_of_bytes(longest)),
+        }
+    }
+
+    /// `(total, longest)` in tokens at the shared approximation
+    /// ([`crate::tokens::tokens_of_bytes`]): how the simulated engine counts them.
+    pub fn approximate_tokens(self) -> (u32, u32) {
+        self.tokens(crate::tokens::tokens_of_bytes)
+    }
 }
 
 /// Which OpenAI API a request is for, by its path: each writes its prompt its own way.
@@ -103,10 +131,7 @@ pub fn parse_inference_body(bytes: &[u8], api: Api) -> Result<InferenceBody, Bod
         Api::Chat => Prompts::text(render_messages(raw.messages.as_ref())?),
         Api::Responses => Prompts::text(render_input(raw.instructions.as_ref(), raw.input.as_ref())?),
     };
-    let Prompts { text: prompt_text, count, token_ids, longest } = prompts;
-    let pretokenised = token_ids.is_some();
-    let prompt_tokens = token_ids.unwrap_or_else(|| estimate_tokens(&prompt_text));
-    let longest_prompt_tokens = longest.unwrap_or(prompt_tokens);
+    let Prompts { text: prompt_text, count, size: prompt_size } = prompts;
     // Every answer the engine generates is a sequence it runs: `n` of them, or `best_of`
     // (of which it returns `n`), for each prompt of a list. The responses API has neither.
     let choices = |v: &Option<Value>, field: &str| match v {
@@ -139,17 +164,7 @@ pub fn parse_inference_body(bytes: &[u8], api: Api) -> Result<InferenceBody, Bod
         (_, _, Some(v)) if api != Api::Responses && !v.is_null() => Some(positive_u32(&v, "max_tokens")?),
         _ => None,
     };
-    Ok(InferenceBody {
-        model,
-        prompt_text,
-        prompt_tokens,
-        pretokenised,
-        stream,
-        include_usage,
-        max_tokens,
-        sequences,
-        longest_prompt_tokens,
-    })
+    Ok(InferenceBody { model, prompt_text, prompt_size, stream, include_usage, max_tokens, sequences })
 }
 
 /// A request's prompts as headroom reads them.
@@ -158,15 +173,13 @@ struct Prompts {
     text: String,
     /// How many prompts the engine runs (a list's length; 1 for one prompt).
     count: u32,
-    /// For token ids, their exact count, all prompts together.
-    token_ids: Option<u32>,
-    /// For a list, the longest prompt's tokens (estimated for text).
-    longest: Option<u32>,
+    size: PromptSize,
 }
 
 impl Prompts {
     fn text(text: String) -> Prompts {
-        Prompts { text, count: 1, token_ids: None, longest: None }
+        let bytes = text.len() as u64;
+        Prompts { text, count: 1, size: PromptSize::Bytes { total: bytes, longest: bytes } }
     }
 }
 
@@ -207,12 +220,14 @@ fn render_prompt(prompt: Option<&Value>) -> Result<Prompts, BodyError> {
         Some(Value::String(s)) => Ok(Prompts::text(s.clone())),
         Some(Value::Array(items)) if items.is_empty() => Err(refused()),
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            let longest = items.iter().filter_map(Value::as_str).map(estimate_tokens).max();
+            let longest = items.iter().filter_map(Value::as_str).map(|p| p.len() as u64).max().unwrap_or(0);
             let text = items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n");
-            Ok(Prompts { text, count: count(items.len()), token_ids: None, longest })
+            let size = PromptSize::Bytes { total: text.len() as u64, longest };
+            Ok(Prompts { text, count: count(items.len()), size })
         }
         Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
-            Ok(Prompts { text: ids(items).join(" "), count: 1, token_ids: Some(count(items.len())), longest: None })
+            let n = count(items.len());
+            Ok(Prompts { text: ids(items).join(" "), count: 1, size: PromptSize::Tokens { total: n, longest: n } })
         }
         // Otherwise a batch: every item a list of token ids, none empty.
         Some(Value::Array(items)) => {
@@ -222,9 +237,9 @@ fn render_prompt(prompt: Option<&Value>) -> Result<Prompts, BodyError> {
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(refused)?;
             let total = count(lists.iter().map(|l| l.len()).sum());
-            let longest = lists.iter().map(|l| count(l.len())).max();
+            let longest = lists.iter().map(|l| count(l.len())).max().unwrap_or(0);
             let text = lists.iter().map(|l| ids(l).join(" ")).collect::<Vec<_>>().join("\n");
-            Ok(Prompts { text, count: count(lists.len()), token_ids: Some(total), longest })
+            Ok(Prompts { text, count: count(lists.len()), size: PromptSize::Tokens { total, longest } })
         }
         Some(_) => Err(refused()),
         None => Err(bad("prompt", "is required")),
@@ -321,7 +336,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(b.model, "m");
-        assert_eq!(b.prompt_tokens, 2);
+        assert_eq!(b.prompt_size, PromptSize::Bytes { total: 8, longest: 8 });
+        assert_eq!(b.prompt_size.approximate_tokens(), (2, 2));
+        assert_eq!(b.prompt_size.tokens(|bytes| bytes as u32), (8, 8), "text is converted at the reader's ratio");
         assert!(b.stream && b.include_usage);
         assert_eq!(b.max_tokens, Some(7));
     }
@@ -364,7 +381,8 @@ mod tests {
     #[test]
     fn token_id_prompts_count_exactly() {
         let b = parse_inference_body(br#"{"model":"m","prompt":[1,2,3,4,5]}"#, Api::Completions).unwrap();
-        assert_eq!(b.prompt_tokens, 5);
+        assert_eq!(b.prompt_size, PromptSize::Tokens { total: 5, longest: 5 });
+        assert_eq!(b.prompt_size.tokens(|_| 0), (5, 5), "the model's own count, whatever the ratio");
     }
 
     /// vLLM runs every answer of `n`, every candidate of `best_of` and every prompt of a
@@ -373,16 +391,17 @@ mod tests {
     fn every_sequence_the_engine_runs_is_counted() {
         let parse = |body: &str, api| parse_inference_body(body.as_bytes(), api).unwrap();
         let one = parse(r#"{"model":"m","prompt":"abcdefgh"}"#, Api::Completions);
-        assert_eq!((one.sequences, one.longest_prompt_tokens), (1, 2));
+        assert_eq!((one.sequences, one.prompt_size.approximate_tokens()), (1, (2, 2)));
         let n = parse(r#"{"model":"m","prompt":"x","n":4,"best_of":6}"#, Api::Completions);
         assert_eq!(n.sequences, 6, "best_of candidates run, n of them return");
         let chat = parse(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":3}"#, Api::Chat);
         assert_eq!(chat.sequences, 3);
         let list = parse(r#"{"model":"m","prompt":["abcdefgh","abcdefghabcdefgh","a"],"n":2}"#, Api::Completions);
-        assert_eq!((list.sequences, list.longest_prompt_tokens), (6, 4));
+        // 8 + 16 + 1 bytes and the two newlines that join them; the longest alone 16.
+        assert_eq!((list.sequences, list.prompt_size), (6, PromptSize::Bytes { total: 27, longest: 16 }));
+        assert_eq!(list.prompt_size.approximate_tokens(), (7, 4));
         let batch = parse(r#"{"model":"m","prompt":[[1,2],[3],[4,5,6]]}"#, Api::Completions);
-        assert!(batch.pretokenised);
-        assert_eq!((batch.sequences, batch.prompt_tokens, batch.longest_prompt_tokens), (3, 6, 3));
+        assert_eq!((batch.sequences, batch.prompt_size), (3, PromptSize::Tokens { total: 6, longest: 3 }));
         assert_eq!(batch.prompt_text, "1 2\n3\n4 5 6");
         let responses = parse(r#"{"model":"m","input":"x","n":5}"#, Api::Responses);
         assert_eq!(responses.sequences, 1, "the responses API has no n");

@@ -16,8 +16,12 @@ pub const BLOCK_BYTES: usize = BYTES_PER_TOKEN * BLOCK_TOKENS;
 
 /// Estimated token count of `text`: `ceil(bytes / 4)`.
 pub fn estimate_tokens(text: &str) -> u32 {
-    let tokens = text.len().div_ceil(BYTES_PER_TOKEN);
-    u32::try_from(tokens).unwrap_or(u32::MAX)
+    tokens_of_bytes(text.len() as u64)
+}
+
+/// Estimated token count of `bytes` bytes of text: `ceil(bytes / 4)`.
+pub fn tokens_of_bytes(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(BYTES_PER_TOKEN as u64)).unwrap_or(u32::MAX)
 }
 
 /// Chained hashes of the full [`BLOCK_BYTES`]-byte blocks of `text`, at most

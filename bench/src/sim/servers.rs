@@ -43,7 +43,7 @@ impl Server {
     /// Whether a request of `body` fits the server's context (the front answers 400 otherwise).
     pub fn fits(&self, body: &InferenceBody) -> bool {
         let max_tokens = body.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        u64::from(body.prompt_tokens) + u64::from(max_tokens) <= u64::from(self.profile.max_model_len)
+        u64::from(body.approximate_prompt_tokens()) + u64::from(max_tokens) <= u64::from(self.profile.max_model_len)
     }
 
     /// Hands the request to the engine. Returns when the step it may start ends, if the
@@ -51,7 +51,12 @@ impl Server {
     pub fn submit(&mut self, id: RequestId, body: &InferenceBody, now: u64, time_scale: f64) -> Option<u64> {
         let block_hashes = prefix_block_hashes(&body.prompt_text, self.profile.max_model_len as usize);
         let max_tokens = body.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        self.engine.submit(NewRequest { id, prompt_tokens: body.prompt_tokens, max_tokens, block_hashes });
+        self.engine.submit(NewRequest {
+            id,
+            prompt_tokens: body.approximate_prompt_tokens(),
+            max_tokens,
+            block_hashes,
+        });
         self.last_token_ns.insert(id, now);
         if self.stepping.is_some() {
             return None;

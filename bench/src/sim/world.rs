@@ -670,7 +670,7 @@ impl World {
     fn tokens(&mut self, id: u64, first: bool, last: Option<(u32, u32)>) {
         let Some(req) = self.reqs.get_mut(&id) else { return };
         let stream = req.spec.stream;
-        let prompt_tokens = req.parsed.as_ref().map_or(0, |b| b.prompt_tokens);
+        let prompt_tokens = req.parsed.as_ref().map_or(0, |b| b.approximate_prompt_tokens());
         let model = self.model.clone();
         let reply = ReplyText { id, model: &model, prompt_tokens };
         if first && stream {

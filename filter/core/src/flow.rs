@@ -21,6 +21,7 @@ use headroom_protocol::headers::{
 use headroom_protocol::headroom::after_waiting;
 use headroom_protocol::health::{Outcome, Recorded};
 use headroom_protocol::meter::{Measurement, ResponseMeter};
+use headroom_protocol::openai::PromptSize;
 use headroom_protocol::{
     codec, limits, openai, paths, tokens, Abandoned, Dispatch, EndpointState, FirstToken, FlowAnswer, FlowOutcome,
     FlowTerms, Format, PredictRequest, PredictResponse, Report, RequestFeatures, RouteSource,
@@ -222,17 +223,15 @@ impl Flow {
             Ok(p) => p,
             Err(e) => return self.reject(host, 400, &e.field, &e.message),
         };
-        // Token counts are estimates, at the bytes per token learned for this model (given
-        // as token ids, exact): held to the contract's bound rather than refused.
-        self.features.input_tokens = if parsed.pretokenised {
-            parsed.prompt_tokens.min(limits::MAX_TOKENS)
-        } else {
-            self.prompt_bytes = parsed.prompt_text.len();
-            vm.tokens.estimate(Some(&parsed.model), parsed.prompt_text.len() as u64)
-        };
+        // Text is counted once, at the bytes per token learned for this model; token ids are
+        // the model's own count. Both are held to the contract's bound rather than refused.
         // The longest prompt of a list, in the same count: it alone must fit a context.
-        let share = f64::from(parsed.longest_prompt_tokens) / f64::from(parsed.prompt_tokens.max(1));
-        self.longest_prompt_tokens = (f64::from(self.features.input_tokens) * share.min(1.0)).ceil() as u32;
+        if let PromptSize::Bytes { total, .. } = parsed.prompt_size {
+            self.prompt_bytes = usize::try_from(total).unwrap_or(usize::MAX);
+        }
+        let (input, longest) = parsed.prompt_size.tokens(|bytes| vm.tokens.estimate(Some(&parsed.model), bytes));
+        self.features.input_tokens = input.min(limits::MAX_TOKENS);
+        self.longest_prompt_tokens = longest.min(self.features.input_tokens);
         if parsed.sequences > config.max_sequences {
             let message = format!(
                 "the request asks {} sequences (prompts times max(n, best_of)); this gateway runs at most {} \

@@ -204,10 +204,11 @@ async fn generate(shared: Arc<Shared>, raw: &[u8], api: Api) -> Response {
     }
     let max_tokens = body.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let limit = shared.config.profile.max_model_len;
-    if u64::from(body.prompt_tokens) + u64::from(max_tokens) > u64::from(limit) {
+    // The simulated engine counts text with the shared approximation, as its clients do.
+    let prompt_tokens = body.approximate_prompt_tokens();
+    if u64::from(prompt_tokens) + u64::from(max_tokens) > u64::from(limit) {
         let message = format!(
-            "This model's maximum context length is {limit} tokens; the prompt ({}) plus max_tokens ({max_tokens}) exceed it.",
-            body.prompt_tokens
+            "This model's maximum context length is {limit} tokens; the prompt ({prompt_tokens}) plus max_tokens ({max_tokens}) exceed it."
         );
         return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", Some("max_tokens"), &message);
     }
@@ -218,11 +219,11 @@ async fn generate(shared: Arc<Shared>, raw: &[u8], api: Api) -> Response {
     let (tx, rx) = mpsc::unbounded_channel();
     let max_blocks = shared.config.profile.max_model_len as usize;
     let block_hashes = prefix_block_hashes(&body.prompt_text, max_blocks);
-    let request = NewRequest { id, prompt_tokens: body.prompt_tokens, max_tokens, block_hashes };
+    let request = NewRequest { id, prompt_tokens, max_tokens, block_hashes };
     if shared.commands.send(Command::Submit(request, tx)).is_err() {
         return openai_error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", None, "engine stopped");
     }
-    let reply = Reply { id: format!("cmpl-{id}"), model: body.model.clone(), api, prompt_tokens: body.prompt_tokens };
+    let reply = Reply { id: format!("cmpl-{id}"), model: body.model.clone(), api, prompt_tokens };
     if body.stream {
         stream_reply(reply, body, rx)
     } else {
