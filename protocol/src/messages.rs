@@ -355,7 +355,9 @@ pub struct Dispatch {
     pub endpoint: String,
     /// The request's features: sent when the filter placed it without the predictor's
     /// answer (its fallback), which the predictor may hold no record of. Omitted (default),
-    /// the predictor's record has them.
+    /// the predictor's record has them. Header-only routing sends `input_tokens` alone, the
+    /// prompt its body carried: where that is less than the record's (predicted from the
+    /// `content-length` claimed), the predictor books the smaller.
     #[serde(default, skip_serializing_if = "RequestFeatures::is_unset")]
     pub request: RequestFeatures,
 }

@@ -366,7 +366,12 @@ impl Pool {
         if self.in_flight.len() >= self.max_in_flight && !self.in_flight.contains_key(&d.request_id) {
             return Applied::PoolFull;
         }
-        let record = self.records.remove(&d.request_id);
+        let mut record = self.records.remove(&d.request_id);
+        // Header-only routing predicted the prompt its `content-length` claimed; a body that
+        // passed shorter is booked, and learned from, as it passed.
+        if let Some(r) = record.as_mut().filter(|_| d.request.input_tokens > 0) {
+            r.request.input_tokens = r.request.input_tokens.min(d.request.input_tokens);
+        }
         let there = record.as_ref().and_then(|r| r.endpoints.iter().find(|(a, ..)| *a == d.endpoint));
         let (request, predicted, kept) = match (&record, there) {
             (Some(r), Some((_, state, ttft, tpot))) => {

@@ -115,6 +115,26 @@ fn a_lean_dispatch_is_tracked_from_the_predictors_own_record() {
 }
 
 #[test]
+fn a_header_only_body_shorter_than_its_claim_is_booked_as_it_passed() {
+    let mut p = pool();
+    let now = Instant::now();
+    remember(&mut p, "r", 300.0, now);
+    let passed = |tokens| Dispatch {
+        request: RequestFeatures { input_tokens: tokens, ..Default::default() },
+        ..lean("r", "b:2")
+    };
+    assert_eq!(p.dispatch(&passed(120), now), Applied::Accepted);
+    assert_eq!(p.states_for(&RequestFeatures::default(), now)[1].uncached_tokens_in_flight, 120);
+    let Finished::Tracked(_, Some(kept)) = p.finish("r", now) else { panic!("tracked with its record") };
+    assert_eq!(kept.request.input_tokens, 120, "learned from the prompt that passed");
+    // A body cannot make its request larger than predicted: the claim bounds it.
+    remember(&mut p, "s", 300.0, now);
+    let larger = Dispatch { request_id: "s".into(), ..passed(900) };
+    assert_eq!(p.dispatch(&larger, now), Applied::Accepted);
+    assert_eq!(p.states_for(&RequestFeatures::default(), now)[1].uncached_tokens_in_flight, 500);
+}
+
+#[test]
 fn a_dispatch_without_a_record_counts_as_load_and_keeps_nothing_to_learn_from() {
     let mut p = pool();
     let now = Instant::now();
