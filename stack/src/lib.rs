@@ -6,11 +6,18 @@
 //! pid; a detached stack records its pids in `<run_dir>/stack.json`.
 
 pub mod accuracy;
+pub mod engine;
+pub mod envoy_config;
 pub mod host;
 pub mod http;
 pub mod locate;
+pub mod predictor_setup;
 pub mod process;
+pub mod router;
 pub mod vllm;
+
+pub use engine::{Engine, SIM_MODEL};
+pub use router::Router;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -21,86 +28,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use headroom_loadgen::profile;
-use headroom_predictor_config::{Config as PredictorConfig, PoolConfig, ProfilePaths, PRIOR_HARDWARE_SCALE};
+use headroom_predictor_config::{Config as PredictorConfig, PoolConfig};
 use process::Proc;
-
-/// What routes requests to the model servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Router {
-    /// Envoy with the headroom filter (`envoy/envoy.yaml.tmpl`).
-    Headroom,
-    /// Plain Envoy, round robin (`envoy/baseline.yaml.tmpl`).
-    RoundRobin,
-    /// Plain Envoy, least request.
-    LeastRequest,
-    /// Plain Envoy, sticky sessions: a consistent hash (`RING_HASH`) of the client's
-    /// `x-session-id`, what operators deploy for chat traffic so a conversation's turns find
-    /// its prefix cached (a request without the header goes to a random server).
-    StickySession,
-    /// The headroom bootstrap with its Wasm filter left out, as Envoy runs it when the
-    /// VM failed and `FAIL_OPEN` skips the filter (tests what Envoy enforces alone).
-    HeadroomFilterSkipped,
-    /// Envoy's ext_proc filter in front of headroom-epp, the endpoint picker, in place of
-    /// the Wasm filter (`envoy/ext-proc-filter.yaml.tmpl`): the Gateway API Inference
-    /// Extension's way to plug routing in.
-    Epp,
-}
-
-impl Router {
-    /// Short name for tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            Router::Headroom => "headroom",
-            Router::RoundRobin => "envoy round robin",
-            Router::LeastRequest => "envoy least request",
-            Router::StickySession => "envoy sticky sessions",
-            Router::HeadroomFilterSkipped => "headroom, filter skipped",
-            Router::Epp => "headroom epp",
-        }
-    }
-}
-
-/// What serves the model behind the gateway.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Engine {
-    /// headroom's simulated vLLM (`simulator/`): many servers on one host, any speed.
-    #[default]
-    Simulator,
-    /// Real vLLM (its CPU build, `make setup-vllm`), one server per core of this host.
-    Vllm,
-}
-
-impl Engine {
-    /// `sim` or `vllm`, as `ENGINE=` and `--engine` take them.
-    pub fn parse(text: &str) -> anyhow::Result<Engine> {
-        match text {
-            "sim" | "simulator" => Ok(Engine::Simulator),
-            "vllm" => Ok(Engine::Vllm),
-            other => anyhow::bail!("unknown engine {other:?}: sim or vllm"),
-        }
-    }
-
-    /// The model name its servers serve.
-    pub fn model(self) -> &'static str {
-        match self {
-            Engine::Simulator => SIM_MODEL,
-            Engine::Vllm => vllm::MODEL_NAME,
-        }
-    }
-
-    /// The servers `make up` and `make demo` start on this host: three simulated GPUs, or
-    /// two vLLM servers (one per core of the 2-core reference machine).
-    pub fn default_profiles(self) -> Vec<String> {
-        match self {
-            Engine::Simulator => vec!["h100".into(), "h100".into(), "a100".into()],
-            Engine::Vllm => vec![vllm::HARDWARE.into(); 2],
-        }
-    }
-}
-
-/// The model the simulated servers serve.
-pub const SIM_MODEL: &str = "sim-llama-8b";
 
 /// How to build a stack.
 #[derive(Debug, Clone)]
@@ -219,17 +148,6 @@ fn sim_model() -> String {
 }
 
 impl StackState {
-    /// Envoy cluster name of predictor replica `i` (of `n`).
-    pub fn predictor_cluster(i: usize, n: usize) -> String {
-        if n <= 1 {
-            "headroom_predictor".to_string()
-        } else {
-            format!("headroom_predictor_{i}")
-        }
-    }
-}
-
-impl StackState {
     fn file(run_dir: &Path) -> PathBuf {
         run_dir.join("stack.json")
     }
@@ -331,27 +249,6 @@ pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
-/// The predictor's configuration for a stack's pool: scraped every 100 ms, models considered
-/// for retraining every 2 s, tiers judged on `objective`; on simulated servers (`simulated`:
-/// their time scale) the prior scaled to each profile as an operator would set it. What the
-/// stack writes for predictor-svc, and what the simulated-time benchmark builds its predictor
-/// from (`headroom-bench sim`).
-pub fn predictor_config(
-    pool: PoolConfig,
-    objective: &str,
-    profiles: &[String],
-    simulated: Option<f64>,
-) -> PredictorConfig {
-    let mut config = PredictorConfig::new(vec![pool]);
-    config.scrape_interval_ms = 100;
-    config.model.retrain_interval_ms = 2000;
-    config.model.objective = objective.to_string();
-    if let Some(time_scale) = simulated {
-        prior_scale_as_an_operator_would(&mut config, profiles, time_scale);
-    }
-    config
-}
-
 /// Writes `text` to a file only the current user can read.
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
@@ -363,89 +260,6 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     #[cfg(unix)]
     options.mode(0o600);
     options.open(path)?.write_all(text.as_bytes())
-}
-
-/// The analytic prior's speed of each simulated GPU, as an operator of this fleet would set
-/// `model.prior_hardware_scale`: the simulated A100 runs 1.75x (decode) to 2.7x (prefill) slower
-/// than the H100 the prior is calibrated on (docs/simulator.md), and the prefill's 2.7 is the
-/// one to give it. Under load the prior's TPOT is set by the share of time prompts take, whose
-/// slope is the prefill cost; an idle decode's error is a constant factor, which the live
-/// correction takes out, and a wrong slope is not (with 2.0: azure's interactive class at 160
-/// req/s 89.1% against 90.3%, docs/notebook/benchmark.md "The prior at the simulator's speed"). A simulator at
-/// `--time-scale` s runs every GPU 1/s times slower in wall time, which is all the predictor
-/// sees. Without the time scale, at 0.25x every engine term of the prior was 4x under, which
-/// the live correction's factor absorbs, but its prefill share (the wall-time rate of prompt
-/// tokens times a batched token's cost) was 4x under too, which no factor restores. Held within
-/// what the predictor accepts (`PRIOR_HARDWARE_SCALE`): the stacks that run the simulator 100 or
-/// 1000 times off real time measure the gateway, not predictions.
-fn prior_scale_as_an_operator_would(config: &mut PredictorConfig, profiles: &[String], time_scale: f64) {
-    for profile in profiles {
-        let gpu = if profile == "a100" { 2.7 } else { 1.0 };
-        let scale = (gpu / time_scale).clamp(*PRIOR_HARDWARE_SCALE.start(), *PRIOR_HARDWARE_SCALE.end());
-        if scale != 1.0 {
-            config.model.prior_hardware_scale.insert(profile.clone(), scale);
-        }
-    }
-}
-
-/// Profiles the first server of each hardware class with `headroom-profile`'s sweep, on the
-/// idle fleet, into `dir` (`<class>-ttft.json`, `<class>-tpot.json`; a simulated class as
-/// `<class>-<scale>x-...`), and returns the predictor's `model.prior_profiles` for them.
-///
-/// A simulated class's costs are the simulator's constants at its time scale: its profile
-/// is reused while it is newer than the simulator binary (an operator profiles a GPU type
-/// once too), so a benchmark starting a stack per router pays the sweep once per class and
-/// speed. A real engine is measured at every start: the host it shares may be busier.
-fn profile_servers(
-    servers: &[(SocketAddr, String)],
-    model: &str,
-    dir: &Path,
-    simulated: Option<(f64, &Path)>,
-) -> anyhow::Result<BTreeMap<String, ProfilePaths>> {
-    let mut out = BTreeMap::new();
-    let runtime = tokio::runtime::Runtime::new()?;
-    for (server, class) in servers {
-        if out.contains_key(class) {
-            continue;
-        }
-        let name = match simulated {
-            Some((scale, _)) => format!("{class}-{scale}x"),
-            None => class.clone(),
-        };
-        let (ttft, tpot) = (dir.join(format!("{name}-ttft.json")), dir.join(format!("{name}-tpot.json")));
-        if let Some((_, binary)) = simulated {
-            if [&ttft, &tpot].iter().all(|file| newer_than(file, binary)) {
-                out.insert(class.clone(), ProfilePaths { ttft, tpot });
-                continue;
-            }
-        }
-        let url = format!("http://{server}");
-        let (_, context) = runtime.block_on(profile::served(&url))?;
-        let sweep = profile::Sweep::for_engine(context, vllm::MAX_NUM_SEQS);
-        let profiled = runtime.block_on(profile::run(&url, model, &sweep, |_| {}))?;
-        let (ttft, tpot) = profile::write(&profiled, dir, &name)?;
-        out.insert(class.clone(), ProfilePaths { ttft, tpot });
-    }
-    Ok(out)
-}
-
-/// Whether `file` exists and was written after `than` was.
-fn newer_than(file: &Path, than: &Path) -> bool {
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    matches!((modified(file), modified(than)), (Some(f), Some(t)) if f > t)
-}
-
-/// The model a fleet serves: the first of `/v1/models` of the first server that answers.
-fn served_model(servers: &[SocketAddr]) -> anyhow::Result<String> {
-    let runtime = tokio::runtime::Runtime::new()?;
-    for s in servers {
-        if let Ok((model, _)) = runtime.block_on(profile::served(&format!("http://{s}"))) {
-            return Ok(model);
-        }
-    }
-    anyhow::bail!(
-        "no server of {servers:?} answered /v1/models with a model: are they OpenAI-compatible model servers?"
-    )
 }
 
 fn local(port: u16) -> SocketAddr {
@@ -462,142 +276,6 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     ok()
-}
-
-/// One cluster per predictor replica. Like the Istio manifests' predictor clusters, they lift
-/// Envoy's default circuit breakers (1024 per cluster): every inference request makes one
-/// callout, and under flow control a waiting request holds its callout open until released.
-/// The predictor clusters speak HTTP/2 (h2c) when the filter streams its predict calls
-/// (`predict_stream`, on by default): the stream is gRPC (`headroom_protocol::stream`), and
-/// the other calls share the connection. Without it they stay HTTP/1.1, which a predictor
-/// that predates the stream (or the e2e suite's fake) speaks.
-const PREDICTOR_HTTP2: &str = "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {}}\n";
-
-/// The predictor clusters: one per replica when `sharded` (the filter's `predictor_shards`),
-/// else one, `headroom_predictor`, with every replica an endpoint of it.
-fn predictor_clusters(predictors: &[SocketAddr], http2: bool, sharded: bool) -> String {
-    if !sharded {
-        return static_cluster(&StackState::predictor_cluster(0, 1), predictors, http2);
-    }
-    let n = predictors.len();
-    predictors
-        .iter()
-        .enumerate()
-        .map(|(i, p)| static_cluster(&StackState::predictor_cluster(i, n), std::slice::from_ref(p), http2))
-        .collect()
-}
-
-/// A STATIC cluster of `endpoints` without Envoy's default circuit breakers, speaking
-/// HTTP/2 (h2c) when `http2`.
-fn static_cluster(name: &str, endpoints: &[SocketAddr], http2: bool) -> String {
-    let protocol = if http2 { PREDICTOR_HTTP2 } else { "" };
-    let endpoints: String = endpoints
-        .iter()
-        .map(|p| {
-            format!(
-                "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
-                p.ip(),
-                p.port()
-            )
-        })
-        .collect();
-    format!(
-        "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{protocol}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
-    )
-}
-
-/// A set_metadata filter giving every request the subset hint `allowed` (GIE's
-/// `envoy.lb.subset_hint`), then the indentation of the next filter.
-fn subset_hint_filter(allowed: &[SocketAddr]) -> String {
-    let list = allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
-    format!(
-        "- name: envoy.filters.http.set_metadata\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n              metadata:\n              - metadata_namespace: envoy.lb.subset_hint\n                value: {{x-gateway-destination-endpoint-subset: [{list}]}}\n          "
-    )
-}
-
-/// The Envoy cluster of headroom-epp (gRPC: HTTP/2).
-pub const EPP_CLUSTER: &str = "headroom_epp";
-
-/// The ext_proc filter in front of headroom-epp (`envoy/ext-proc-filter.yaml.tmpl`, filled):
-/// Envoy waits for the picker at most the predictor's timeout, plus flow control's longest
-/// wait when it is on, plus a second; the picker answers within that by itself.
-fn ext_proc_filter(
-    snippet: &str,
-    plugin: &Value,
-    failure_mode_allow: bool,
-    full_duplex: bool,
-    subset: Option<&[SocketAddr]>,
-) -> anyhow::Result<String> {
-    // Read for its timeouts only: the picker takes its token from its own file, so the
-    // variable Envoy's filter would read it from stands in.
-    let stand_in = |_: &str| Some("stand-in-token-of-the-picker".to_string());
-    let config = headroom_filter_core::FilterConfig::parse_in(serde_json::to_string(plugin)?.as_bytes(), stand_in)
-        .map_err(|e| anyhow::anyhow!("the filter configuration: {e}"))?;
-    let wait = if config.flow_control { config.flow_max_wait_ms } else { 0 };
-    let timeout_ms = config.predictor_timeout_ms + wait + 1000;
-    Ok(snippet
-        .replace("{{EPP_FAILURE_MODE_ALLOW}}", &failure_mode_allow.to_string())
-        .replace("{{EPP_REQUEST_BODY_MODE}}", if full_duplex { "FULL_DUPLEX_STREAMED" } else { "BUFFERED" })
-        .replace("{{EPP_REQUEST_TRAILER_MODE}}", if full_duplex { "SEND" } else { "SKIP" })
-        .replace("{{EPP_SUBSET_HINT}}", &subset.map(subset_hint_filter).unwrap_or_default())
-        .replace("{{EPP_MESSAGE_TIMEOUT}}", &format!("{}.{:03}s", timeout_ms / 1000, timeout_ms % 1000)))
-}
-
-/// Marks the Wasm filter's lines in `envoy/envoy.yaml.tmpl` (for [`replace_wasm_filter`]).
-const WASM_FILTER_BEGIN: &str = "# headroom-wasm-filter-begin";
-const WASM_FILTER_END: &str = "# headroom-wasm-filter-end";
-
-/// The template with `replacement` in place of the lines between the Wasm filter's markers.
-fn replace_wasm_filter(template: &str, replacement: &str) -> anyhow::Result<String> {
-    let begin = template.find(WASM_FILTER_BEGIN).ok_or_else(|| anyhow::anyhow!("no {WASM_FILTER_BEGIN} marker"))?;
-    let end = template.find(WASM_FILTER_END).ok_or_else(|| anyhow::anyhow!("no {WASM_FILTER_END} marker"))?;
-    anyhow::ensure!(begin < end, "Wasm filter markers out of order");
-    Ok(format!("{}{}{}", &template[..begin], replacement.trim_start(), &template[end + WASM_FILTER_END.len()..]))
-}
-
-/// Renders the Envoy bootstrap template. The Wasm filter may pause on headers
-/// (`allow_on_headers_stop_iteration`) unless the plugin says `read_body: false`.
-pub fn render_envoy(
-    template: &str,
-    addresses: &StackState,
-    wasm: &Path,
-    plugin: &Value,
-    lb_policy: &str,
-) -> anyhow::Result<String> {
-    let StackState { admin, gateway, predictor, predictors, servers, epp, .. } = addresses;
-    let predictors = if predictors.is_empty() { std::slice::from_ref(predictor) } else { predictors.as_slice() };
-    // Unset, each takes the filter's own default: defined once, in its configuration.
-    let defaults = headroom_filter_core::config::FilterConfig::default();
-    let read_body = plugin.get("read_body").and_then(Value::as_bool).unwrap_or(defaults.read_body);
-    let http2 = plugin.get("predict_stream").and_then(Value::as_bool).unwrap_or(defaults.predict_stream);
-    let sharded = plugin.get("predictor_shards").is_some();
-    let mut clusters = predictor_clusters(predictors, http2, sharded);
-    if let Some(epp) = epp {
-        clusters.push_str(&static_cluster(EPP_CLUSTER, std::slice::from_ref(epp), true));
-    }
-    let endpoints: Vec<String> = servers
-        .iter()
-        .map(|s| {
-            format!(
-                "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}",
-                s.ip(),
-                s.port()
-            )
-        })
-        .collect();
-    // A JSON string is a valid double-quoted YAML scalar.
-    let plugin_text = serde_json::to_string(&serde_json::to_string(plugin)?)?;
-    let out = template
-        .replace("{{ADMIN_PORT}}", &admin.port().to_string())
-        .replace("{{GATEWAY_PORT}}", &gateway.port().to_string())
-        .replace("{{PREDICTOR_CLUSTERS}}", clusters.trim_end())
-        .replace("{{ALLOW_ON_HEADERS_STOP_ITERATION}}", &read_body.to_string())
-        .replace("{{WASM_PATH}}", &wasm.display().to_string())
-        .replace("{{PLUGIN_CONFIG}}", &plugin_text)
-        .replace("{{MODEL_SERVER_ENDPOINTS}}", &endpoints.join("\n"))
-        .replace("{{LB_POLICY}}", lb_policy);
-    anyhow::ensure!(!out.contains("{{"), "envoy template has a placeholder the stack does not fill");
-    Ok(out)
 }
 
 impl Stack {
@@ -623,7 +301,7 @@ impl Stack {
         let servers: Vec<SocketAddr> =
             if given { opts.servers.clone() } else { (0..own_servers).map(|_| next()).collect::<Result<_, _>>()? };
         // A given fleet says what it serves (`/v1/models`); the stack's own is the engine's.
-        let model = if given { served_model(&servers)? } else { opts.engine.model().to_string() };
+        let model = if given { predictor_setup::served_model(&servers)? } else { opts.engine.model().to_string() };
         if opts.engine == Engine::Vllm && !given {
             // Missing vLLM or its model: fail before starting anything.
             locate::vllm_python()?;
@@ -717,7 +395,8 @@ impl Stack {
             let sim_binary = bins.join("headroom-sim");
             let simulated =
                 (stack.engine == Some(Engine::Simulator)).then_some((opts.time_scale, sim_binary.as_path()));
-            match profile_servers(&hardware, &stack.state.model, &run_dir.join("profiles"), simulated) {
+            match predictor_setup::profile_servers(&hardware, &stack.state.model, &run_dir.join("profiles"), simulated)
+            {
                 Ok(p) => p,
                 Err(e) => {
                     stack.stop();
@@ -732,7 +411,8 @@ impl Stack {
         write_private(&token_file, &token)?;
         for (i, listen) in stack.state.predictors.clone().into_iter().enumerate() {
             let simulated = (stack.engine == Some(Engine::Simulator)).then_some(opts.time_scale);
-            let mut config = predictor_config(pool.clone(), &opts.objective, &opts.profiles, simulated);
+            let mut config =
+                predictor_setup::predictor_config(pool.clone(), &opts.objective, &opts.profiles, simulated);
             config.listen = listen;
             config.auth_token_file = Some(token_file.clone());
             config.model.data_dir = Some(run_dir.join(Self::replica_name("predictor-data", i)));
@@ -750,7 +430,7 @@ impl Stack {
         // `/config_dump` holds the token.
         plugin.insert("predictor_token_env".into(), json!(headroom_predictor_config::TOKEN_ENV));
         if replicas > 1 && !opts.predictor_rollout {
-            let shards: Vec<String> = (0..replicas).map(|i| StackState::predictor_cluster(i, replicas)).collect();
+            let shards: Vec<String> = (0..replicas).map(|i| envoy_config::predictor_cluster(i, replicas)).collect();
             plugin.insert("predictor_shards".into(), json!(shards));
         }
         plugin.extend(opts.plugin.clone());
@@ -776,26 +456,35 @@ impl Stack {
         let mut template = std::fs::read_to_string(locate::root().join(file))?;
         let plugin = Value::Object(self.plugin.clone());
         match launch.router {
-            Router::HeadroomFilterSkipped => template = replace_wasm_filter(&template, "")?,
+            Router::HeadroomFilterSkipped => template = envoy_config::replace_wasm_filter(&template, "")?,
             Router::Epp => {
                 let snippet = std::fs::read_to_string(locate::root().join("envoy/ext-proc-filter.yaml.tmpl"))?;
                 let subset: Option<Vec<SocketAddr>> = self
                     .epp_subset_hint
                     .as_ref()
                     .map(|indices| indices.iter().filter_map(|&i| self.state.servers.get(i).copied()).collect());
-                let filter = ext_proc_filter(
+                let filter = envoy_config::ext_proc_filter(
                     &snippet,
                     &plugin,
                     self.epp_failure_mode_allow,
                     self.epp_full_duplex,
                     subset.as_deref(),
                 )?;
-                template = replace_wasm_filter(&template, &filter)?;
+                template = envoy_config::replace_wasm_filter(&template, &filter)?;
             }
             _ => {}
         }
-        let addresses = StackState { gateway: launch.gateway, admin: launch.admin, ..self.state.clone() };
-        let yaml = render_envoy(&template, &addresses, &locate::wasm()?, &plugin, lb_policy)?;
+        let state = &self.state;
+        let predictors =
+            if state.predictors.is_empty() { std::slice::from_ref(&state.predictor) } else { &state.predictors };
+        let addresses = envoy_config::Addresses {
+            admin: launch.admin,
+            gateway: launch.gateway,
+            predictors,
+            servers: &state.servers,
+            epp: state.epp,
+        };
+        let yaml = envoy_config::render_envoy(&template, addresses, &locate::wasm()?, &plugin, lb_policy)?;
         let config = self.run_dir.join(format!("{}.yaml", launch.name));
         write_private(&config, &yaml)?;
         let mut args: Vec<String> = vec!["-c".into(), config.display().to_string()];
@@ -988,7 +677,7 @@ impl Stack {
         // (Envoy balances those; the picker calls the first).
         let n = if self.plugin.contains_key("predictor_shards") { predictors.len() } else { 1 };
         for (i, p) in predictors.iter().take(n).enumerate() {
-            args.extend(["--predictor".to_string(), format!("{}={p}", StackState::predictor_cluster(i, n))]);
+            args.extend(["--predictor".to_string(), format!("{}={p}", envoy_config::predictor_cluster(i, n))]);
         }
         self.spawn("epp", &locate::bin_dir()?.join("headroom-epp"), &args)?;
         self.wait_ready("epp", || http::get(addr, "/readyz").is_ok_and(|(c, _)| c == 200))
@@ -1122,38 +811,6 @@ mod tests {
         for bad in ["[1]", "100", "{", ""] {
             let e = plugin_fields(bad).unwrap_err().to_string();
             assert!(e.contains("--plugin must be a JSON object"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
-    fn predictor_clusters_speak_http2_while_the_filter_streams() {
-        let replicas: Vec<SocketAddr> = vec!["127.0.0.1:9000".parse().unwrap(), "127.0.0.1:9001".parse().unwrap()];
-        let streaming = predictor_clusters(&replicas, true, true);
-        assert_eq!(streaming.matches("http2_protocol_options").count(), 2, "{streaming}");
-        assert!(streaming.contains("name: headroom_predictor_1"));
-        assert!(!predictor_clusters(&replicas, false, true).contains("http2"));
-        // A rollout's overlap: one cluster, both replicas its endpoints.
-        let one = predictor_clusters(&replicas, false, false);
-        assert_eq!(one.matches("- name: headroom_predictor\n").count(), 1, "{one}");
-        assert!(one.contains("port_value: 9000") && one.contains("port_value: 9001"), "{one}");
-    }
-
-    #[test]
-    fn the_prior_runs_each_gpu_at_its_wall_time_speed() {
-        let profiles: Vec<String> = ["h100", "a100", "h100"].map(String::from).into();
-        let mut config = PredictorConfig::new(Vec::new());
-        prior_scale_as_an_operator_would(&mut config, &profiles, 1.0);
-        assert_eq!(config.model.prior_hardware_scale.into_iter().collect::<Vec<_>>(), [("a100".to_string(), 2.7)]);
-        let mut config = PredictorConfig::new(Vec::new());
-        prior_scale_as_an_operator_would(&mut config, &profiles, 0.25);
-        let scales = config.model.prior_hardware_scale;
-        assert_eq!((scales["h100"], scales["a100"]), (4.0, 10.8));
-        // The gateway's stacks run the simulator far off real time: the scale stays one the
-        // predictor starts with.
-        for time_scale in [0.01, 1000.0] {
-            let mut config = PredictorConfig::new(Vec::new());
-            prior_scale_as_an_operator_would(&mut config, &profiles, time_scale);
-            assert!(config.model.prior_hardware_scale.values().all(|s| PRIOR_HARDWARE_SCALE.contains(s)));
         }
     }
 

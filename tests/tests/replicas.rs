@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use headroom_e2e::{wait_until, Harness, StackOptions, SLO};
 use headroom_filter_core::shards::preference;
+use headroom_stack::envoy_config;
 use headroom_stack::http::metric_with;
-use headroom_stack::StackState;
 use serde_json::{json, Value};
 
 fn replica_view(h: &Harness, i: usize) -> (u64, usize) {
@@ -74,7 +74,7 @@ fn connections_per_worker(h: &Harness) -> BTreeMap<String, u64> {
 fn one_pool_one_replica_across_both_workers_then_failover() {
     let opts = StackOptions { predictor_replicas: 2, ..Default::default() };
     let h = Harness::start_opts(opts).unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
-    let clusters: Vec<String> = (0..2).map(|i| StackState::predictor_cluster(i, 2)).collect();
+    let clusters: Vec<String> = (0..2).map(|i| envoy_config::predictor_cluster(i, 2)).collect();
     let owner = preference(&clusters, "default")[0];
     let other = 1 - owner;
 

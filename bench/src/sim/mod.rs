@@ -73,7 +73,7 @@ impl crate::Lab for SimLab<'_> {
 }
 
 /// The simulated classes whose costs the analytic prior's constants describe (the A100's
-/// scaled, `headroom_stack::predictor_config`): every other class's prior is its profile
+/// scaled, `headroom_stack::predictor_setup::predictor_config`): every other class's prior is its profile
 /// ([`prior_profiles`]).
 const ANALYTIC_CLASSES: [&str; 2] = ["h100", "a100"];
 
@@ -100,7 +100,8 @@ pub fn setup(c: &Contender, ladder: &Ladder, profiles_dir: &Path) -> anyhow::Res
                 hardware: addresses.into_iter().zip(ladder.fleet.iter().cloned()).collect(),
                 engine: headroom_predictor_config::engine::DEFAULT_ENGINE.into(),
             };
-            let mut predictor = headroom_stack::predictor_config(pool, c.objective, &ladder.fleet, Some(time_scale));
+            let mut predictor =
+                headroom_stack::predictor_setup::predictor_config(pool, c.objective, &ladder.fleet, Some(time_scale));
             // Trained for every router that runs the predictor, as on the real stack: even a
             // router that does not route on predictions (llm-d's default) reads the books,
             // whose prompt tokens leave at each request's predicted TTFT.
