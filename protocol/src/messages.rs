@@ -88,7 +88,8 @@ pub enum Unstreamed {
 pub struct RequestFeatures {
     /// The `model` field of the OpenAI body.
     pub model: String,
-    /// Prompt length, by [`crate::tokens::estimate_tokens`].
+    /// Prompt length in tokens: the model's own count of token ids, else the gateway's
+    /// estimate from the prompt's bytes ([`crate::openai::PromptSize`]).
     pub input_tokens: u32,
     /// Chained hashes of the prompt's blocks ([`crate::tokens::prefix_block_hashes`]).
     #[serde(default)]
