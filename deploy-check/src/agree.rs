@@ -12,7 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::FILTER_CONFIG_KEY;
+/// The ConfigMap key holding predictor-svc's TOML (`istio/base/predictor/configmap.yaml`).
+pub const PREDICTOR_CONFIG_KEY: &str = "predictor.toml";
+/// The ConfigMap key holding the filter's JSON for headroom-epp
+/// (`istio/endpoint-picker/picker/configmap.yaml`).
+pub const FILTER_CONFIG_KEY: &str = "filter.json";
 
 /// Problems as `(Kind/name, message)`.
 pub fn check(docs: &[Value]) -> Vec<(String, String)> {
@@ -28,7 +32,7 @@ fn pools(docs: &[Value]) -> Vec<(String, String)> {
     let served: BTreeSet<String> = docs
         .iter()
         .filter(|d| d["kind"] == "ConfigMap")
-        .filter_map(|d| d["data"][crate::PREDICTOR_CONFIG_KEY].as_str())
+        .filter_map(|d| d["data"][PREDICTOR_CONFIG_KEY].as_str())
         .filter_map(|toml| headroom_predictor_config::Config::parse(toml).ok())
         .flat_map(|c| c.pools.into_iter().map(|p| p.name))
         .collect();

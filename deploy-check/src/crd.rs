@@ -57,7 +57,7 @@ impl Schemas {
     /// Reads every CustomResourceDefinition in a (multi-document) YAML text.
     pub fn load(crds_yaml: &str) -> anyhow::Result<Schemas> {
         let mut by_kind = HashMap::new();
-        for doc in crate::documents(crds_yaml)? {
+        for doc in crate::yaml::documents(crds_yaml)? {
             if doc["kind"] != "CustomResourceDefinition" {
                 continue;
             }

@@ -19,10 +19,14 @@ pub mod crd;
 pub mod envoy;
 pub mod monitoring;
 pub mod oci;
+pub mod yaml;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+
+pub use agree::{FILTER_CONFIG_KEY, PREDICTOR_CONFIG_KEY};
+pub use yaml::{documents, read_schema, schema_files};
 
 /// One problem in one document.
 #[derive(Debug, Clone)]
@@ -41,54 +45,11 @@ impl std::fmt::Display for Problem {
     }
 }
 
-/// Every document of a multi-document YAML text, as JSON values (empty documents skipped).
-pub fn documents(text: &str) -> anyhow::Result<Vec<Value>> {
-    let mut out = Vec::new();
-    for de in serde_yaml::Deserializer::from_str(text) {
-        let v: Value = serde::Deserialize::deserialize(de)?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
-}
-
 /// The checker: Istio CRD schemas plus the built-in kinds.
 pub struct Checker {
     pub schemas: crd::Schemas,
     /// The series headroom serves, for the monitoring's queries.
     pub catalog: monitoring::Catalog,
-}
-
-/// The ConfigMap key holding predictor-svc's TOML (`istio/base/predictor/configmap.yaml`).
-pub const PREDICTOR_CONFIG_KEY: &str = "predictor.toml";
-/// The ConfigMap key holding the filter's JSON for headroom-epp
-/// (`istio/endpoint-picker/picker/configmap.yaml`).
-pub const FILTER_CONFIG_KEY: &str = "filter.json";
-
-/// The CRD files of a schemas folder: every `*.yaml` and `*.yaml.gz` in it, sorted. The large
-/// vendored files are kept gzipped so the repository stays light; `read_schema` opens either.
-pub fn schema_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_str().is_some_and(|n| n.ends_with(".yaml") || n.ends_with(".yaml.gz")))
-        .collect();
-    files.sort();
-    anyhow::ensure!(!files.is_empty(), "{}: no CRD files", dir.display());
-    Ok(files)
-}
-
-/// The text of a CRD file, gunzipped when its name ends in `.gz`.
-pub fn read_schema(file: &Path) -> anyhow::Result<String> {
-    let named = |e: std::io::Error| anyhow::anyhow!("{}: {e}", file.display());
-    let bytes = std::fs::read(file).map_err(named)?;
-    if file.extension().is_none_or(|x| x != "gz") {
-        return String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()));
-    }
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut text).map_err(named)?;
-    Ok(text)
 }
 
 impl Checker {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use headroom_predictor::scrape::parse_engine_metrics;
 use headroom_predictor_core::clock::WallClock;
 use headroom_predictor_core::config::Config;
-use headroom_predictor_core::flow::admission::{self, Admission};
+use headroom_predictor_core::admission::{self, Admission};
 use headroom_predictor_core::flow::queue::Reply;
 use headroom_predictor_core::model::native::Native;
 use headroom_predictor_core::predictor::Predictor;

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::decide::{fits, goes_now, own_room, ready};
-use super::queue::{Refused, Reply, Waiter};
+use crate::flow::decide::{fits, goes_now, own_room, ready};
+use crate::flow::queue::{Refused, Reply, Waiter};
 use crate::predictor::Predictor;
 use crate::service;
 use headroom_protocol::{EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, PredictRequest, PredictResponse};

@@ -6,11 +6,13 @@
 //!
 //! Modules, one job each, layered one way: `config` (the file format, its own crate) and
 //! `clock` at the bottom; `pool` (endpoint state and in-flight books); `model` (features,
-//! the analytic prior, training, ONNX export, the runtime trait, the model store);
-//! `metrics` (every Prometheus series the predictor exports); `predictor` (the state the
-//! decisions share); `service` (what predict, dispatch and report do); `flow` (the
-//! flow-control queue, its decisions and admission).
+//! the analytic prior, training, ONNX export, the runtime trait, the model store); `flow`
+//! (the flow-control queue and its decisions); `metrics` (every Prometheus series the
+//! predictor exports); `predictor` (the state the decisions share); `service` (what
+//! predict, dispatch and report do); `admission` (what a predict call that offers to wait
+//! does with the queue, on top of the service).
 
+pub mod admission;
 pub mod clock;
 pub mod engine_metrics;
 /// The configuration file, parsed in its own crate (`predictor-config/`).

@@ -9,9 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use headroom_predictor_core::admission::{self, Admission};
 use headroom_predictor_core::clock::{Clock, ManualClock};
 use headroom_predictor_core::config::Config;
-use headroom_predictor_core::flow::admission::{self, Admission};
 use headroom_predictor_core::flow::queue::Reply;
 use headroom_predictor_core::model::native::Native;
 use headroom_predictor_core::pool::EngineMetrics;

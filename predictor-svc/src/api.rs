@@ -17,7 +17,7 @@ use headroom_protocol::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use headroom_predictor_core::flow::admission::{self, Admission};
+use headroom_predictor_core::admission::{self, Admission};
 
 use crate::flow::Answer;
 use crate::heartbeat::LIVENESS_FACTOR;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use headroom_predictor_core::flow::admission::serve_pool;
+use headroom_predictor_core::admission::serve_pool;
 use headroom_predictor_core::flow::queue::Reply;
 use headroom_protocol::PredictResponse;
 use tokio::sync::{oneshot, Notify};

@@ -321,7 +321,7 @@ impl ReportBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RouteSource;
+    use crate::messages::RouteSource;
 
     fn dispatch() -> Dispatch {
         Dispatch {
@@ -410,7 +410,8 @@ mod tests {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod proptests {
     use super::*;
-    use crate::{codec, Format, PredictResponse};
+    use crate::codec::{self, Format};
+    use crate::messages::PredictResponse;
     use proptest::prelude::*;
 
     fn decode_and_check(format: Format, bytes: &[u8]) {

@@ -22,14 +22,14 @@
 //! tenants take turns (fair queuing by releases) and each tenant's requests go by
 //! deadline.
 //!
-//! Three rooms, in the order they depend on one another:
+//! Two rooms, neither reaching the predictor's state:
 //! - [`queue`]: the plain data structure (one [`queue::Queue`] per pool, order, bounds,
 //!   drain rate) and [`queue::Flows`], which holds them with the wake-up signal;
 //! - [`decide`]: whether a waiting request goes now and where, from its predictions
-//!   alone (no state, no clock: the times come in as numbers);
-//! - [`admission`]: what `/v1/predict` ([`admission::admit`]) and the background task
-//!   ([`admission::run`]) do with both, predicting through the service's state.
+//!   alone (no state, no clock: the times come in as numbers).
+//!
+//! What `/v1/predict` and the background task do with both, predicting through the
+//! service's state, is `crate::admission`, a floor above the predictor that holds the queue.
 
-pub mod admission;
 pub mod decide;
 pub mod queue;
