@@ -123,9 +123,12 @@ wasm-test: setup  ## the filter core's unit tests compiled to wasm32, run under 
 
 # End-to-end: real Envoy, the built .wasm, real predictor and simulated servers on 127.0.0.1,
 # and one stack in front of real vLLM (tests/tests/real_vllm.rs, so setup-vllm first).
-# One test at a time: each starts a whole stack on a 2-core machine.
+# One test at a time: each starts a whole stack on a 2-core machine. The packages are
+# selected as `unit` selects them, and the tests by kind (every crate's `tests/`, the
+# in-process ones again too, some 20 s): cargo enables a dependency's features by the
+# packages selected, and `-p headroom-e2e` alone rebuilt 65 crates `unit` had built.
 e2e: build setup-vllm  ## end-to-end tests: real Envoy, the .wasm, the predictor, simulated and real vLLM servers
-	$(CARGO) test --release -p headroom-e2e -- --test-threads=1
+	$(CARGO) test --release $(NATIVE) --test '*' -- --test-threads=1
 
 test: fmt-check clippy unit wasm-test e2e  ## everything CI runs: fmt-check clippy unit wasm-test e2e
 
