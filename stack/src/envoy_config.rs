@@ -55,19 +55,15 @@ fn predictor_clusters(predictors: &[SocketAddr], http2: bool, sharded: bool) -> 
 /// HTTP/2 (h2c) when `http2`.
 fn static_cluster(name: &str, endpoints: &[SocketAddr], http2: bool) -> String {
     let protocol = if http2 { PREDICTOR_HTTP2 } else { "" };
-    let endpoints: String = endpoints
-        .iter()
-        .map(|p| {
-            format!(
-                "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}\n",
-                p.ip(),
-                p.port()
-            )
-        })
-        .collect();
+    let endpoints: String = endpoints.iter().map(|p| lb_endpoint(p) + "\n").collect();
     format!(
         "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    circuit_breakers: {{thresholds: [{{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}]}}\n{protocol}    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
     )
+}
+
+/// One `lb_endpoints` entry of a cluster's load assignment, indented as the templates nest it.
+fn lb_endpoint(a: &SocketAddr) -> String {
+    format!("        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}", a.ip(), a.port())
 }
 
 /// A set_metadata filter giving every request the subset hint `allowed` (GIE's
@@ -138,16 +134,7 @@ pub fn render_envoy(
     if let Some(epp) = epp {
         clusters.push_str(&static_cluster(EPP_CLUSTER, std::slice::from_ref(&epp), true));
     }
-    let endpoints: Vec<String> = servers
-        .iter()
-        .map(|s| {
-            format!(
-                "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}",
-                s.ip(),
-                s.port()
-            )
-        })
-        .collect();
+    let endpoints: Vec<String> = servers.iter().map(lb_endpoint).collect();
     // A JSON string is a valid double-quoted YAML scalar.
     let plugin_text = serde_json::to_string(&serde_json::to_string(plugin)?)?;
     let out = template

@@ -148,6 +148,15 @@ fn sim_model() -> String {
 }
 
 impl StackState {
+    /// Every predictor replica, `predictor` first (a record without the list has one).
+    pub fn predictor_replicas(&self) -> &[SocketAddr] {
+        if self.predictors.is_empty() {
+            std::slice::from_ref(&self.predictor)
+        } else {
+            &self.predictors
+        }
+    }
+
     fn file(run_dir: &Path) -> PathBuf {
         run_dir.join("stack.json")
     }
@@ -475,12 +484,10 @@ impl Stack {
             _ => {}
         }
         let state = &self.state;
-        let predictors =
-            if state.predictors.is_empty() { std::slice::from_ref(&state.predictor) } else { &state.predictors };
         let addresses = envoy_config::Addresses {
             admin: launch.admin,
             gateway: launch.gateway,
-            predictors,
+            predictors: state.predictor_replicas(),
             servers: &state.servers,
             epp: state.epp,
         };
@@ -671,8 +678,7 @@ impl Stack {
             let token = self.run_dir.join("predictor-token");
             args.extend(["--predictor-token-file".to_string(), token.display().to_string()]);
         }
-        let predictors =
-            if self.state.predictors.is_empty() { vec![self.state.predictor] } else { self.state.predictors.clone() };
+        let predictors = self.state.predictor_replicas().to_vec();
         // The clusters the configuration names: one per shard, or one for every replica
         // (Envoy balances those; the picker calls the first).
         let n = if self.plugin.contains_key("predictor_shards") { predictors.len() } else { 1 };
