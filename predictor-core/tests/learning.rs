@@ -19,6 +19,16 @@ fn native() -> std::sync::Arc<dyn headroom_predictor_core::model::runtime::Runti
     std::sync::Arc::new(headroom_predictor_core::model::native::Native)
 }
 
+/// A store whose holdout split is keyed: the service draws a new key at each start, so
+/// which dozen requests judge a first model would differ from run to run, and a verdict
+/// on so few (`a_first_model_replaces_the_prior_only_when_it_beats_it_on_the_holdout`)
+/// went the other way for 5 keys in 300.
+fn open(config: ModelConfig) -> ModelStore {
+    let store = ModelStore::open(config, native()).unwrap();
+    store.key_holdout(0x5eed);
+    store
+}
+
 /// A world shaped like the prior, but its GPU `slowdown` times slower.
 fn world(slowdown: f64, input: u32, state: &EndpointState) -> (f64, f64) {
     let prior = AnalyticPrior::default();
@@ -141,7 +151,7 @@ fn config(residual: bool, drift_factor: f64) -> ModelConfig {
 #[test]
 fn residual_learning_extrapolates_where_no_sample_has_been() {
     let error = |residual: bool| {
-        let store = ModelStore::open(config(residual, 0.0), native()).unwrap();
+        let store = open(config(residual, 0.0));
         // Trained on short prompts and short queues only...
         feed(&store, 0, 2000, 1.3, (50, 1500), 1);
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
@@ -156,7 +166,7 @@ fn residual_learning_extrapolates_where_no_sample_has_been() {
 #[test]
 fn drift_retrains_at_once_on_the_newest_samples() {
     let shift = |drift_factor: f64| {
-        let store = ModelStore::open(config(true, drift_factor), native()).unwrap();
+        let store = open(config(true, drift_factor));
         // (The world is never exactly the prior, or no model would beat it.)
         feed(&store, 0, 2000, 1.2, (50, 3000), 2);
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
@@ -188,7 +198,7 @@ fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
         let u = (h % 1000) as f64 / 1000.0;
         2.0 * if (h >> 20).is_multiple_of(40) { 0.14 } else { 0.65 + 0.7 * u }
     };
-    let store = ModelStore::open(config(true, 1.5), native()).unwrap();
+    let store = open(config(true, 1.5));
     // 600 requests: a held-out set of about 60, as a busy reservoir holds. The fleet is
     // twice the prior's latency, so the first model beats the prior on most held-out sets;
     // which requests are held out varies from run to run, and one with four or more of the
@@ -217,7 +227,7 @@ fn a_stationary_fleet_with_heavy_tailed_latencies_does_not_set_drift_off() {
 
 #[test]
 fn drift_seen_before_min_samples_of_the_new_regime_retrains_on_the_newest_and_settles() {
-    let store = ModelStore::open(config(true, 1.5), native()).unwrap();
+    let store = open(config(true, 1.5));
     feed(&store, 0, 2000, 1.2, (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     // The fleet turns twice as slow; 60 requests later (enough to judge drift, fewer than
@@ -252,8 +262,7 @@ fn a_drift_round_that_reaches_back_is_judged_on_the_new_regime_alone() {
     // 40% held out, so that the new regime's 100 requests hold about 40 out: enough to
     // judge on. min_samples 200: the round reaches back into the old regime for ~140
     // more training samples, and its stretch holds ~90 old held-out ones.
-    let store =
-        ModelStore::open(ModelConfig { holdout_percent: 40, min_samples: 200, ..config(true, 1.5) }, native()).unwrap();
+    let store = open(ModelConfig { holdout_percent: 40, min_samples: 200, ..config(true, 1.5) });
     feed(&store, 0, 2000, 1.2, (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     feed(&store, 10_000, 100, 2.4, (50, 3000), 2);
@@ -273,11 +282,12 @@ fn a_drift_round_that_reaches_back_is_judged_on_the_new_regime_alone() {
 #[test]
 fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
     let coverage = |rate: f64| {
-        let store = ModelStore::open(
-            ModelConfig { objective: "p90".into(), calibration_rate: rate, drift_factor: 0.0, ..config(true, 0.0) },
-            native(),
-        )
-        .unwrap();
+        let store = open(ModelConfig {
+            objective: "p90".into(),
+            calibration_rate: rate,
+            drift_factor: 0.0,
+            ..config(true, 0.0)
+        });
         feed(&store, 0, 2000, 1.2, (50, 3000), 2);
         assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
         // 30% slower, and noisy: +-20% around it. A request every 20 ms, each reported when
@@ -312,7 +322,7 @@ fn the_live_correction_holds_p90_coverage_when_the_fleet_slows() {
 
 #[test]
 fn the_first_model_starts_without_the_correction_learnt_on_the_prior() {
-    let store = ModelStore::open(ModelConfig { calibration_rate: 0.05, ..config(true, 0.0) }, native()).unwrap();
+    let store = open(ModelConfig { calibration_rate: 0.05, ..config(true, 0.0) });
     feed(&store, 0, 2000, 1.2, (50, 3000), 2);
     let moved = |v: &CalibrationView| v.ttft_factor.iter().chain(&v.tpot_factor).any(|&f| f != 1.0);
     assert!(moved(&store.calibration()), "the prior's bias was corrected: {:?}", store.calibration());
@@ -327,7 +337,7 @@ fn a_first_model_replaces_the_prior_only_when_it_beats_it_on_the_holdout() {
     // `worse` to tell) they do not beat the prior, which stays.
     let noise = |i: u64| (((i * 2_654_435_761) % 1000) as f64 / 1000.0 - 0.5) * 0.8;
     let config = || ModelConfig { min_new_samples: 100, ..config(true, 0.0) };
-    let store = ModelStore::open(config(), native()).unwrap();
+    let store = open(config());
     feed_with(&store, 0, 130, |i| noise(i).exp(), (50, 3000), 2);
     let outcome = store.train_if_due();
     assert!(
@@ -336,7 +346,7 @@ fn a_first_model_replaces_the_prior_only_when_it_beats_it_on_the_holdout() {
     );
     assert_eq!(store.active_name(), "analytic-prior");
     // A fleet twice as slow as the prior says: the first model that sees it serves.
-    let store = ModelStore::open(config(), native()).unwrap();
+    let store = open(config());
     feed_with(&store, 0, 130, |i| 2.0 * noise(i).exp(), (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     assert!(store.active_name().starts_with('v'));
@@ -347,9 +357,7 @@ fn without_training_the_prior_serves_corrected_live() {
     // A fleet 1.5x slower than the prior says: reports correct the prior, and no model
     // replaces it however many samples arrive.
     let served_error = |rate: f64| {
-        let store =
-            ModelStore::open(ModelConfig { train: false, calibration_rate: rate, ..config(true, 0.0) }, native())
-                .unwrap();
+        let store = open(ModelConfig { train: false, calibration_rate: rate, ..config(true, 0.0) });
         assert!(!store.trains());
         feed(&store, 0, 2000, 1.5, (50, 3000), 2);
         assert!(matches!(store.train_if_due(), TrainOutcome::Skipped));
@@ -360,7 +368,7 @@ fn without_training_the_prior_serves_corrected_live() {
     assert!(uncorrected > 0.3, "the prior alone is a third off: {uncorrected:.3}");
     assert!(corrected < uncorrected - 0.1, "the correction moves it: {uncorrected:.3} -> {corrected:.3}");
     // With training on, the same traffic trains a model.
-    let trained = ModelStore::open(config(true, 0.0), native()).unwrap();
+    let trained = open(config(true, 0.0));
     feed(&trained, 0, 2000, 1.5, (50, 3000), 2);
     assert!(matches!(trained.train_if_due(), TrainOutcome::Activated(_)));
 }
@@ -370,7 +378,7 @@ fn without_training_the_prior_serves_corrected_live() {
 /// as it is dispatched; what serves TPOT afterwards, and the served TPOT error on `live`.
 fn contest_after(live: fn(u32) -> f64) -> (String, f64) {
     let shape = |input: u32| if input < 1500 { 3.0 } else { 1.0 };
-    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }, native()).unwrap();
+    let store = open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) });
     feed_with(&store, 0, 2000, |i| shape(request(i, (50, 3000), 2).0), (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     let req = |input: u32| RequestFeatures { input_tokens: input, streaming: true, ..Default::default() };
@@ -405,7 +413,7 @@ fn the_prior_takes_a_target_only_on_the_hardware_class_the_model_serves_worse() 
     // both classes at once the model's class-0 reports would hide its class-1 errors, or
     // the prior would take class 0 with them.
     let shape = |input: u32| if input < 1500 { 3.0 } else { 1.0 };
-    let store = ModelStore::open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) }, native()).unwrap();
+    let store = open(ModelConfig { calibration_rate: 0.01, ..config(true, 0.0) });
     feed_with(&store, 0, 2000, |i| shape(request(i, (50, 3000), 2).0), (50, 3000), 2);
     assert!(matches!(store.train_if_due(), TrainOutcome::Activated(_)));
     for i in 10_000..14_000 {
