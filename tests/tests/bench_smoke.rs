@@ -16,7 +16,7 @@ fn reduced_bench_writes_report_chart_and_results_for_every_router() {
     let (run_dir, out) = (base.join("run"), base.join("results"));
     let run = Command::new(&bin)
         .args(["--run-dir", run_dir.to_str().unwrap(), "run", "--workloads", "mixed", "--rates", "6,12"])
-        .args(["--step", "4", "--warmup", "3", "--servers", "h100,h100,a100", "--seeds", "2"])
+        .args(["--step", "2", "--warmup", "1", "--servers", "h100,h100,a100", "--seeds", "2"])
         // mixed is held at half speed by default (`default_lead_in`, `default_time_scale`),
         // which would triple this run's time; two light rates need neither.
         .args(["--lead-in", "0", "--time-scale", "1"])
