@@ -8,7 +8,7 @@
 
 use std::fmt::Write;
 
-use crate::report::ratios;
+use crate::capacities::ratios;
 use crate::summary::Summary;
 use crate::{cliff_rates, BenchResults, RouterRun, WorkloadRun};
 

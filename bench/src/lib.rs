@@ -18,6 +18,7 @@
 pub mod agreement;
 pub mod analyze;
 pub mod callouts;
+pub mod capacities;
 pub mod contenders;
 pub mod engines;
 pub mod gateway;
@@ -372,8 +373,8 @@ fn sweep(lab: &dyn Lab, c: &Contender, name: &str, ladder: &Ladder, progress: &P
 pub fn cliff_rates(w: &WorkloadRun) -> Vec<f64> {
     let mut out: Vec<f64> = Vec::new();
     for r in &w.runs {
-        out.extend(crossing_rungs(&r.points, report::overall));
-        out.extend(crossing_rungs(&r.points, report::critical));
+        out.extend(crossing_rungs(&r.points, capacities::overall));
+        out.extend(crossing_rungs(&r.points, capacities::critical));
     }
     out.sort_by(f64::total_cmp);
     out.dedup();
@@ -383,7 +384,7 @@ pub fn cliff_rates(w: &WorkloadRun) -> Vec<f64> {
 /// The rungs either side of where `pick` of a ladder's points crosses [`TARGET`]: the last
 /// kept and the next, or the first rate when it never kept it. Empty when no point has the
 /// value (older results, or a workload without non-sheddable requests).
-fn crossing_rungs(points: &[(f64, Summary)], pick: report::Pick) -> Vec<f64> {
+fn crossing_rungs(points: &[(f64, Summary)], pick: capacities::Pick) -> Vec<f64> {
     let values: Vec<(f64, f64)> = points.iter().filter_map(|(rate, s)| Some((*rate, pick(s)?))).collect();
     match values.iter().rposition(|(_, v)| *v >= TARGET) {
         Some(i) => values[i..].iter().take(2).map(|p| p.0).collect(),
@@ -720,7 +721,7 @@ pub fn write_outputs(out: &Path, results: &BenchResults) -> anyhow::Result<()> {
 pub fn render(results: &BenchResults) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     let mut results = results.clone();
     for w in &mut results.workloads {
-        w.ratios = report::ratios(w);
+        w.ratios = capacities::ratios(w);
     }
     let mut files = vec![
         (RESULTS_FILE.to_string(), encode_results(&results)?),

@@ -57,7 +57,7 @@ pub struct WorkloadRun {
     pub command: Option<String>,
     pub runs: Vec<RouterRun>,
     /// The best headroom router against the best baseline, by capacity and critical
-    /// capacity (`report::ratios`); filled when results are written.
+    /// capacity (`capacities::ratios`); filled when results are written.
     #[serde(default)]
     pub ratios: Option<Ratios>,
 }
