@@ -8,6 +8,7 @@
 //! says what it does not model and how far it agrees with the real bench.
 
 pub mod envoy;
+pub mod headroom;
 pub mod servers;
 pub mod world;
 

@@ -1,8 +1,8 @@
 //! The simulated model servers of a simulated-time run: the simulator's engine
 //! (`headroom_sim::engine`, the same continuous batching the HTTP simulator runs), stepped
 //! by the world's clock instead of a timer, with what its HTTP front adds: the API overhead
-//! before a request reaches the engine, the context check, and the metrics a scrape reads
-//! (published after each step, as the front does).
+//! before a request reaches the engine, the context check, the metrics a scrape reads
+//! (published after each step, as the front does) and the bytes of its replies.
 
 use headroom_loadgen::profile::Sweep;
 use headroom_predictor_config::profile::{Metadata, Stats, TpotFile, TpotRow, TtftFile, TtftRow};
@@ -197,4 +197,61 @@ fn run_batch(profile: &Profile, batch: u32, prompt: u32, tokens: u32) -> BatchRu
         }
     }
     run
+}
+
+/// The OpenAI-shaped bytes of a simulated server's reply, as the HTTP simulator writes them
+/// (`headroom_sim::server::replies`): the first token's event; the last token's, the finish
+/// and the usage block with `[DONE]`; or a whole body. The middle tokens' events are left
+/// out: the meters count tokens from the usage block and time the first and the last.
+pub(super) struct ReplyText<'a> {
+    pub id: u64,
+    pub model: &'a str,
+    pub prompt_tokens: u32,
+}
+
+impl ReplyText<'_> {
+    fn event(&self, choice: &str) -> String {
+        format!(
+            "data: {{\"id\":\"cmpl-{}\",\"object\":\"text_completion\",\"model\":\"{}\",\"choices\":[{choice}]}}\n\n",
+            self.id, self.model
+        )
+    }
+
+    fn usage(&self, n: u32, cached: u32) -> String {
+        format!(
+            "{{\"prompt_tokens\":{p},\"completion_tokens\":{n},\"total_tokens\":{t},\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}}}",
+            p = self.prompt_tokens,
+            t = self.prompt_tokens + n
+        )
+    }
+
+    pub(super) fn first_chunk(&self) -> String {
+        self.event(r#"{"index":0,"text":" tok","finish_reason":null}"#)
+    }
+
+    pub(super) fn last_chunks(&self, n: u32, cached: u32) -> String {
+        let mut out = String::new();
+        if n >= 2 {
+            out.push_str(&self.first_chunk());
+        }
+        out.push_str(&self.event(r#"{"index":0,"text":"","finish_reason":"length"}"#));
+        out.push_str(&format!(
+            "data: {{\"id\":\"cmpl-{}\",\"object\":\"text_completion\",\"model\":\"{}\",\"choices\":[],\"usage\":{}}}\n\n",
+            self.id,
+            self.model,
+            self.usage(n, cached)
+        ));
+        out.push_str("data: [DONE]\n\n");
+        out
+    }
+
+    pub(super) fn whole(&self, n: u32, cached: u32) -> String {
+        format!(
+            "{{\"id\":\"cmpl-{}\",\"object\":\"text_completion\",\"model\":\"{}\",\"choices\":[{{\"index\":0,\"text\":\"{}\",\"finish_reason\":\"length\"}}],\"usage\":{}}}",
+            self.id,
+            self.model,
+            " tok".repeat(n as usize),
+            self.usage(n, cached)
+        )
+    }
 }

@@ -3,9 +3,9 @@
 //!
 //! Every decision is the product's own code: the filter's flow and VM (`filter/core`,
 //! driven callback by callback as Envoy drives them, through [`SimEnvoy`]), the
-//! predictor's service, flow control and training (`predictor-core`, on a
-//! [`ManualClock`] moved with the world, models run by its plain-Rust runtime), the
-//! simulator's engine. What Envoy and the network add is modelled as the delays of
+//! predictor's service, flow control and training (`predictor-core`, on a manual clock
+//! moved with the world, models run by its plain-Rust runtime; [`super::headroom`]), the
+//! simulator's engine ([`super::servers`]). What Envoy and the network add is modelled as the delays of
 //! [`DELAYS`], and plain Envoy's balancers (round robin, least request) as what they do.
 //! Time runs as the real benchmark's wall time: engines at the workload's time scale, the
 //! filter's and predictor's intervals as configured, so a measurement here is the real
@@ -13,8 +13,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_filter_core::coalesce::Delivery;
@@ -23,23 +21,16 @@ use headroom_filter_core::vm::Vm;
 use headroom_filter_core::FilterConfig;
 use headroom_loadgen::runner::{self, Outcome};
 use headroom_loadgen::workload::RequestSpec;
-use headroom_predictor_core::admission::{self, Admission, Ticket};
-use headroom_predictor_core::clock::{Clock, ManualClock};
 use headroom_predictor_core::config::Config;
-use headroom_predictor_core::flow::queue::Reply;
-use headroom_predictor_core::predictor::Predictor;
-use headroom_predictor_core::service::{self, Scraped};
+use headroom_predictor_core::pool::EngineMetrics;
+use headroom_protocol::headers;
 use headroom_protocol::meter::ResponseMeter;
 use headroom_protocol::openai::{parse_inference_body, Api, InferenceBody};
-use headroom_protocol::{
-    codec, headers, paths, DispatchBatch, Format, PredictBatch, PredictBatchResponse, PredictRequest, PredictResponse,
-    ReportBatch,
-};
 use headroom_sim::profile::Profile;
-use serde::Serialize;
 
 use super::envoy::{Call, SimEnvoy, Stream};
-use super::servers::Server;
+use super::headroom::{Headroom, Served};
+use super::servers::{ReplyText, Server};
 
 /// What the network and Envoy add, in the benchmark's wall time (ns). Measured on the real
 /// stack (`make bench-gateway`, docs/performance.md): SLO routing adds about 0.37 ms at the
@@ -69,9 +60,6 @@ pub const DELAYS: Delays = Delays {
 
 /// The filter's monotonic clock reads the world's time plus this (any origin will do; not 0).
 const HOST_CLOCK_ORIGIN_NS: u64 = 1_000_000_000_000;
-
-/// The pool every fleet serves (the stack's).
-const POOL: &str = "default";
 
 /// How plain Envoy balances (the baselines without the filter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +113,7 @@ enum Ev {
     Wake(usize),
     Tick(usize),
     Scrape,
-    Scraped(Vec<headroom_predictor_core::pool::EngineMetrics>),
+    Scraped(Vec<EngineMetrics>),
     FlowServe,
     FlowRecheck,
     Train,
@@ -168,48 +156,6 @@ struct Req {
     server: Option<usize>,
     outcome: Outcome,
     meter: Option<ResponseMeter>,
-}
-
-/// A waiting request's answer, from the predictor's flow task, to the call it came on.
-type Sink = Arc<Mutex<Vec<((usize, u32), PredictResponse)>>>;
-
-#[derive(Debug)]
-struct SimReply {
-    call: (usize, u32),
-    sink: Sink,
-}
-
-impl Reply for SimReply {
-    fn send(self: Box<Self>, answer: PredictResponse) {
-        if let Ok(mut sink) = self.sink.lock() {
-            sink.push((self.call, answer));
-        }
-    }
-
-    fn is_closed(&self) -> bool {
-        false // a call Envoy gave up on drops its ticket, which leaves the queue
-    }
-}
-
-/// A call of the filter's on its way or at the predictor.
-struct CallState {
-    call: Call,
-    /// Its place in the flow queue, while it waits there.
-    _ticket: Option<Ticket>,
-}
-
-/// The filter, its VMs' hosts, and the predictor.
-struct Headroom {
-    vms: Vec<Vm>,
-    hosts: Vec<SimEnvoy>,
-    predictor: Arc<Predictor>,
-    clock: Arc<ManualClock>,
-    clock_ns: u64,
-    calls: HashMap<(usize, u32), CallState>,
-    sink: Sink,
-    woken: Arc<AtomicBool>,
-    flow_pending: bool,
-    context_known: Vec<bool>,
 }
 
 /// The world of one router's fleet; it runs on from one measurement to the next, as a stack does.
@@ -282,35 +228,14 @@ impl World {
         match setup.gateway {
             Gateway::Envoy(b) => world.balancer = Some(b),
             Gateway::Headroom { filter, predictor, workers } => {
-                let clock = Arc::new(ManualClock::new());
-                let runtime = Arc::new(headroom_predictor_core::model::native::Native);
-                let predictor = Arc::new(Predictor::new(*predictor, runtime, clock.clone())?);
-                predictor.models.key_holdout(setup.seed);
-                let woken = Arc::new(AtomicBool::new(false));
-                let flag = woken.clone();
-                predictor.flows.on_wake(move || flag.store(true, Ordering::SeqCst));
                 let flush = Duration::from_millis(filter.flush_interval_ms);
-                let vms =
-                    (0..workers.max(1)).map(|w| Vm::new((*filter).clone(), setup.seed ^ (w as u64 + 1))).collect();
-                let hosts = (0..workers.max(1)).map(|_| SimEnvoy::default()).collect();
-                let (recheck, retrain) =
-                    (predictor.config.flow.recheck_interval_ms, predictor.config.model.retrain_interval_ms);
-                world.headroom = Some(Headroom {
-                    vms,
-                    hosts,
-                    predictor,
-                    clock,
-                    clock_ns: 0,
-                    calls: HashMap::new(),
-                    sink: Arc::new(Mutex::new(Vec::new())),
-                    woken,
-                    flow_pending: false,
-                    context_known: vec![false; world.servers.len()],
-                });
+                let (recheck, retrain) = (predictor.flow.recheck_interval_ms, predictor.model.retrain_interval_ms);
+                let workers = workers.max(1);
+                world.headroom = Some(Headroom::new(&filter, *predictor, workers, setup.seed, world.servers.len())?);
                 // The periodic work: each VM's flush tick (the workers' ticks apart), the
                 // scraper, the flow task's recheck, the trainer, the expiry.
-                for w in 0..workers.max(1) {
-                    let offset = flush.as_nanos() as u64 * w as u64 / workers.max(1) as u64;
+                for w in 0..workers {
+                    let offset = flush.as_nanos() as u64 * w as u64 / workers as u64;
                     world.at(offset + 1, Ev::Tick(w));
                 }
                 world.at(0, Ev::Scrape);
@@ -449,16 +374,13 @@ impl World {
             }
             Ev::Train => {
                 let Some(h) = self.headroom.as_mut() else { return };
-                h.sync_clock(self.now);
-                let outcome = h.predictor.models.train_if_due();
-                h.predictor.metrics.trained(&outcome);
+                h.train(self.now);
                 let every = ms(h.predictor.config.model.retrain_interval_ms);
                 self.after(every, Ev::Train);
             }
             Ev::Expire => {
                 let Some(h) = self.headroom.as_mut() else { return };
-                h.sync_clock(self.now);
-                service::expire(&h.predictor, h.clock.now());
+                h.expire(self.now);
                 self.after(ms(1000), Ev::Expire);
             }
         }
@@ -543,13 +465,8 @@ impl World {
     /// timeout); a wake-up it asked for comes at once.
     fn take_host_work(&mut self, vm: usize) {
         let Some(h) = self.headroom.as_mut() else { return };
-        let calls = std::mem::take(&mut h.hosts[vm].calls);
+        let sent = h.take_calls(vm);
         let woken = std::mem::take(&mut h.hosts[vm].woken);
-        let mut sent = Vec::with_capacity(calls.len());
-        for call in calls {
-            sent.push((call.token, call.timeout));
-            h.calls.insert((vm, call.token), CallState { call, _ticket: None });
-        }
         for (token, timeout) in sent {
             self.after(DELAYS.predictor_ns, Ev::CallIn { vm, token });
             self.after(timeout.as_nanos() as u64, Ev::CallTimeout { vm, token });
@@ -766,63 +683,14 @@ impl World {
         }
     }
 
-    /// A call of VM `vm`'s filter reaches the predictor: the service's handler for its path.
+    /// A call of VM `vm`'s filter reaches the predictor; its answer, if it has one now,
+    /// comes back after the predictor's delay.
     fn serve_call(&mut self, vm: usize, token: u32) {
         let Some(h) = self.headroom.as_mut() else { return };
-        h.sync_clock(self.now);
-        let Some(state) = h.calls.get(&(vm, token)) else { return };
-        let now = h.clock.now();
-        let core = &h.predictor;
-        let (path, body) = (state.call.path.clone(), &state.call.body);
-        let answer: Result<Option<Vec<u8>>, u16> = match path.as_str() {
-            paths::PREDICT => match decode::<PredictRequest>(body) {
-                Some(req) if req.check().is_ok() => match service::predict(core, req.clone(), now) {
-                    Some(answer) => {
-                        let reply = Box::new(SimReply { call: (vm, token), sink: h.sink.clone() });
-                        match admission::admit(core, req, answer, now, reply) {
-                            Admission::Now(answer) => Ok(encode(&answer)),
-                            Admission::Wait(ticket) => {
-                                if let Some(state) = h.calls.get_mut(&(vm, token)) {
-                                    state._ticket = Some(ticket);
-                                }
-                                Ok(None)
-                            }
-                        }
-                    }
-                    None => Err(404),
-                },
-                _ => Err(400),
-            },
-            paths::PREDICT_BATCH => match decode::<PredictBatch>(body) {
-                Some(mut batch) if batch.check().is_ok() => {
-                    if !batch.dispatches.is_empty() {
-                        let dispatches = DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) };
-                        service::dispatch(core, &dispatches, now);
-                    }
-                    if let Some(reports) = batch.reports.take() {
-                        service::report(core, reports, now);
-                    }
-                    match service::predict_batch(core, batch.requests, now) {
-                        Ok(answers) => Ok(encode(&PredictBatchResponse { answers })),
-                        Err(_) => Err(404),
-                    }
-                }
-                _ => Err(400),
-            },
-            paths::DISPATCH => match decode::<DispatchBatch>(body) {
-                Some(batch) if batch.check().is_ok() => Ok(encode(&service::dispatch(core, &batch, now))),
-                _ => Err(400),
-            },
-            paths::REPORT => match decode::<ReportBatch>(body) {
-                Some(batch) if batch.check().is_ok() => Ok(encode(&service::report(core, batch, now))),
-                _ => Err(400),
-            },
-            _ => Err(404),
-        };
-        match answer {
-            Ok(Some(body)) => self.after(DELAYS.predictor_ns, Ev::CallAnswer { vm, token, status: 200, body }),
-            Ok(None) => {}
-            Err(status) => self.after(DELAYS.predictor_ns, Ev::CallAnswer { vm, token, status, body: Vec::new() }),
+        match h.serve_call(vm, token, self.now) {
+            Served::Unknown => return,
+            Served::Waiting => {}
+            Served::Answer(status, body) => self.after(DELAYS.predictor_ns, Ev::CallAnswer { vm, token, status, body }),
         }
         self.flow_woken();
     }
@@ -830,9 +698,7 @@ impl World {
     /// The predictor's flow task was woken (a report, a first token, a scrape): its round
     /// comes after [`Delays::flow_wake_ns`].
     fn flow_woken(&mut self) {
-        let Some(h) = self.headroom.as_mut() else { return };
-        if h.woken.swap(false, Ordering::SeqCst) && !h.flow_pending {
-            h.flow_pending = true;
+        if self.headroom.as_mut().is_some_and(|h| h.take_wake()) {
             self.after(DELAYS.flow_wake_ns, Ev::FlowServe);
         }
     }
@@ -841,39 +707,16 @@ impl World {
     /// get their answers.
     fn flow_round(&mut self) {
         let Some(h) = self.headroom.as_mut() else { return };
-        h.flow_pending = false;
-        h.sync_clock(self.now);
-        for pool in h.predictor.flows.busy_pools() {
-            admission::serve_pool(&h.predictor, &pool, h.clock.now());
-        }
-        let answered = h.sink.lock().map(|mut s| std::mem::take(&mut *s)).unwrap_or_default();
-        for ((vm, token), answer) in answered {
-            if let Some(body) = encode(&answer) {
-                self.after(DELAYS.predictor_ns, Ev::CallAnswer { vm, token, status: 200, body });
-            }
+        for ((vm, token), body) in h.flow_round(self.now) {
+            self.after(DELAYS.predictor_ns, Ev::CallAnswer { vm, token, status: 200, body });
         }
         self.flow_woken();
     }
 
-    /// A scrape round's metrics reach the predictor; a server's context length is read on
-    /// its first (as the scraper reads `/v1/models` once).
-    fn scraped(&mut self, metrics: Vec<headroom_predictor_core::pool::EngineMetrics>) {
+    /// A scrape round's metrics reach the predictor.
+    fn scraped(&mut self, metrics: Vec<EngineMetrics>) {
         let Some(h) = self.headroom.as_mut() else { return };
-        h.sync_clock(self.now);
-        let now = h.clock.now();
-        for (i, m) in metrics.into_iter().enumerate() {
-            let address = &self.servers[i].address;
-            service::scraped(&h.predictor, POOL, address, Scraped::Metrics(m), now);
-            if !h.context_known[i] {
-                h.context_known[i] = true;
-                let tokens = self.servers[i].profile.max_model_len;
-                h.predictor.pools.with(POOL, |p| {
-                    if let Some(e) = p.endpoints.iter_mut().find(|e| e.address == *address) {
-                        e.max_context_tokens = Some(tokens);
-                    }
-                });
-            }
-        }
+        h.scraped(metrics, &self.servers, self.now);
         self.flow_woken();
     }
 
@@ -907,16 +750,6 @@ impl World {
     }
 }
 
-impl Headroom {
-    /// Moves the predictor's clock to the world's `now`.
-    fn sync_clock(&mut self, now: u64) {
-        if now > self.clock_ns {
-            self.clock.advance(Duration::from_nanos(now - self.clock_ns));
-            self.clock_ns = now;
-        }
-    }
-}
-
 /// The host context id of request `id` (requests of one world stay far below 2^32).
 fn context_of(id: u64) -> u32 {
     id as u32
@@ -924,71 +757,6 @@ fn context_of(id: u64) -> u32 {
 
 fn ms(ms: u64) -> u64 {
     ms * 1_000_000
-}
-
-fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
-    codec::decode(Format::MsgPack, body).ok()
-}
-
-fn encode<T: Serialize>(value: &T) -> Option<Vec<u8>> {
-    codec::encode(Format::MsgPack, value).ok()
-}
-
-/// The OpenAI-shaped bytes of a simulated server's reply, as the HTTP simulator writes them
-/// (`headroom_sim::server::replies`): the first token's event; the last token's, the finish
-/// and the usage block with `[DONE]`; or a whole body. The middle tokens' events are left
-/// out: the meters count tokens from the usage block and time the first and the last.
-struct ReplyText<'a> {
-    id: u64,
-    model: &'a str,
-    prompt_tokens: u32,
-}
-
-impl ReplyText<'_> {
-    fn event(&self, choice: &str) -> String {
-        format!(
-            "data: {{\"id\":\"cmpl-{}\",\"object\":\"text_completion\",\"model\":\"{}\",\"choices\":[{choice}]}}\n\n",
-            self.id, self.model
-        )
-    }
-
-    fn usage(&self, n: u32, cached: u32) -> String {
-        format!(
-            "{{\"prompt_tokens\":{p},\"completion_tokens\":{n},\"total_tokens\":{t},\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}}}",
-            p = self.prompt_tokens,
-            t = self.prompt_tokens + n
-        )
-    }
-
-    fn first_chunk(&self) -> String {
-        self.event(r#"{"index":0,"text":" tok","finish_reason":null}"#)
-    }
-
-    fn last_chunks(&self, n: u32, cached: u32) -> String {
-        let mut out = String::new();
-        if n >= 2 {
-            out.push_str(&self.first_chunk());
-        }
-        out.push_str(&self.event(r#"{"index":0,"text":"","finish_reason":"length"}"#));
-        out.push_str(&format!(
-            "data: {{\"id\":\"cmpl-{}\",\"object\":\"text_completion\",\"model\":\"{}\",\"choices\":[],\"usage\":{}}}\n\n",
-            self.id,
-            self.model,
-            self.usage(n, cached)
-        ));
-        out.push_str("data: [DONE]\n\n");
-        out
-    }
-
-    fn whole(&self, n: u32, cached: u32) -> String {
-        format!(
-            "{{\"id\":\"cmpl-{}\",\"object\":\"text_completion\",\"model\":\"{}\",\"choices\":[{{\"index\":0,\"text\":\"{}\",\"finish_reason\":\"length\"}}],\"usage\":{}}}",
-            self.id,
-            self.model,
-            " tok".repeat(n as usize),
-            self.usage(n, cached)
-        )
-    }
 }
 
 /// FNV-1a of `bytes`: the sticky-session balancer's hash (any well-spread hash will do).
