@@ -90,6 +90,11 @@ fn reserve(state: &Predictor, req: &PredictRequest, endpoint: &EndpointPredictio
     state.pools.with(&req.pool, |p| p.reserve(&req.request_id, &endpoint.address, &req.request, ttft_ms, now));
 }
 
+/// The addresses of `endpoints` at `indices`, in that order.
+fn addresses(endpoints: &[EndpointPrediction], indices: &[usize]) -> Vec<String> {
+    indices.iter().filter_map(|&i| endpoints.get(i)).map(|e| e.address.clone()).collect()
+}
+
 fn waited_ms(arrived: Instant, now: Instant) -> f64 {
     now.saturating_duration_since(arrived).as_secs_f64() * 1000.0
 }
@@ -103,7 +108,7 @@ fn answer(
     arrived: Instant,
 ) -> Option<PredictResponse> {
     let mut a = service::predict(state, req.clone(), now)?;
-    a.flow = Some(FlowAnswer { outcome, waited_ms: waited_ms(arrived, now) });
+    a.flow = Some(FlowAnswer { outcome, waited_ms: waited_ms(arrived, now), cleared: Vec::new() });
     Some(a)
 }
 
@@ -119,7 +124,7 @@ pub fn admit(
     let Some(terms) = req.flow.clone() else { return Admission::Now(now_answer) };
     let settle = |answer: &mut PredictResponse, outcome: FlowOutcome| {
         state.metrics.flow_outcome(&req.pool, outcome, 0.0);
-        answer.flow = Some(FlowAnswer { outcome, waited_ms: 0.0 });
+        answer.flow = Some(FlowAnswer { outcome, waited_ms: 0.0, cleared: Vec::new() });
     };
     let predicted = now_answer.endpoints.iter().any(|e| e.ttft_ms.is_some());
     // Has no SLO to wait for, or nothing is predicted (the filter falls back).
@@ -133,20 +138,30 @@ pub fn admit(
     // room for itself only where its decode would slow running requests past their TPOT
     // SLO waits instead: their decodes end, and it has time (a batch request behind
     // interactive ones).
-    let with_neighbours = fits(&req, &terms, &now_answer.endpoints, 0.0);
-    if with_neighbours.is_none() && own_room(&req, &terms, &now_answer.endpoints, 0.0).is_none() {
+    let room = fits(&req, &terms, &now_answer.endpoints, 0.0);
+    if room.is_empty() && own_room(&req, &terms, &now_answer.endpoints, 0.0).is_none() {
         settle(&mut now_answer, FlowOutcome::Unmeetable);
         return Admission::Now(now_answer);
     }
     // Ready now, and nothing of its band or above waits (it would pass them): goes at
-    // once, counted where it most likely goes until its dispatch arrives, so a burst
-    // inside one flush interval does not all see the same room.
+    // once, to the endpoints where it has room and the queue is short, counted at the one
+    // with the most room until its dispatch arrives, so a burst inside one flush interval
+    // does not all see the same room.
     let band = req.request.priority;
     let behind = state.flows.with(&req.pool, |q| q.ahead_of(band)) > 0;
-    if let Some(at_best) = with_neighbours.map(|best| &now_answer.endpoints[best]) {
-        if !behind && goes_now(&req, &terms, at_best, service_ms(state, &req, at_best), 0.0, &state.config.flow) {
-            reserve(state, &req, at_best, now);
+    if !behind {
+        let endpoints = &now_answer.endpoints;
+        let goes = |&i: &usize| {
+            goes_now(&req, &terms, &endpoints[i], service_ms(state, &req, &endpoints[i]), 0.0, &state.config.flow)
+        };
+        let now_cleared: Vec<usize> = room.into_iter().filter(goes).collect();
+        if let Some(&first) = now_cleared.first() {
+            reserve(state, &req, &now_answer.endpoints[first], now);
+            let cleared = addresses(&now_answer.endpoints, &now_cleared);
             settle(&mut now_answer, FlowOutcome::Immediate);
+            if let Some(flow) = now_answer.flow.as_mut() {
+                flow.cleared = cleared;
+            }
             return Admission::Now(now_answer);
         }
     }
@@ -232,7 +247,8 @@ pub fn serve_pool(state: &Predictor, pool: &str, now: Instant) {
         let Some(mut a) = service::judge(state, req.clone(), now) else { continue };
         let waited = waited_ms(arrived, now);
         let service = |i: usize| service_ms(state, &req, &a.endpoints[i]);
-        let Some(best) = ready(&req, terms, &a.endpoints, service, waited, &state.config.flow) else {
+        let cleared = ready(&req, terms, &a.endpoints, service, waited, &state.config.flow);
+        let Some(&first) = cleared.first() else {
             blocked_below = Some(band);
             continue;
         };
@@ -242,11 +258,13 @@ pub fn serve_pool(state: &Predictor, pool: &str, now: Instant) {
         // race through the gateway, and a long batch prefill can land ahead of an interactive
         // request on a FIFO server.
         blocked_below = Some(band);
-        // Counted at the endpoint it most likely goes to until its dispatch arrives, so the
-        // next waiter judged does not see the same room.
-        reserve(state, &req, &a.endpoints[best], now);
+        // Counted at the cleared endpoint with the most room until its dispatch arrives (the
+        // filter's policy may draw another of them; the dispatch moves it), so the next
+        // waiter judged does not see the same room.
+        reserve(state, &req, &a.endpoints[first], now);
         service::remember(state, &req, &a, now);
-        a.flow = Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: waited });
+        let cleared = addresses(&a.endpoints, &cleared);
+        a.flow = Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: waited, cleared });
         state.metrics.flow_outcome(pool, FlowOutcome::Released, waited / 1000.0);
         if let Some(reply) = w.reply.take() {
             reply.send(a);

@@ -80,7 +80,7 @@ fn a_queued_request_reaches_its_deadline_on_the_services_clock_not_the_wall() {
     clock.advance(Duration::from_secs(60));
     admission::serve_pool(&state, "default", clock.now());
     let expired: PredictResponse = reply.take().expect("expired at the deadline");
-    let flow = expired.flow.unwrap();
+    let flow = expired.flow.clone().unwrap();
     assert_eq!(flow.outcome, FlowOutcome::Expired);
     assert!((59_000.0..=63_000.0).contains(&flow.waited_ms), "waited {} ms of the service's time", flow.waited_ms);
     assert_eq!(expired.endpoints[0].ttft_ms, None, "stale by the service's clock: {expired:?}");

@@ -94,7 +94,8 @@ async fn a_caller_leaving_while_queued_leaves_the_queue_at_once() {
 /// whole predicted TTFT, it waited until its SLO pressed, and a sheddable one was shed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_prompt_on_an_idle_server_goes_at_once() {
-    let (predictor, stop, service) = predictor(server(IDLE).await).await;
+    let idle = server(IDLE).await;
+    let (predictor, stop, service) = predictor(idle).await;
     let body = serde_json::json!({"pool": "default", "request_id": "long",
         "request": {"model": "m", "input_tokens": 8000, "streaming": true, "slo": {"ttft_ms": 5000.0}, "priority": -1},
         "flow": {"max_wait_ms": 60000, "tpot_buffer": 1.0, "dispatch_horizon_ms": 150, "fairness_id": "a"}});
@@ -111,6 +112,7 @@ async fn a_long_prompt_on_an_idle_server_goes_at_once() {
     let ttft = answer["endpoints"][0]["ttft_ms"].as_f64().unwrap();
     assert!(ttft > 150.0, "the prompt's own prefill must exceed the horizon for this test to mean anything: {answer}");
     assert_eq!(answer["flow"]["outcome"], "immediate", "{answer}");
+    assert_eq!(answer["flow"]["cleared"], serde_json::json!([idle.to_string()]), "where it may go: {answer}");
     let _ = stop.send(());
     let _ = service.await;
 }

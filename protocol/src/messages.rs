@@ -226,11 +226,18 @@ impl FlowOutcome {
 }
 
 /// Flow control's part of a [`PredictResponse`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlowAnswer {
     pub outcome: FlowOutcome,
     /// Time spent in the queue: the filter judges headroom against the TTFT SLO minus it.
     pub waited_ms: f64,
+    /// Where an `immediate` or `released` request was cleared to go (addresses, the one it
+    /// was counted at first): the endpoints with room for it whose queue is within the
+    /// dispatch horizon, or where its SLO presses. The filter's policy places it among these,
+    /// so the horizon flow control checked holds where the request goes. Empty for the other
+    /// outcomes, and from a predictor that does not say: the policy then places it anywhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cleared: Vec<String>,
 }
 
 /// What the predictor knows of one endpoint at predict time. These are the

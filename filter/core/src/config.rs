@@ -209,9 +209,11 @@ pub struct FilterConfig {
     /// The same for the tenant: when configured, the tenant is taken from this header only
     /// (absent: the shared anonymous tenant), never from the client's `fairness_header`.
     pub trusted_fairness_header: Option<String>,
-    /// A request with room still waits while its best endpoint's predicted TTFT is above
-    /// this (ms), unless its own SLO is about to run out: model servers' queues stay this
-    /// short, so later, tighter requests find room instead of looser work ahead of them.
+    /// A request with room still waits while the queue ahead of it (its predicted TTFT less
+    /// its own on the idle server) is above this (ms) at every endpoint with room, and then
+    /// goes only where it is not, unless its own SLO is about to run out: model servers'
+    /// queues stay this short, so later, tighter requests find room instead of looser work
+    /// ahead of them.
     /// About a third of the tightest TTFT SLO served (docs/flow-control.md).
     pub flow_dispatch_horizon_ms: u64,
 }

@@ -327,20 +327,19 @@ impl Flow {
             );
             return self.reject(host, 400, field, &message);
         }
-        let flow = answer.flow.filter(|f| f.waited_ms.is_finite() && f.waited_ms >= 0.0);
-        if let Some(flow) = flow {
+        let flow = answer.flow.take().filter(|f| f.waited_ms.is_finite() && f.waited_ms >= 0.0);
+        if let Some(flow) = &flow {
             host.record(Event::Flow { outcome: flow.outcome, waited_ms: flow.waited_ms as u64 });
             self.queued = (flow.outcome != FlowOutcome::Immediate).then_some((flow.outcome, flow.waited_ms));
             let gone = matches!(flow.outcome, FlowOutcome::Expired | FlowOutcome::Saturated);
             if gone && self.features.is_sheddable() {
                 let why = "sheddable request: the fleet has no room for it within its SLO";
-                return self.shed(host, &config, Some(flow), why);
+                return self.shed(host, &config, Some(flow.clone()), why);
             }
         }
         // Judged against what is left of the TTFT SLO after waiting in the flow queue.
-        let waited_ms = flow.map_or(0.0, |f| f.waited_ms);
-        let judged = after_waiting(&self.features, waited_ms);
-        match policy::decide(&judged, &answer.endpoints, self.prediction_based, waited_ms, &config, &mut vm.rng) {
+        let judged = after_waiting(&self.features, flow.as_ref().map_or(0.0, |f| f.waited_ms));
+        match policy::decide(&judged, &answer.endpoints, self.prediction_based, flow.as_ref(), &config, &mut vm.rng) {
             policy::Decision::Route { ranked, source } => {
                 let mut chosen = ranked.iter().filter_map(|&i| answer.endpoints.get(i));
                 let Some(e) = chosen.next() else {
@@ -375,7 +374,7 @@ impl Flow {
             ("content-type", "application/json".to_string()),
             ("retry-after", config.shed_retry_after_s.to_string()),
         ];
-        let reason = match flow.map(|f| f.outcome) {
+        let reason = match flow.as_ref().map(|f| f.outcome) {
             Some(FlowOutcome::Expired) => DroppedReason::TtlExpired,
             _ => DroppedReason::Saturated,
         };

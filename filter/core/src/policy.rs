@@ -8,7 +8,9 @@
 //! endpoints without a prediction) the negative tier.
 //!
 //! Pipeline for a request that asked for SLO routing:
-//! 1. tiers; with probability `negative_tier_epsilon` explore the negative tier;
+//! 1. tiers, the positive one cut to the endpoints flow control cleared a request it held
+//!    or let go for (`FlowAnswer::cleared`); with probability `negative_tier_epsilon`
+//!    explore the negative tier;
 //! 2. within the chosen positive tier, prefix affinity (strict, then loose
 //!    threshold), unless the affine endpoints' best predicted TTFT is worse than
 //!    the others' by more than `prefix_ttft_penalty_ms`. Unlike the reference,
@@ -27,7 +29,7 @@
 //!    short, both short).
 
 pub use headroom_protocol::headroom::{headroom, least_harm_with_own_room, Headroom, SloBuffers};
-use headroom_protocol::{EndpointPrediction, EndpointState, RequestFeatures, RouteSource};
+use headroom_protocol::{EndpointPrediction, EndpointState, FlowAnswer, RequestFeatures, RouteSource};
 
 use crate::config::{DefaultProfile, FilterConfig, Strategy};
 use crate::fallback;
@@ -51,18 +53,20 @@ pub enum Decision {
 /// Decides where `request` goes among `endpoints`.
 ///
 /// `slo_routing` is true when the caller asked for prediction-based
-/// scheduling; otherwise the default profile places it. `waited_ms` is what the request
-/// spent in the flow queue, already taken from `request`'s TTFT SLO (0 without one): how
-/// late its first token may be to keep it from slowing tighter decodes
-/// ([`least_harm_with_own_room`]).
+/// scheduling; otherwise the default profile places it. `flow` is flow control's answer,
+/// when the request offered to wait: `waited_ms`, what it spent in the queue (already taken
+/// from `request`'s TTFT SLO), is how late its first token may be to keep it from slowing
+/// tighter decodes ([`least_harm_with_own_room`]); `cleared`, the endpoints it was let go
+/// to, bounds the positive tier (see [`within_cleared`]).
 pub fn decide(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],
     slo_routing: bool,
-    waited_ms: f64,
+    flow: Option<&FlowAnswer>,
     config: &FilterConfig,
     rng: &mut Rng,
 ) -> Decision {
+    let waited_ms = flow.map_or(0.0, |f| f.waited_ms);
     if !endpoints.iter().any(|e| e.ttft_ms.is_some()) {
         return Decision::NoPrediction;
     }
@@ -72,6 +76,7 @@ pub fn decide(
     let judged: Vec<Option<Headroom>> = endpoints.iter().map(|e| headroom(request, e, config.slo_buffers())).collect();
     let positive: Vec<usize> = (0..endpoints.len()).filter(|&i| judged[i].is_some_and(|h| h.is_positive())).collect();
     let negative: Vec<usize> = (0..endpoints.len()).filter(|i| !positive.contains(i)).collect();
+    let positive = within_cleared(positive, endpoints, flow.map_or(&[], |f| &f.cleared));
 
     // Exploration probes endpoints predicted short, to learn where the model is wrong; one
     // without a prediction (no fresh metrics) has nothing to check and is not probed.
@@ -102,6 +107,20 @@ pub fn decide(
     let choice = pick_negative(&negative, &judged, endpoints, config.ttft_weight, rng);
     let ranked = with_fallbacks(vec![choice], endpoints, config.fallback_endpoints);
     Decision::Route { ranked, source: RouteSource::PredictedNegative }
+}
+
+/// The positive tier cut to the endpoints flow control cleared the request for (its queue
+/// within the dispatch horizon there, or its SLO pressing), so the horizon it checked holds
+/// where the request goes; the whole tier when nothing is cleared (no flow control, or an
+/// older predictor) or none of the cleared endpoints is in it (ejected since, say). The
+/// endpoints cut stay fallbacks for retries.
+fn within_cleared(positive: Vec<usize>, endpoints: &[EndpointPrediction], cleared: &[String]) -> Vec<usize> {
+    let kept: Vec<usize> = positive.iter().copied().filter(|&i| cleared.contains(&endpoints[i].address)).collect();
+    if kept.is_empty() {
+        positive
+    } else {
+        kept
+    }
 }
 
 fn is_idle(s: &EndpointState) -> bool {

@@ -4,7 +4,9 @@
 //! the same entry points for minutes under libFuzzer (`fuzz/`). Native only:
 //! proptest does not target wasm32.
 
-use headroom_protocol::{limits, openai, EndpointPrediction, EndpointState, RequestFeatures, Slo};
+use headroom_protocol::{
+    limits, openai, EndpointPrediction, EndpointState, FlowAnswer, FlowOutcome, RequestFeatures, Slo,
+};
 use proptest::prelude::*;
 
 use crate::config::FilterConfig;
@@ -92,11 +94,13 @@ proptest! {
         streaming in any::<bool>(),
         slo_routing in any::<bool>(),
         waited in any_number(),
+        cleared in proptest::collection::vec(0usize..8, 0..4),
         seed in any::<u64>(),
     ) {
         let request = RequestFeatures { slo: Slo { ttft_ms: ttft, tpot_ms: tpot }, priority, streaming, ..Default::default() };
         let config = FilterConfig { fallback_endpoints: 3, ..FilterConfig::default() };
-        let decision = policy::decide(&request, &endpoints, slo_routing, waited, &config, &mut Rng::new(seed));
+        let flow = FlowAnswer { outcome: FlowOutcome::Released, waited_ms: waited, cleared: cleared.into_iter().filter_map(|i| endpoints.get(i).map(|e| e.address.clone())).collect() };
+        let decision = policy::decide(&request, &endpoints, slo_routing, Some(&flow), &config, &mut Rng::new(seed));
         if let policy::Decision::Route { ranked, .. } = decision {
             prop_assert!(!ranked.is_empty());
             prop_assert!(ranked.iter().all(|&i| i < endpoints.len()), "{ranked:?} of {}", endpoints.len());

@@ -766,12 +766,18 @@ fn a_released_request_is_judged_against_the_slo_left_after_its_wait() {
     let mut vm = vm(r#"{"flow_control":true,"negative_tier_epsilon":0}"#);
     // 200 ms predicted against a 500 ms SLO: positive, unless 400 ms went by in the queue.
     let endpoints = [("10.0.0.1:8000", Some(200.0))];
-    let fresh = predictions_after(&endpoints, Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: 100.0 }));
+    let fresh = predictions_after(
+        &endpoints,
+        Some(FlowAnswer { outcome: FlowOutcome::Released, waited_ms: 100.0, cleared: Vec::new() }),
+    );
     assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &fresh), Step::Resume);
     assert!(host.has(Event::Routed(RouteSource::PredictedPositive)));
     assert!(host.has(Event::Flow { outcome: FlowOutcome::Released, waited_ms: 100 }));
     host.events.clear();
-    let late = predictions_after(&endpoints, Some(FlowAnswer { outcome: FlowOutcome::Expired, waited_ms: 400.0 }));
+    let late = predictions_after(
+        &endpoints,
+        Some(FlowAnswer { outcome: FlowOutcome::Expired, waited_ms: 400.0, cleared: Vec::new() }),
+    );
     assert_eq!(routed(&mut Flow::new(), &mut host, &mut vm, 200, &late), Step::Resume);
     assert!(host.has(Event::Routed(RouteSource::PredictedNegative)), "{:?}", host.events);
 }
@@ -784,8 +790,10 @@ fn a_sheddable_request_expired_or_refused_by_a_saturated_fleet_gets_429_even_wit
         let mut flow = Flow::new();
         let headers = [SLO[0], SLO[1], ("x-request-priority", "-1")];
         assert_eq!(send_request(&mut flow, &mut host, &mut vm, &headers, BODY), Step::Pause);
-        let answer =
-            predictions_after(&[("10.0.0.1:8000", Some(100.0))], Some(FlowAnswer { outcome, waited_ms: 480.0 }));
+        let answer = predictions_after(
+            &[("10.0.0.1:8000", Some(100.0))],
+            Some(FlowAnswer { outcome, waited_ms: 480.0, cleared: Vec::new() }),
+        );
         let token = host.answer(200, &answer);
         let step = flow.on_callout_answer(&mut host, &mut vm, token, answer.len());
         let Step::Reply { status: 429, headers, .. } = step else { panic!("{outcome:?}: {step:?}") };
@@ -807,8 +815,10 @@ fn a_429_after_the_queue_names_how_the_request_left_it_when_debug_headers_are_on
         assert_eq!(send_request(&mut flow, &mut host, &mut vm, &headers, BODY), Step::Pause);
         // Released with room nowhere (900 ms against a 500 ms SLO): the tiers shed it.
         let predicted = if outcome == FlowOutcome::Released { 900.0 } else { 100.0 };
-        let answer =
-            predictions_after(&[("10.0.0.1:8000", Some(predicted))], Some(FlowAnswer { outcome, waited_ms: 480.0 }));
+        let answer = predictions_after(
+            &[("10.0.0.1:8000", Some(predicted))],
+            Some(FlowAnswer { outcome, waited_ms: 480.0, cleared: Vec::new() }),
+        );
         let token = host.answer(200, &answer);
         match flow.on_callout_answer(&mut host, &mut vm, token, answer.len()) {
             Step::Reply { status: 429, headers, .. } => headers,

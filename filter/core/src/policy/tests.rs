@@ -36,6 +36,12 @@ fn cfg() -> FilterConfig {
     FilterConfig { negative_tier_epsilon: 0.0, prefix_explore_epsilon: 0.0, ..FilterConfig::default() }
 }
 
+/// Flow control's answer for a request released after `waited_ms`, cleared for `cleared`.
+fn after(waited_ms: f64, cleared: &[&str]) -> FlowAnswer {
+    let cleared = cleared.iter().map(|a| a.to_string()).collect();
+    FlowAnswer { outcome: headroom_protocol::FlowOutcome::Released, waited_ms, cleared }
+}
+
 fn primary(d: &Decision) -> Option<(usize, RouteSource)> {
     match d {
         Decision::Route { ranked, source } => ranked.first().map(|&i| (i, *source)),
@@ -53,7 +59,7 @@ fn shares(
     let mut rng = Rng::new(42);
     let mut counts = vec![0usize; endpoints.len()];
     for _ in 0..draws {
-        if let Some((i, _)) = primary(&decide(request, endpoints, true, 0.0, config, &mut rng)) {
+        if let Some((i, _)) = primary(&decide(request, endpoints, true, None, config, &mut rng)) {
             counts[i] += 1;
         }
     }
@@ -182,7 +188,7 @@ fn routing_rules() {
     for case in cases {
         let mut rng = Rng::new(11);
         for _ in 0..300 {
-            let d = decide(&case.request, &case.endpoints, true, 0.0, &cfg(), &mut rng);
+            let d = decide(&case.request, &case.endpoints, true, None, &cfg(), &mut rng);
             match case.expect {
                 Expect::Only(i, source) => assert_eq!(primary(&d), Some((i, source)), "{}", case.name),
                 Expect::Never(i) => {
@@ -232,7 +238,7 @@ fn a_request_that_would_only_slow_its_neighbours_goes_where_that_harm_is_done_al
     assert!(s[1] > 0.95, "the busier endpoint, where the tight requests miss already: {s:?}");
     let mut rng = Rng::new(3);
     assert!(matches!(
-        decide(&batch, &eps, true, 0.0, &cfg(), &mut rng),
+        decide(&batch, &eps, true, None, &cfg(), &mut rng),
         Decision::Route { source: RouteSource::PredictedNegative, .. }
     ));
     // Released from the flow queue after 2 s, 600 ms of its TTFT SLO left (the filter took
@@ -244,7 +250,7 @@ fn a_request_that_would_only_slow_its_neighbours_goes_where_that_harm_is_done_al
     let mut apart = with_tight(120.0);
     apart.ttft_ms = Some(1100.0);
     let eps = [among_tight, apart];
-    let pick = |waited| primary(&decide(&released, &eps, true, waited, &cfg(), &mut Rng::new(5)));
+    let pick = |waited| primary(&decide(&released, &eps, true, Some(&after(waited, &[])), &cfg(), &mut Rng::new(5)));
     assert_eq!(pick(2000.0), Some((1, RouteSource::PredictedNegative)));
     assert_eq!(pick(400.0), Some((0, RouteSource::PredictedNegative)), "late by more than it waited");
     assert_eq!(pick(0.0), Some((0, RouteSource::PredictedNegative)));
@@ -335,14 +341,14 @@ fn without_slo_routing_the_default_profile_places_the_request() {
     let mut rng = Rng::new(3);
     for slo_routing in [false, true] {
         let r = if slo_routing { req(None, None, true, 0) } else { req(Some(50.0), None, true, 0) };
-        let d = decide(&r, &eps, slo_routing, 0.0, &cfg(), &mut rng);
+        let d = decide(&r, &eps, slo_routing, None, &cfg(), &mut rng);
         assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)), "lowest latency wins");
     }
     eps[0].state.kv_usage = 0.0;
     eps[0].state.waiting = 0;
     eps[1].state.waiting = 9;
     let composite = FilterConfig { default_profile: DefaultProfile::Composite, ..cfg() };
-    let d = decide(&req(Some(50.0), None, true, 0), &eps, false, 0.0, &composite, &mut rng);
+    let d = decide(&req(Some(50.0), None, true, 0), &eps, false, None, &composite, &mut rng);
     assert_eq!(primary(&d), Some((0, RouteSource::Composite)));
 }
 
@@ -353,7 +359,7 @@ fn fallback_list_is_ranked_and_distinct() {
     let mut rng = Rng::new(8);
     for _ in 0..200 {
         let Decision::Route { ranked, .. } =
-            decide(&req(Some(1000.0), None, true, 0), &eps, true, 0.0, &config, &mut rng)
+            decide(&req(Some(1000.0), None, true, 0), &eps, true, None, &config, &mut rng)
         else {
             unreachable!()
         };
@@ -363,7 +369,7 @@ fn fallback_list_is_ranked_and_distinct() {
         unique.dedup();
         assert_eq!(unique.len(), 3, "{ranked:?}");
     }
-    let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, 0.0, &cfg(), &mut rng);
+    let d = decide(&req(Some(1000.0), None, true, 0), &eps, true, None, &cfg(), &mut rng);
     assert!(matches!(d, Decision::Route { ref ranked, .. } if ranked.len() == 3), "two fallbacks by default");
 }
 
@@ -375,7 +381,7 @@ fn exploration_never_probes_an_endpoint_without_a_prediction() {
     let config = FilterConfig { negative_tier_epsilon: 1.0, ..cfg() };
     let mut rng = Rng::new(9);
     for _ in 0..200 {
-        let d = decide(&req(Some(200.0), None, true, 0), &eps, true, 0.0, &config, &mut rng);
+        let d = decide(&req(Some(200.0), None, true, 0), &eps, true, None, &config, &mut rng);
         assert_eq!(primary(&d), Some((1, RouteSource::PredictedPositive)));
     }
 }
@@ -388,7 +394,7 @@ fn exploration_rate_matches_epsilon() {
     let n = 20_000;
     let negative = (0..n)
         .filter(|_| {
-            primary(&decide(&req(Some(200.0), None, true, 0), &eps, true, 0.0, &config, &mut rng))
+            primary(&decide(&req(Some(200.0), None, true, 0), &eps, true, None, &config, &mut rng))
                 == Some((0, RouteSource::PredictedNegative))
         })
         .count();
@@ -413,5 +419,32 @@ fn weighted_pick_follows_weights() {
     let uniform: Vec<usize> = (0..3000).filter_map(|_| pick_weighted(&[0.0, 0.0, 0.0], &mut rng)).collect();
     for i in 0..3 {
         assert!(uniform.iter().filter(|x| **x == i).count() > 800);
+    }
+}
+
+#[test]
+fn a_request_flow_control_let_go_goes_among_the_endpoints_it_cleared() {
+    // Three endpoints in time; flow control cleared the second and third (their queues within
+    // its horizon), not the first, which has the most room: the draw never takes the first.
+    let named = |address: &str, ttft: f64| EndpointPrediction { address: address.into(), ..ep(Some(ttft), None) };
+    let eps = [named("a", 100.0), named("b", 300.0), named("c", 350.0)];
+    let request = req(Some(1000.0), None, true, 0);
+    let mut rng = Rng::new(7);
+    let mut went = [0usize; 3];
+    let cleared = after(0.0, &["b", "c"]);
+    for _ in 0..2000 {
+        let Decision::Route { ranked, source } = decide(&request, &eps, true, Some(&cleared), &cfg(), &mut rng) else {
+            panic!("routed")
+        };
+        assert_eq!(source, RouteSource::PredictedPositive);
+        went[ranked[0]] += 1;
+        assert!(ranked.contains(&0), "the endpoint cut stays a fallback: {ranked:?}");
+    }
+    assert!(went[0] == 0 && went[1] > 0 && went[2] > 0, "{went:?}");
+    // Nothing cleared (an older predictor), or only endpoints no longer in the tier (ejected
+    // since, or out of time by the filter's judgement): the whole tier, as without it.
+    for cleared in [after(0.0, &[]), after(0.0, &["gone"])] {
+        let d = (0..200).filter_map(|_| primary(&decide(&request, &eps, true, Some(&cleared), &cfg(), &mut rng)));
+        assert!(d.map(|(i, _)| i).any(|i| i == 0), "the first endpoint drawn too");
     }
 }
