@@ -75,7 +75,7 @@ pub(crate) fn seed_band(run: &RouterRun, pick: Pick) -> Option<(Capacity, Capaci
     Some((lo, hi))
 }
 
-/// The noise band in req/s ([`seed_band`]).
+/// The noise band in req/s: the lowest and highest of the seeds' capacities.
 pub fn capacity_band(run: &RouterRun, pick: Pick) -> Option<(f64, f64)> {
     seed_band(run, pick).map(|(lo, hi)| (lo.rps(), hi.rps()))
 }
@@ -99,7 +99,7 @@ pub(crate) fn within_noise(a: &RouterRun, b: &RouterRun, pick: Pick) -> Option<b
     Some(alo <= bhi && blo <= ahi)
 }
 
-/// A router's capacity at [`TARGET`] ([`capacity_by`]; `Below(0)` for a router with no points).
+/// A router's capacity at [`TARGET`] over its seeds (`Below(0)` for a router with no points).
 pub fn router_capacity(run: &RouterRun) -> Capacity {
     capacity_by(run, overall).unwrap_or(Capacity::Below(0.0))
 }
