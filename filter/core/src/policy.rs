@@ -57,7 +57,7 @@ pub enum Decision {
 /// when the request offered to wait: `waited_ms`, what it spent in the queue (already taken
 /// from `request`'s TTFT SLO), is how late its first token may be to keep it from slowing
 /// tighter decodes ([`least_harm_with_own_room`]); `cleared`, the endpoints it was let go
-/// to, bounds the positive tier (see [`within_cleared`]).
+/// to, bounds the positive tier (`within_cleared`).
 pub fn decide(
     request: &RequestFeatures,
     endpoints: &[EndpointPrediction],

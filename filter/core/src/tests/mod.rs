@@ -339,5 +339,6 @@ mod fallback;
 mod flow_control;
 mod health;
 mod input;
+mod phases;
 mod routing;
 mod tokens;

@@ -10,7 +10,8 @@
 //! log:     queue the report for the next flush
 //!
 //! Each callback takes the host and the VM's state and returns a [`Step`] for the
-//! adapter to carry out.
+//! adapter to carry out; where the request is in its life is one `Phase`
+//! (`phase.rs`), each callback acting on the phase it finds.
 
 use std::time::Duration;
 
@@ -34,6 +35,10 @@ use crate::token_count::TokenCounts;
 use crate::vm::Vm;
 use crate::{error_json, fallback, headers as hints, policy};
 
+mod phase;
+pub(crate) use phase::{Asking, Phase};
+use phase::{Callout, Choice, Forwarded};
+
 /// How far a learned token estimate may be over the model's own count before the gateway
 /// refuses a request for its context: a prompt near a server's limit goes to the server,
 /// which knows the exact count.
@@ -52,71 +57,31 @@ pub enum Step {
     Reply { status: u32, headers: Vec<(&'static str, String)>, body: Vec<u8> },
 }
 
-/// The endpoint chosen and what was known about it.
-#[derive(Debug, Clone)]
-struct Choice {
-    endpoint: String,
-    /// Endpoints to try next on retry, in order.
-    fallbacks: Vec<String>,
-    source: RouteSource,
-    /// What the predictor predicted there: the debug headers say it.
-    predicted_ttft_ms: Option<f64>,
-    predicted_tpot_ms: Option<f64>,
-}
-
-/// A predictor call under way.
-#[derive(Debug, Clone)]
-struct Callout {
-    token: u32,
-    started_ns: u64,
-    cluster: String,
-}
-
 /// The state of one stream.
 #[derive(Debug, Default)]
 pub struct Flow {
-    /// Set once the request is known to be an inference request we route.
-    routed: bool,
+    phase: Phase,
     /// The filter's own id for this request (`Vm::new_request_id`).
     request_id: String,
-    /// The outbox's sequence number of this request's dispatch (0: none).
-    dispatch_seq: u64,
     path: String,
     prediction_based: bool,
     features: RequestFeatures,
     /// Bytes of prompt text whose tokens were estimated (0: none, or given as token ids):
     /// with the response's `usage.prompt_tokens`, what the VM learns bytes per token from.
     prompt_bytes: usize,
-    callout: Option<Callout>,
-    choice: Option<Choice>,
-    forwarded_ns: u64,
-    meter: Option<ResponseMeter>,
-    /// The first-token event is queued (once per request).
-    first_token_queued: bool,
-    /// The upstream that serves it, once the host said (`Flow::served`).
-    served: Option<String>,
-    status: u16,
     /// The tenant (`fairness_header`), sent with flow terms.
     fairness_id: String,
     /// The predictor pool it is predicted, placed and reported in: `pool`, or the one
     /// `model_pools` maps its model to.
     pool: String,
-    /// The predictor call offered to wait in its flow-control queue.
-    offered_wait: bool,
     /// How it left the predictor's flow-control queue and after how long, when it waited there.
     queued: Option<(FlowOutcome, f64)>,
-    /// Header-only routing: the request's dispatch, held until its body has passed, so the
-    /// predictor books the prompt the body carried and not what `content-length` claimed.
-    /// With the predictor replica current when it was placed: its dispatch goes there.
-    held_dispatch: Option<(Dispatch, String)>,
     /// Header-only routing: body bytes seen so far, and whether the body has ended.
     body_bytes: u64,
     body_ended: bool,
     /// The host's id of this stream's context: a coalesced call's answer is handed to it
     /// by id. `None`: its predict calls are its own.
     context: Option<u32>,
-    /// Waiting for its share of a coalesced predict call (`coalesce`), since this time (ns).
-    coalesced_ns: Option<u64>,
     /// The endpoints the gateway allows it (`Host::endpoint_subset`); `None`: any.
     subset: Option<Vec<String>>,
     /// Its longest prompt's tokens (the filter's estimate), what must fit a context; 0 when
@@ -133,6 +98,12 @@ impl Flow {
     /// The stream of host context `context`: its predict call may be coalesced with others.
     pub fn for_context(context: u32) -> Flow {
         Flow { context: Some(context), ..Flow::default() }
+    }
+
+    /// Where the request is in its life (the transitions' tests read it).
+    #[cfg(test)]
+    pub(crate) fn phase(&self) -> &Phase {
+        &self.phase
     }
 
     /// The request's headers arrived.
@@ -180,7 +151,6 @@ impl Flow {
         // Tracked by the filter's own id; the client's `x-request-id` stays a log field upstream.
         self.request_id = vm.new_request_id();
         if !config.read_body {
-            self.routed = true;
             self.body_ended = end_of_stream;
             self.features_from_headers(&headers, &vm.tokens, config.max_claimed_body_bytes);
             return self.start_callout(host, vm);
@@ -188,8 +158,8 @@ impl Flow {
         if end_of_stream {
             return self.reject(host, 400, "body", "an inference request needs a JSON body");
         }
-        self.routed = true;
         // Hold the headers (and so the upstream choice) until the body is read.
+        self.phase = Phase::Reading;
         Step::Pause
     }
 
@@ -197,15 +167,17 @@ impl Flow {
     pub fn on_request_body(&mut self, host: &mut dyn Host, vm: &mut Vm, body_size: usize, end: bool) -> Step {
         // Header-only routing decided (or fell back) before the body: the body passes as it
         // comes (each call sees only its own chunk), and is counted.
-        if self.routed && !vm.config.read_body {
-            self.body_bytes += body_size as u64;
-            self.body_ended |= end;
-            if end {
-                self.release_dispatch(vm);
+        if !vm.config.read_body {
+            if matches!(self.phase, Phase::Asking(_) | Phase::Forwarded(_)) {
+                self.body_bytes += body_size as u64;
+                self.body_ended |= end;
+                if end {
+                    self.release_dispatch(vm);
+                }
             }
             return Step::Continue;
         }
-        if !self.routed || self.choice.is_some() {
+        if !matches!(self.phase, Phase::Reading) {
             return Step::Continue;
         }
         if body_size > vm.config.max_body_bytes {
@@ -258,7 +230,13 @@ impl Flow {
 
     /// The answer to the filter's call `token` arrived (`:status` in the callout headers).
     pub fn on_callout_answer(&mut self, host: &mut dyn Host, vm: &mut Vm, token: u32, body_size: usize) -> Step {
-        let Some(callout) = self.callout.take_if(|c| c.token == token) else { return Step::Continue };
+        let callout = match std::mem::take(&mut self.phase) {
+            Phase::Asking(Asking::Call { callout, .. }) if callout.token == token => callout,
+            other => {
+                self.phase = other;
+                return Step::Continue;
+            }
+        };
         let status = callout_status(host);
         vm.record_call(host, &callout.cluster, status);
         host.record(Event::PredictorCallMs(host.now_ns().saturating_sub(callout.started_ns) / 1_000_000));
@@ -274,7 +252,13 @@ impl Flow {
         vm: &mut Vm,
         answer: Result<PredictResponse, FallbackCause>,
     ) -> Step {
-        let Some(since_ns) = self.coalesced_ns.take() else { return Step::Continue };
+        let since_ns = match std::mem::take(&mut self.phase) {
+            Phase::Asking(Asking::Coalesced { since_ns }) => since_ns,
+            other => {
+                self.phase = other;
+                return Step::Continue;
+            }
+        };
         host.record(Event::PredictorCallMs(host.now_ns().saturating_sub(since_ns) / 1_000_000));
         self.on_answer(host, vm, answer)
     }
@@ -369,7 +353,7 @@ impl Flow {
     /// benchmark's per-request log can tell admission from expiry.
     fn shed(&mut self, host: &mut dyn Host, config: &FilterConfig, flow: Option<FlowAnswer>, why: &str) -> Step {
         host.record(Event::Shed);
-        self.routed = false;
+        self.phase = Phase::Answered;
         let mut headers = vec![
             ("content-type", "application/json".to_string()),
             ("retry-after", config.shed_retry_after_s.to_string()),
@@ -388,16 +372,14 @@ impl Flow {
 
     /// The response's headers arrived.
     pub fn on_response_headers(&mut self, host: &mut dyn Host, vm: &Vm) -> Step {
-        if !self.routed {
-            return Step::Continue;
-        }
+        let Phase::Forwarded(f) = &mut self.phase else { return Step::Continue };
         let config = &vm.config;
         let headers = host.headers(Map::ResponseHeaders);
-        self.status = headers.get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        f.status = headers.get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
         let streaming =
             headers.get("content-type").is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
-        self.meter = Some(ResponseMeter::new(streaming, self.forwarded_ns, config.max_response_parse_bytes));
-        if let Some(c) = self.choice.as_ref().filter(|_| config.debug_headers) {
+        f.meter = Some(ResponseMeter::new(streaming, f.at_ns, config.max_response_parse_bytes));
+        if let Some(c) = f.choice.as_ref().filter(|_| config.debug_headers) {
             let _ = host.set_header(Map::ResponseHeaders, DEBUG_ENDPOINT, &c.endpoint);
             let _ = host.set_header(Map::ResponseHeaders, DEBUG_TIER, c.source.tier());
             if let Some(t) = c.predicted_ttft_ms {
@@ -416,9 +398,11 @@ impl Flow {
 
     /// A chunk of the response body passed (`body_size`: its length).
     pub fn on_response_body(&mut self, host: &mut dyn Host, vm: &mut Vm, body_size: usize) -> Step {
-        if let Some(meter) = self.meter.as_mut().filter(|_| body_size > 0) {
-            if let Some(chunk) = host.buffer(Buffer::ResponseBody, body_size) {
-                meter.on_chunk(&chunk, host.now_ns());
+        if let Phase::Forwarded(f) = &mut self.phase {
+            if let Some(meter) = f.meter.as_mut().filter(|_| body_size > 0) {
+                if let Some(chunk) = host.buffer(Buffer::ResponseBody, body_size) {
+                    meter.on_chunk(&chunk, host.now_ns());
+                }
             }
         }
         self.queue_first_token(host, vm);
@@ -429,13 +413,14 @@ impl Flow {
     /// predictor saw dispatched, served where it was dispatched.
     fn queue_first_token(&mut self, host: &dyn Host, vm: &mut Vm) {
         self.release_dispatch(vm);
-        if self.first_token_queued || self.dispatch_seq == 0 || !vm.config.first_token_events {
+        let Phase::Forwarded(f) = &mut self.phase else { return };
+        if f.first_token_queued || f.dispatch_seq == 0 || !vm.config.first_token_events {
             return;
         }
-        let Some(ttft_ms) = self.meter.as_ref().and_then(ResponseMeter::ttft_ms) else { return };
-        let served = self.served(host);
-        let Some(choice) = &self.choice else { return };
-        self.first_token_queued = true;
+        let Some(ttft_ms) = f.meter.as_ref().and_then(ResponseMeter::ttft_ms) else { return };
+        let served = f.served(host);
+        let Some(choice) = &f.choice else { return };
+        f.first_token_queued = true;
         if served.is_some_and(|served| served != choice.endpoint) {
             return; // served elsewhere: the dispatch's endpoint is not where it runs
         }
@@ -445,45 +430,51 @@ impl Flow {
             endpoint: choice.endpoint.clone(),
             ttft_ms: ttft_ms.clamp(0.0, limits::MAX_MS),
         };
-        vm.outbox.first_token(self.dispatch_seq, event);
+        vm.outbox.first_token(f.dispatch_seq, event);
     }
 
     /// The stream is done: what was measured goes to the outbox as a report.
     pub fn on_log(&mut self, host: &mut dyn Host, vm: &mut Vm) {
-        if let Some(c) = &self.choice {
+        self.release_dispatch(vm);
+        match std::mem::take(&mut self.phase) {
+            // Ended while waiting for a coalesced call: it leaves the batch still to be sent.
+            Phase::Asking(Asking::Coalesced { .. }) => {
+                if let Some(context) = self.context {
+                    vm.predictions.forget(context);
+                }
+            }
+            // Ended while the predictor held it in its queue: Envoy does not cancel the call,
+            // so the predictor is told, or the request would keep its place until its deadline.
+            Phase::Asking(Asking::Call { callout, offered_wait: true }) => {
+                let request_id = std::mem::take(&mut self.request_id);
+                vm.outbox.abandoned(Abandoned { pool: std::mem::take(&mut self.pool), request_id }, &callout.cluster);
+            }
+            Phase::Forwarded(f) => self.report(host, vm, *f),
+            Phase::Passing | Phase::Answered | Phase::Reading | Phase::Asking(Asking::Call { .. }) => {}
+        }
+    }
+
+    /// Reports a forwarded request `f`: what the gateway measured, and where.
+    fn report(&mut self, host: &mut dyn Host, vm: &mut Vm, mut f: Forwarded) {
+        if let Some(c) = &f.choice {
             vm.placed.ended(&c.endpoint);
         }
-        // Ended while waiting for a coalesced call: it leaves the batch still to be sent.
-        if let (Some(_), Some(context)) = (self.coalesced_ns.take(), self.context) {
-            vm.predictions.forget(context);
-        }
-        // Ended while the predictor held it in its queue: Envoy does not cancel the call,
-        // so the predictor is told, or the request would keep its place until its deadline.
-        if let Some(callout) = self.offered_wait.then(|| self.callout.take()).flatten() {
-            let request_id = std::mem::take(&mut self.request_id);
-            vm.outbox.abandoned(Abandoned { pool: std::mem::take(&mut self.pool), request_id }, &callout.cluster);
-            return;
-        }
-        if !self.routed || self.forwarded_ns == 0 {
-            return;
-        }
-        self.release_dispatch(vm);
         let now = host.now_ns();
-        let measured = match self.meter.take() {
+        let measured = match f.meter.take() {
             Some(m) => m.finish(now),
-            None => Measurement { e2e_ms: now.saturating_sub(self.forwarded_ns) as f64 / 1e6, ..Default::default() },
+            None => Measurement { e2e_ms: now.saturating_sub(f.at_ns) as f64 / 1e6, ..Default::default() },
         };
-        if let Some(tokens) = measured.prompt_tokens.filter(|_| self.status == 200 && self.prompt_bytes > 0) {
+        if let Some(tokens) = measured.prompt_tokens.filter(|_| f.status == 200 && self.prompt_bytes > 0) {
             vm.tokens.learn(&self.features.model, self.prompt_bytes, tokens);
         }
         // A 200 cut off before its end (the server died mid-stream) is reported as status 0:
         // tracking ends, nothing is learnt from it.
-        if self.status == 200 && !measured.complete {
+        if f.status == 200 && !measured.complete {
             host.record(Event::CutOff);
-            self.status = 0;
+            f.status = 0;
         }
-        let served = self.served(host);
-        let choice = self.choice.take();
+        let served = f.served(host);
+        let choice = f.choice.take();
         // Served elsewhere (a retry, or a chosen endpoint Envoy's cluster lacks): the
         // state and predictions of the chosen endpoint do not describe where it ran.
         let elsewhere = matches!((&served, &choice), (Some(s), Some(c)) if *s != c.endpoint);
@@ -492,9 +483,9 @@ impl Flow {
         }
         let failed_at = choice.as_ref().filter(|_| elsewhere).map(|c| c.endpoint.clone());
         let endpoint = served.or_else(|| choice.as_ref().map(|c| c.endpoint.clone())).unwrap_or_default();
-        self.judge_health(host, vm, failed_at.as_deref(), &endpoint);
+        judge_health(host, vm, failed_at.as_deref(), &endpoint, f.status);
         let request = std::mem::take(&mut self.features);
-        if self.status == 200 && request.streaming {
+        if f.status == 200 && request.streaming {
             let [ttft, tpot] = request.slo.met(measured.ttft_ms, measured.tpot_ms).map(|met| met == Some(false));
             if ttft || tpot {
                 host.record(Event::SloViolation { ttft, tpot });
@@ -512,38 +503,10 @@ impl Flow {
             e2e_ms: measured.e2e_ms.clamp(0.0, limits::MAX_MS),
             output_tokens: measured.output_tokens,
             cached_tokens: measured.cached_tokens,
-            status: self.status,
+            status: f.status,
             failed_at,
         };
-        vm.outbox.report(std::mem::take(&mut self.dispatch_seq), report);
-    }
-
-    /// Files what the request's endpoints did in the VM's passive health: the chosen one
-    /// failed when Envoy served the request elsewhere (`failed_at`: it retried a connect
-    /// failure, a reset or a 5xx there), and the endpoint that answered by its status.
-    fn judge_health(&self, host: &mut dyn Host, vm: &mut Vm, failed_at: Option<&str>, endpoint: &str) {
-        let now = host.now_ms();
-        for (at, outcome) in Outcome::of_request(failed_at, endpoint, self.status) {
-            let recorded = vm.health.record(at, outcome, now);
-            if outcome == Outcome::Failure {
-                host.record(Event::EndpointFailed { ejected: recorded != Recorded::Nothing });
-                if let Recorded::Ejected(ms) = recorded {
-                    host.log(
-                        Level::Warn,
-                        &format!("headroom: endpoint {at} ejected for {ms} ms after failing requests"),
-                    );
-                }
-            }
-        }
-    }
-
-    /// Where the request runs (`upstream.address`), asked of the host until it is known:
-    /// the first token and the log both need it, and it is fixed once the response began.
-    fn served(&mut self, host: &dyn Host) -> Option<String> {
-        if self.served.is_none() {
-            self.served = host.upstream_address();
-        }
-        self.served.clone()
+        vm.outbox.report(f.dispatch_seq, report);
     }
 
     /// The context the request needs, in its model's tokens, as the gateway may judge it: the
@@ -569,7 +532,7 @@ impl Flow {
     /// (llm-d's `rejected-no-endpoints`).
     fn no_endpoints(&mut self, host: &mut dyn Host, why: &str) -> Step {
         host.record(Event::NoEndpoints);
-        self.routed = false;
+        self.phase = Phase::Answered;
         let headers = vec![
             ("content-type", "application/json".to_string()),
             (DROPPED_REASON, DroppedReason::NoEndpoints.name().to_string()),
@@ -580,7 +543,7 @@ impl Flow {
     /// Answers locally with a JSON error naming `field`.
     fn reject(&mut self, host: &mut dyn Host, status: u32, field: &str, message: &str) -> Step {
         host.record(Event::BadRequest);
-        self.routed = false;
+        self.phase = Phase::Answered;
         Step::Reply {
             status,
             headers: vec![("content-type", "application/json".to_string())],
@@ -602,13 +565,14 @@ impl Flow {
     /// carries (at most the claim). Called when the body ends, and at the latest before the
     /// request's first token or report, which wait for their dispatch.
     fn release_dispatch(&mut self, vm: &mut Vm) {
-        let Some((mut dispatch, home)) = self.held_dispatch.take() else { return };
+        let Phase::Forwarded(f) = &mut self.phase else { return };
+        let Some((mut dispatch, home)) = f.held_dispatch.take() else { return };
         if !vm.config.read_body {
             let seen = vm.tokens.estimate(None, self.body_bytes);
             self.features.input_tokens = self.features.input_tokens.min(seen);
             dispatch.request.input_tokens = self.features.input_tokens;
         }
-        self.dispatch_seq = vm.outbox.dispatch(dispatch, &home);
+        f.dispatch_seq = vm.outbox.dispatch(dispatch, &home);
     }
 
     /// Sends the one predictor call; the answer arrives in [`Flow::on_callout_answer`].
@@ -633,7 +597,6 @@ impl Flow {
         if let Some(f) = &flow {
             timeout += Duration::from_millis(f.max_wait_ms);
         }
-        self.offered_wait = flow.is_some();
         let predict = PredictRequest {
             pool: self.pool.clone(),
             request_id: self.request_id.clone(),
@@ -645,7 +608,7 @@ impl Flow {
         let predict = if let Some(context) = coalesce {
             match vm.predictions.join(host, context, predict) {
                 Ok(()) => {
-                    self.coalesced_ns = Some(host.now_ns());
+                    self.phase = Phase::Asking(Asking::Coalesced { since_ns: host.now_ns() });
                     return Step::Pause;
                 }
                 Err(predict) => *predict,
@@ -653,6 +616,7 @@ impl Flow {
         } else {
             predict
         };
+        let offered_wait = predict.flow.is_some();
         let Ok(bytes) = codec::encode(Format::MsgPack, &predict) else {
             return self.fall_back(host, vm, FallbackCause::CallFailed, false);
         };
@@ -660,7 +624,8 @@ impl Flow {
         match host.http_call(&cluster, &vm.call_headers(paths::PREDICT), &bytes, timeout) {
             Ok(token) => {
                 vm.asked(host.now_ms());
-                self.callout = Some(Callout { token, started_ns: host.now_ns(), cluster });
+                let callout = Callout { token, started_ns: host.now_ns(), cluster };
+                self.phase = Phase::Asking(Asking::Call { callout, offered_wait });
                 Step::Pause
             }
             Err(_) => {
@@ -719,6 +684,7 @@ impl Flow {
     /// Sets the destination (none: Envoy balances), records the dispatch, continues.
     fn route(&mut self, host: &mut dyn Host, vm: &mut Vm, choice: Option<Choice>, paused: bool) -> Step {
         let source = choice.as_ref().map_or(RouteSource::Envoy, |c| c.source);
+        let mut held_dispatch = None;
         if let Some(c) = &choice {
             let destination = std::iter::once(&c.endpoint).chain(&c.fallbacks).cloned().collect::<Vec<_>>().join(",");
             if host.set_header(Map::RequestHeaders, &vm.config.destination_header, &destination).is_err() {
@@ -739,11 +705,7 @@ impl Flow {
                     _ => RequestFeatures::default(),
                 },
             };
-            self.held_dispatch = Some((dispatch, vm.predictor_cluster(host.now_ms())));
-            // Read from the body, or header-only with the body already through: as it is.
-            if vm.config.read_body || self.body_ended {
-                self.release_dispatch(vm);
-            }
+            held_dispatch = Some((dispatch, vm.predictor_cluster(host.now_ms())));
         }
         if let Some(ms) = try_timeout_ms(&self.features, &vm.config) {
             if host.set_header(Map::RequestHeaders, PER_TRY_TIMEOUT, &ms.to_string()).is_err() {
@@ -751,12 +713,32 @@ impl Flow {
             }
         }
         host.record(Event::Routed(source));
-        self.choice = choice;
-        self.forwarded_ns = host.now_ns();
+        let forwarded = Forwarded { choice, at_ns: host.now_ns(), held_dispatch, ..Forwarded::default() };
+        self.phase = Phase::Forwarded(Box::new(forwarded));
+        // Read from the body, or header-only with the body already through: as it is.
+        if vm.config.read_body || self.body_ended {
+            self.release_dispatch(vm);
+        }
         if paused {
             Step::Resume
         } else {
             Step::Continue
+        }
+    }
+}
+
+/// Files what a request's endpoints did in the VM's passive health: the chosen one failed
+/// when Envoy served the request elsewhere (`failed_at`: it retried a connect failure, a
+/// reset or a 5xx there), and the endpoint that answered by its `status`.
+fn judge_health(host: &mut dyn Host, vm: &mut Vm, failed_at: Option<&str>, endpoint: &str, status: u16) {
+    let now = host.now_ms();
+    for (at, outcome) in Outcome::of_request(failed_at, endpoint, status) {
+        let recorded = vm.health.record(at, outcome, now);
+        if outcome == Outcome::Failure {
+            host.record(Event::EndpointFailed { ejected: recorded != Recorded::Nothing });
+            if let Recorded::Ejected(ms) = recorded {
+                host.log(Level::Warn, &format!("headroom: endpoint {at} ejected for {ms} ms after failing requests"));
+            }
         }
     }
 }
