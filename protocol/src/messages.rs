@@ -241,8 +241,8 @@ pub struct FlowAnswer {
 }
 
 /// What the predictor knows of one endpoint at predict time. These are the
-/// model's input features; the filter echoes them back in its report so that
-/// training sees exactly what prediction saw.
+/// model's input features; the predictor keeps the state it predicted a request with in
+/// its record of the request, so training sees exactly what prediction saw.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EndpointState {
     /// `vllm:num_requests_running` at the last scrape.

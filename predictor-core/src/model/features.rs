@@ -1,10 +1,10 @@
 //! The model's input features: defined once, used by prediction and training.
 //!
 //! At predict time the vector is built from the request and the endpoint's
-//! [`EndpointState`] the predictor computes. The filter echoes that state back
-//! in its report (`state_at_dispatch`), and training builds the vector from it
-//! with this same function: prediction and training cannot disagree on what a
-//! feature means (no train/serve skew).
+//! [`EndpointState`] the predictor computes. The predictor keeps that state in its
+//! record of the request (`state_at_dispatch` of the observation the report completes),
+//! and training builds the vector from it with this same function: prediction and
+//! training cannot disagree on what a feature means (no train/serve skew).
 //!
 //! The last two columns are the analytic prior's prediction for the row, in log
 //! space: the trees learn the residual `log(actual) - log(prior)` (`gbdt`), and the
