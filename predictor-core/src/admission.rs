@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::flow::decide::{fits, goes_now, own_room, ready};
+use crate::flow::decide::{fits, own_room, ready, within_horizon};
 use crate::flow::queue::{Refused, Reply, Waiter};
 use crate::predictor::Predictor;
 use crate::service;
@@ -79,7 +79,7 @@ fn idle_ttfts_ms<'a>(
 }
 
 /// The request's own TTFT at `endpoint` were it idle (0 without a prediction): what
-/// [`goes_now`] takes from its predicted TTFT there to leave the queue ahead of it.
+/// [`goes_now`](crate::flow::decide::goes_now) takes from its predicted TTFT there to leave the queue ahead of it.
 fn service_ms(state: &Predictor, req: &PredictRequest, endpoint: &EndpointPrediction) -> f64 {
     idle_ttfts_ms(state, req, [endpoint]).into_iter().flatten().next().unwrap_or(0.0)
 }
@@ -151,10 +151,8 @@ pub fn admit(
     let behind = state.flows.with(&req.pool, |q| q.ahead_of(band)) > 0;
     if !behind {
         let endpoints = &now_answer.endpoints;
-        let goes = |&i: &usize| {
-            goes_now(&req, &terms, &endpoints[i], service_ms(state, &req, &endpoints[i]), 0.0, &state.config.flow)
-        };
-        let now_cleared: Vec<usize> = room.into_iter().filter(goes).collect();
+        let service = |i: usize| service_ms(state, &req, &endpoints[i]);
+        let now_cleared = within_horizon(&req, &terms, endpoints, room, service, 0.0, &state.config.flow);
         if let Some(&first) = now_cleared.first() {
             reserve(state, &req, &now_answer.endpoints[first], now);
             let cleared = addresses(&now_answer.endpoints, &now_cleared);

@@ -59,6 +59,20 @@ pub fn goes_now(
     predicted - service_ms <= terms.dispatch_horizon_ms as f64 || must_go(req, endpoint, waited_ms, config)
 }
 
+/// Of the endpoints with room for `req` (`room`, from [`fits`]), those it [`goes_now`] to,
+/// in the same order: each judged on its own queue. `service_ms` as in [`ready`].
+pub fn within_horizon(
+    req: &PredictRequest,
+    terms: &FlowTerms,
+    endpoints: &[EndpointPrediction],
+    room: Vec<usize>,
+    service_ms: impl Fn(usize) -> f64,
+    waited_ms: f64,
+    config: &FlowConfig,
+) -> Vec<usize> {
+    room.into_iter().filter(|&i| goes_now(req, terms, &endpoints[i], service_ms(i), waited_ms, config)).collect()
+}
+
 /// Whether `req` cannot wait longer for `endpoint`: what is left of its TTFT SLO past the
 /// prediction there is under [`pressure_ms`].
 pub fn must_go(req: &PredictRequest, endpoint: &EndpointPrediction, waited_ms: f64, config: &FlowConfig) -> bool {
@@ -87,10 +101,7 @@ pub fn ready(
 ) -> Vec<usize> {
     let room = fits(req, terms, endpoints, waited_ms);
     if !room.is_empty() {
-        return room
-            .into_iter()
-            .filter(|&i| goes_now(req, terms, &endpoints[i], service_ms(i), waited_ms, config))
-            .collect();
+        return within_horizon(req, terms, endpoints, room, service_ms, waited_ms, config);
     }
     // Work that may be refused is not sent to slow work that may not: a sheddable request
     // waits for room beside the tighter decodes until its deadline (the filter's policy
@@ -124,6 +135,17 @@ mod tests {
         }
     }
 
+    /// Flow terms with `horizon_ms` as the dispatch horizon, buffers at 1.
+    fn terms(horizon_ms: u64) -> FlowTerms {
+        FlowTerms {
+            max_wait_ms: 10_000,
+            tpot_buffer: 1.0,
+            ttft_buffer: 1.0,
+            dispatch_horizon_ms: horizon_ms,
+            fairness_id: String::new(),
+        }
+    }
+
     fn endpoint(ttft_ms: f64) -> EndpointPrediction {
         EndpointPrediction {
             address: "10.0.0.1:8000".into(),
@@ -137,13 +159,6 @@ mod tests {
     fn a_request_goes_when_the_queue_ahead_is_within_the_horizon_or_its_own_slo_presses() {
         let mut req = request();
         req.request.slo.ttft_ms = Some(1000.0);
-        let terms = |horizon| FlowTerms {
-            max_wait_ms: 10_000,
-            tpot_buffer: 1.0,
-            ttft_buffer: 1.0,
-            dispatch_horizon_ms: horizon,
-            fairness_id: String::new(),
-        };
         let config = FlowConfig::default();
         let busy = [endpoint(300.0)];
         let short = |_| 20.0; // the request's own TTFT on the idle server: the rest is queue
@@ -168,13 +183,7 @@ mod tests {
     fn every_endpoint_is_judged_on_its_own_queue_and_the_most_room_comes_first() {
         let mut req = request();
         req.request.slo.ttft_ms = Some(1000.0);
-        let terms = FlowTerms {
-            max_wait_ms: 10_000,
-            tpot_buffer: 1.0,
-            ttft_buffer: 1.0,
-            dispatch_horizon_ms: 150,
-            fairness_id: String::new(),
-        };
+        let terms = terms(150);
         let config = FlowConfig::default();
         let own = |_| 20.0;
         // The most room (a fast server, 300 ms to a first token) behind a long queue; less
@@ -198,13 +207,7 @@ mod tests {
         let mut req = request();
         req.request.slo = Slo { ttft_ms: Some(4000.0), tpot_ms: Some(150.0) };
         req.request.streaming = true;
-        let terms = FlowTerms {
-            max_wait_ms: 10_000,
-            tpot_buffer: 1.0,
-            ttft_buffer: 1.0,
-            dispatch_horizon_ms: 150,
-            fairness_id: String::new(),
-        };
+        let terms = terms(150);
         let config = FlowConfig::default();
         // An idle queue, but interactive requests (40 ms TPOT SLO) decode there and its
         // decode would take the step time to 60 ms.
