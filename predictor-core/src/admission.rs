@@ -184,7 +184,8 @@ pub fn admit(
     let waiter = Waiter {
         id,
         band,
-        tenant: terms.fairness_id.clone(),
+        // An older filter named the tenant in its terms only.
+        tenant: if req.request.tenant.is_empty() { terms.fairness_id.clone() } else { req.request.tenant.clone() },
         arrived: now,
         deadline: now + wait,
         request: req.clone(),

@@ -149,6 +149,7 @@ impl Slo {
 impl RequestFeatures {
     pub fn check(&self, at: &str) -> Result<(), Invalid> {
         text(at, "model", &self.model, MAX_NAME_BYTES, false)?;
+        text(at, "tenant", &self.tenant, MAX_NAME_BYTES, false)?;
         tokens(at, "input_tokens", Some(self.input_tokens))?;
         tokens(at, "max_tokens", self.max_tokens)?;
         if self.sequences > MAX_SEQUENCES {

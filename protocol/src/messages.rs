@@ -114,6 +114,13 @@ pub struct RequestFeatures {
     /// each booked as load; 0 is read as 1 ([`RequestFeatures::sequence_count`]).
     #[serde(default)]
     pub sequences: u32,
+    /// The tenant (the fairness header's value, or the trusted header's when one is
+    /// configured; empty: none). Flow control takes turns by it within a priority band, and
+    /// a running TPOT goal holds later requests of its own tenant at its priority, and every
+    /// tenant's below it, but not another tenant's at its priority: peers at one priority
+    /// cannot reserve capacity from each other (`predictor-core`'s books).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tenant: String,
 }
 
 impl RequestFeatures {
@@ -170,9 +177,9 @@ pub struct FlowTerms {
     /// (its predicted TTFT there less its own TTFT on that endpoint idle) is above this,
     /// unless its own SLO is about to run out (the filter's `flow_dispatch_horizon_ms`).
     pub dispatch_horizon_ms: u64,
-    /// The tenant (the fairness header's value; empty: none): within a priority band,
-    /// tenants take turns.
-    #[serde(default)]
+    /// The tenant as filters before [`RequestFeatures::tenant`] sent it: read when the
+    /// request names none, never sent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub fairness_id: String,
 }
 

@@ -233,14 +233,16 @@ fn long_stream(gateway: String, name: &str, tpot: &str, routed: bool) -> std::th
 /// 181 of 198 other tenants' streams to the one other server. A running goal now holds
 /// others only when it leaves the endpoint room for a batch (twice its fastest step), and
 /// only for a request placed by its goals (`InFlight::tpot_slo_ms`); a fair tight goal
-/// (20 ms) still does. Read from the predictor's answer while the streams run.
+/// (20 ms) still does, for its own tenant's later requests at its priority, not its peers'
+/// (`Booked::slos_for`). Read from the predictor's answer while the streams run.
 #[test]
 fn a_client_claiming_an_endpoints_fastest_step_reserves_nothing() {
     let h = harness(json!({}));
     let endpoints: Vec<String> = h.stack.state.servers.iter().map(|s| s.to_string()).collect();
-    let tightest = || {
+    let tightest_for = |tenant: &str| {
         let body = json!({"pool": "default", "request_id": "probe", "request": {"model": "sim-llama-8b",
-            "input_tokens": 100, "streaming": true, "slo": {"tpot_ms": 100.0}, "prediction_based": true}});
+            "input_tokens": 100, "streaming": true, "slo": {"tpot_ms": 100.0}, "prediction_based": true,
+            "tenant": tenant}});
         let answer = h.predict(&body);
         let endpoints = answer["endpoints"].as_array().cloned().unwrap_or_default();
         endpoints.iter().map(|e| e["state"]["tightest_tpot_slo_ms"].as_f64()).collect::<Vec<_>>()
@@ -255,12 +257,18 @@ fn a_client_claiming_an_endpoints_fastest_step_reserves_nothing() {
     std::thread::sleep(Duration::from_millis(100));
     streams.push(long_stream(h.gateway(), "unrouted", "20", false));
     assert!(running(3), "the three streams run");
-    assert_eq!(tightest(), vec![None; endpoints.len()], "no stream holds an endpoint to its goal");
-    // A fair tight goal placed by: its endpoint holds later requests to it.
+    for tenant in ["greedy-a", "greedy-b", "unrouted", ""] {
+        assert_eq!(tightest_for(tenant), vec![None; endpoints.len()], "no stream holds an endpoint to its goal");
+    }
+    // A fair tight goal placed by: its endpoint holds its tenant's later requests to it, and
+    // no other tenant's at its priority.
     streams.push(long_stream(h.gateway(), "fair", "20", true));
     assert!(running(4), "the fair stream runs");
-    let held = tightest();
+    let held = tightest_for("fair");
     assert_eq!(held.iter().filter(|t| **t == Some(20.0)).count(), 1, "the fair goal protects its stream: {held:?}");
+    for peer in ["greedy-a", ""] {
+        assert_eq!(tightest_for(peer), vec![None; endpoints.len()], "{peer:?} is a peer of the fair tenant");
+    }
     for s in streams {
         assert!(s.join().unwrap(), "a long stream failed");
     }

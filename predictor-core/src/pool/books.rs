@@ -49,6 +49,9 @@ pub(super) struct InFlight {
     pub(super) tpot_slo_ms: Option<f64>,
     /// Its priority: its SLO tightens the targets of requests in its band and below only.
     pub(super) priority: i32,
+    /// Its tenant ([`tenant_key`]): at its own priority its SLO tightens only its tenant's
+    /// targets ([`Booked::slos_for`]).
+    pub(super) tenant: u64,
     /// Predicted end of prefill (dispatch + predicted TTFT).
     pub(super) prefill_done_by: Option<Instant>,
     /// Its first token passed the gateway: past prefill, observed.
@@ -88,6 +91,7 @@ impl InFlight {
             sequences: r.sequence_count(),
             tpot_slo_ms: r.streamed_tpot_slo_ms().filter(protects),
             priority: r.priority,
+            tenant: tenant_key(&r.tenant),
             // Checked: a prediction too large for an Instant means "not known", never a panic.
             prefill_done_by: ttft_ms
                 .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
@@ -107,6 +111,29 @@ impl InFlight {
 /// single step), and no workload's tightest class (40 ms on 7) comes near it.
 const CLAIM_FLOOR: f64 = 2.0;
 
+/// The key a tenant's claims are filed under: the anonymous tenant (no name) is 0. A
+/// fixed hash, so keys agree across moments and replicas; two names that collide merely
+/// share claims, which a client that may name any tenant could do anyway.
+pub(super) fn tenant_key(tenant: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    if tenant.is_empty() {
+        return 0;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    tenant.hash(&mut h);
+    h.finish() | 1
+}
+
+/// Running TPOT goals that may tighten another request's target, by priority band, tenant
+/// and goal: `requests` of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Claim {
+    pub band: i32,
+    pub tenant: u64,
+    pub slo_ms: f64,
+    pub requests: u32,
+}
+
 /// Output tokens assumed for a request that gave no `max_tokens`.
 const DEFAULT_EXPECTED_OUTPUT: u32 = 256;
 
@@ -119,21 +146,29 @@ pub(super) struct Booked {
     pub uncached_tokens_in_flight: u64,
     /// Of those, what the engine has likely not prefilled yet (`None`: no prefill cost known).
     pub prefill_backlog_tokens: Option<u64>,
-    /// `(priority, TPOT SLO, requests)` of the requests whose SLO may tighten another's
-    /// target (`InFlight::tpot_slo_ms`).
-    pub slos: Vec<(i32, f64, u32)>,
+    /// The requests whose SLO may tighten another's target (`InFlight::tpot_slo_ms`).
+    pub slos: Vec<Claim>,
 }
 
 impl Booked {
-    /// The tightest TPOT SLO running here of the band `priority` or above, and how many of
-    /// those are tighter than `own`.
-    pub fn slos_for(&self, priority: i32, own: Option<f64>) -> (Option<f64>, u32) {
+    /// The tightest TPOT SLO running here that holds a request of `priority` and `tenant`
+    /// ([`tenant_key`]), and how many of those are tighter than `own`: the goals of every
+    /// higher band, and of its own band its own tenant's.
+    ///
+    /// Why not its band's every tenant: tenants at one priority are peers, and a goal that
+    /// held its peers would let one tenant's tight (if keepable) goals on every endpoint
+    /// reserve the pool's batches from all the others, which the operator, who alone sets
+    /// priorities above 0 (`trusted_priority_header`), never granted it. Within a tenant, and
+    /// over lower bands, a goal protects its stream as before. Requests that name no tenant
+    /// are one tenant, so a pool without tenants judges as if every goal held its band.
+    pub fn slos_for(&self, priority: i32, tenant: u64, own: Option<f64>) -> (Option<f64>, u32) {
         let mut tightest: Option<f64> = None;
         let mut tighter = 0u32;
-        for &(_, slo, n) in self.slos.iter().filter(|(band, ..)| *band >= priority) {
-            tightest = Some(tightest.map_or(slo, |t| t.min(slo)));
-            if own.is_some_and(|own| slo < own) {
-                tighter = tighter.saturating_add(n);
+        let holds = |c: &&Claim| c.band > priority || (c.band == priority && c.tenant == tenant);
+        for c in self.slos.iter().filter(holds) {
+            tightest = Some(tightest.map_or(c.slo_ms, |t| t.min(c.slo_ms)));
+            if own.is_some_and(|own| c.slo_ms < own) {
+                tighter = tighter.saturating_add(c.requests);
             }
         }
         (tightest, tighter)
@@ -172,9 +207,9 @@ impl Booked {
         self.in_flight = self.in_flight.saturating_add(f.sequences);
         self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens(f));
         if let Some(slo) = f.tpot_slo_ms {
-            match self.slos.iter_mut().find(|(band, s, _)| *band == f.priority && *s == slo) {
-                Some((_, _, n)) => *n = n.saturating_add(1),
-                None => self.slos.push((f.priority, slo, 1)),
+            match self.slos.iter_mut().find(|c| c.band == f.priority && c.tenant == f.tenant && c.slo_ms == slo) {
+                Some(c) => c.requests = c.requests.saturating_add(1),
+                None => self.slos.push(Claim { band: f.priority, tenant: f.tenant, slo_ms: slo, requests: 1 }),
             }
         }
     }
@@ -184,9 +219,10 @@ impl Booked {
         self.in_flight = self.in_flight.saturating_sub(f.sequences);
         self.tokens_in_flight = self.tokens_in_flight.saturating_sub(tokens(f));
         if let Some(slo) = f.tpot_slo_ms {
-            if let Some(k) = self.slos.iter().position(|(band, s, _)| *band == f.priority && *s == slo) {
-                self.slos[k].2 -= 1;
-                if self.slos[k].2 == 0 {
+            let filed = |c: &Claim| c.band == f.priority && c.tenant == f.tenant && c.slo_ms == slo;
+            if let Some(k) = self.slos.iter().position(filed) {
+                self.slos[k].requests -= 1;
+                if self.slos[k].requests == 0 {
                     self.slos.swap_remove(k);
                 }
             }

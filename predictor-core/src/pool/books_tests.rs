@@ -48,8 +48,40 @@ fn a_moment_is_summed_once_and_every_change_at_that_moment_is_seen() {
     assert_eq!((s[0].tightest_tpot_slo_ms, s[0].tighter_tpot_in_flight), (Some(50.0), 1));
 }
 
+/// A running goal holds the later requests of its own tenant at its priority and every
+/// tenant's below it, never another tenant's at its priority: a tenant's tight goals on
+/// every endpoint leave its peers' targets as if it asked nothing.
+#[test]
+fn a_running_goal_holds_its_own_tenant_and_lower_bands_but_not_its_peers() {
+    let mut p = Pool::new("p", &["a:1".into(), "b:1".into()], 64);
+    let now = Instant::now();
+    for (id, endpoint) in [("g1", "a:1"), ("g2", "b:1")] {
+        let mut d = dispatch(id, endpoint, 100, 20.0);
+        d.request.tenant = "greedy".into();
+        p.dispatch(&d, now);
+    }
+    let held = |p: &mut Pool, tenant: &str, priority: i32| {
+        let mut asking = RequestFeatures { streaming: true, priority, tenant: tenant.into(), ..Default::default() };
+        asking.slo.tpot_ms = Some(100.0);
+        p.states_for(&asking, now)
+            .iter()
+            .map(|s| (s.tightest_tpot_slo_ms, s.tighter_tpot_in_flight))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(held(&mut p, "greedy", 0), vec![(Some(20.0), 1); 2], "its own tenant is held");
+    assert_eq!(held(&mut p, "greedy", -1), vec![(Some(20.0), 1); 2], "a lower band is held");
+    assert_eq!(held(&mut p, "other", -1), vec![(Some(20.0), 1); 2], "any tenant's lower band is held");
+    assert_eq!(held(&mut p, "other", 0), vec![(None, 0); 2], "a peer is not");
+    assert_eq!(held(&mut p, "", 0), vec![(None, 0); 2], "nor an anonymous request at its band");
+    // A goal of its band another tenant holds still binds that tenant's own requests.
+    let mut d = dispatch("o1", "a:1", 100, 50.0);
+    d.request.tenant = "other".into();
+    p.dispatch(&d, now);
+    assert_eq!(held(&mut p, "other", 0), vec![(Some(50.0), 1), (None, 0)]);
+}
+
 /// An endpoint's (requests, tokens, uncached tokens in prefill, SLOs as [`merged`]).
-type Sums = (u32, u64, u64, Vec<(i32, u64, u32)>);
+type Sums = (u32, u64, u64, Vec<(i32, u64, u64, u32)>);
 
 /// What the books say at a moment, summed from scratch over every request in flight by
 /// the rule (the definition the kept sums must equal).
@@ -70,19 +102,19 @@ fn summed_from_scratch(p: &Pool, now: Instant) -> Vec<Sums> {
             o.2 += f.uncached_tokens;
         }
         if let Some(slo) = f.tpot_slo_ms {
-            o.3.push((f.priority, slo.to_bits(), 1));
+            o.3.push((f.priority, f.tenant, slo.to_bits(), 1));
         }
     }
     out.into_iter().map(|(n, t, u, slos)| (n, t, u, merged(slos))).collect()
 }
 
-/// (band, SLO bits, requests) sorted, equal ones merged: the SLOs as a set with counts.
-fn merged(mut slos: Vec<(i32, u64, u32)>) -> Vec<(i32, u64, u32)> {
+/// (band, tenant, SLO bits, requests) sorted, equal ones merged: the SLOs as a set with counts.
+fn merged(mut slos: Vec<(i32, u64, u64, u32)>) -> Vec<(i32, u64, u64, u32)> {
     slos.sort_unstable();
-    let mut out: Vec<(i32, u64, u32)> = Vec::new();
+    let mut out: Vec<(i32, u64, u64, u32)> = Vec::new();
     for s in slos {
         match out.last_mut() {
-            Some(last) if (last.0, last.1) == (s.0, s.1) => last.2 += s.2,
+            Some(last) if (last.0, last.1, last.2) == (s.0, s.1, s.2) => last.3 += s.3,
             _ => out.push(s),
         }
     }
@@ -110,6 +142,7 @@ fn the_kept_sums_equal_a_sum_from_scratch_through_any_history() {
                 let id = format!("r{step}");
                 let mut d = dispatch(&id, endpoint, 1 + next(900) as u32, [20.0, 50.0, 80.0][next(3) as usize]);
                 d.request.priority = next(2) as i32 - 1;
+                d.request.tenant = ["", "a", "b"][next(3) as usize].to_string();
                 let ttft = [None, Some(50.0), Some(900.0), Some(4_000.0)][next(4) as usize];
                 p.predicted_then_dispatched(&d, (ttft, Some(10.0)), now);
                 ids.push(id);
@@ -147,7 +180,7 @@ fn the_kept_sums_equal_a_sum_from_scratch_through_any_history() {
                 .booked(p.endpoints.len(), at, p.first_token_events(at), |_, _| None)
                 .iter()
                 .map(|b| {
-                    let slos = b.slos.iter().map(|&(band, slo, n)| (band, slo.to_bits(), n)).collect();
+                    let slos = b.slos.iter().map(|c| (c.band, c.tenant, c.slo_ms.to_bits(), c.requests)).collect();
                     (b.in_flight, b.tokens_in_flight, b.uncached_tokens_in_flight, merged(slos))
                 })
                 .collect();

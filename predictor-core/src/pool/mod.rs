@@ -612,14 +612,16 @@ impl Pool {
             costs.get(i).copied().flatten().map(|ms| prefill_backlog(prompts, ms, now))
         });
         let own_tpot_slo = request.streamed_tpot_slo_ms();
+        let tenant = books::tenant_key(&request.tenant);
         self.endpoints
             .iter()
             .zip(booked)
             .zip(costs)
             .map(|((e, b), prefill_ms_per_token)| {
                 let m = e.metrics.unwrap_or_default();
-                // Only a running request of the asker's band or a higher one tightens its target.
-                let (tightest_tpot_slo_ms, tighter_tpot_in_flight) = b.slos_for(request.priority, own_tpot_slo);
+                // Only a running request of a higher band, or of the asker's band and tenant,
+                // tightens its target.
+                let (tightest_tpot_slo_ms, tighter_tpot_in_flight) = b.slos_for(request.priority, tenant, own_tpot_slo);
                 EndpointState {
                     running: m.running,
                     waiting: m.waiting,

@@ -69,8 +69,6 @@ pub struct Flow {
     /// Bytes of prompt text whose tokens were estimated (0: none, or given as token ids):
     /// with the response's `usage.prompt_tokens`, what the VM learns bytes per token from.
     prompt_bytes: usize,
-    /// The tenant (`fairness_header`), sent with flow terms.
-    fairness_id: String,
     /// The predictor pool it is predicted, placed and reported in: `pool`, or the one
     /// `model_pools` maps its model to.
     pool: String,
@@ -137,9 +135,11 @@ impl Flow {
         }
         self.prediction_based = parsed.prediction_based.unwrap_or(false);
         self.features.prediction_based = self.prediction_based;
-        if config.flow_control {
+        // The tenant: flow control takes turns by it, and a running goal holds only its own
+        // tenant's requests at its priority (`RequestFeatures::tenant`).
+        if config.flow_control || self.prediction_based {
             match hints::parse_tenant(|name| headers.get(name).map(str::to_string), &config) {
-                Ok(tenant) => self.fairness_id = tenant,
+                Ok(tenant) => self.features.tenant = tenant,
                 Err(e) => return self.reject(host, 400, &e.header, &e.message),
             }
         }
@@ -591,7 +591,7 @@ impl Flow {
             tpot_buffer: config.tpot_buffer,
             ttft_buffer: config.ttft_buffer,
             dispatch_horizon_ms: config.flow_dispatch_horizon_ms,
-            fairness_id: self.fairness_id.clone(),
+            fairness_id: String::new(),
         });
         let mut timeout = Duration::from_millis(config.predictor_timeout_ms);
         if let Some(f) = &flow {

@@ -38,7 +38,8 @@ fn with_flow_control_an_slo_request_offers_to_wait_and_the_call_waits_as_long() 
     assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &headers, BODY), Step::Pause);
     let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
     let terms = asked.flow.expect("flow terms sent");
-    assert_eq!((terms.max_wait_ms, terms.tpot_buffer, terms.fairness_id.as_str()), (3000, 1.5, "team-a"));
+    assert_eq!((terms.max_wait_ms, terms.tpot_buffer), (3000, 1.5));
+    assert_eq!((asked.request.tenant.as_str(), terms.fairness_id.as_str()), ("team-a", ""), "the tenant said once");
     assert_eq!(terms.ttft_buffer, 0.85, "the predictor judges headroom with the filter's buffers");
     assert_eq!(terms.dispatch_horizon_ms, 90);
     assert_eq!(host.calls[0].timeout, Duration::from_millis(3050));
@@ -57,7 +58,7 @@ fn a_trusted_tenant_header_is_the_only_source_of_the_tenant() {
     let mut vm = vm(r#"{"flow_control":true,"trusted_fairness_header":"x-auth-tenant"}"#);
     let tenant_of = |host: &FakeHost, call: usize| {
         let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[call].body).unwrap();
-        asked.flow.map(|f| f.fairness_id).unwrap_or_default()
+        asked.request.tenant
     };
     let claimed = [SLO[0], SLO[1], ("x-llm-d-inference-fairness-id", "team-a"), ("x-auth-tenant", "team-b")];
     assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &claimed, BODY), Step::Pause);
@@ -80,7 +81,7 @@ fn the_tenant_header_has_the_gateway_api_alias() {
     let mut vm = vm(r#"{"flow_control":true}"#);
     let tenant_of = |host: &FakeHost, call: usize| {
         let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[call].body).unwrap();
-        asked.flow.map(|f| f.fairness_id).unwrap_or_default()
+        asked.request.tenant
     };
     let alias = [SLO[0], SLO[1], (headers::FAIRNESS_ID_ALIAS, "team-a")];
     assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &alias, BODY), Step::Pause);
