@@ -73,14 +73,14 @@ fuzz_target!(|data: &[u8]| {
             1 => {
                 if let Ok(batch) = codec::decode::<DispatchBatch>(format, body) {
                     if batch.check().is_ok() {
-                        service::dispatch(state, &batch, now);
+                        service::dispatch(state, &batch, &headroom_predictor_core::callers::Caller::anonymous(), now);
                     }
                 }
             }
             2 => {
                 if let Ok(batch) = codec::decode::<ReportBatch>(format, body) {
                     if batch.check().is_ok() {
-                        service::report(state, batch, now);
+                        service::report(state, batch, &headroom_predictor_core::callers::Caller::anonymous(), now);
                     }
                 }
             }

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod callers;
 pub mod engine;
 pub mod profile;
 pub use profile::Profile;
@@ -89,6 +90,13 @@ pub struct Config {
     /// Neither: those routes are open (trusted network only; `docs/reliability.md`).
     #[serde(default)]
     pub auth_token_file: Option<PathBuf>,
+    /// File naming each caller (gateway) and its tokens, one `name token` per line
+    /// (`callers.rs`); read again when it changes. Its tokens work beside the single one above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callers_file: Option<PathBuf>,
+    /// What one caller may do, whichever token it presents.
+    #[serde(default)]
+    pub callers: callers::CallerQuotas,
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
     /// Engines beyond the built-in ones (or replacing one of the same name): which series a
@@ -344,10 +352,7 @@ fn default_max_scrape_bytes() -> usize {
 
 /// Environment variable holding the API token (takes precedence over `auth_token_file`).
 pub const TOKEN_ENV: &str = "HEADROOM_PREDICTOR_TOKEN";
-/// The manifests' placeholder token starts so; the predictor refuses to start with it.
-pub const PLACEHOLDER_TOKEN_PREFIX: &str = "change-me";
-/// Shortest token accepted: a guessable token is no protection.
-pub const MIN_TOKEN_BYTES: usize = 16;
+pub use callers::{CallerQuotas, CallerToken, MIN_TOKEN_BYTES, PLACEHOLDER_TOKEN_PREFIX};
 /// The `model.prior_hardware_scale` values accepted: how many times slower than an H100 a
 /// class may be said to run. Beyond it a value is more likely a typo than a GPU.
 pub const PRIOR_HARDWARE_SCALE: std::ops::RangeInclusive<f64> = 0.05..=20.0;
@@ -369,6 +374,8 @@ impl Config {
             max_in_flight: default_max_in_flight(),
             max_scrape_bytes: default_max_scrape_bytes(),
             auth_token_file: None,
+            callers_file: None,
+            callers: callers::CallerQuotas::default(),
             pools,
             engines: Vec::new(),
             model: ModelConfig::default(),
@@ -412,16 +419,29 @@ impl Config {
                 }
             },
         };
-        let token = token.trim().to_string();
-        anyhow::ensure!(
-            token.len() >= MIN_TOKEN_BYTES && token.bytes().all(|b| b.is_ascii_graphic()),
-            "{from}: the token must be at least {MIN_TOKEN_BYTES} visible ASCII characters"
-        );
-        anyhow::ensure!(
-            !token.starts_with(PLACEHOLDER_TOKEN_PREFIX),
-            "{from}: this is the placeholder the manifests ship with; generate a token (`openssl rand -hex 32`)"
-        );
-        Ok(Some(token))
+        callers::checked_token(&token, &from).map(Some)
+    }
+
+    /// Every caller's tokens: the single token ([`Config::auth_token`]) as
+    /// [`callers::SHARED_CALLER`], then `callers_file`'s. Empty: the guarded routes are open.
+    pub fn caller_tokens(&self) -> anyhow::Result<Vec<CallerToken>> {
+        let mut tokens: Vec<CallerToken> = self
+            .auth_token()?
+            .map(|token| CallerToken { caller: callers::SHARED_CALLER.to_string(), token })
+            .into_iter()
+            .collect();
+        if let Some(path) = &self.callers_file {
+            for c in callers::read_callers(path)? {
+                anyhow::ensure!(
+                    tokens.iter().all(|t| t.token != c.token),
+                    "callers_file {}: a token of {:?} is also the single token",
+                    path.display(),
+                    c.caller
+                );
+                tokens.push(c);
+            }
+        }
+        Ok(tokens)
     }
 
     /// Every hardware name used anywhere, sorted: class ids are 1-based positions here.
@@ -512,6 +532,7 @@ impl Config {
         // Every profile must load: a typo in a path fails at start, not at the first request.
         self.prior_profiles().map_err(|e| anyhow::anyhow!("model.prior_profiles: {e}"))?;
         anyhow::ensure!(!self.pools.is_empty(), "at least one [[pool]] is required");
+        self.callers.validate()?;
         if let Some((field, why)) = self.passive_health.invalid() {
             anyhow::bail!("{field} {why}");
         }

@@ -5,7 +5,7 @@
 //! transport (HTTP, the predict stream), the background tasks and the process.
 //!
 //! Modules, one job each, layered one way: `config` (the file format, its own crate) and
-//! `clock` at the bottom; `pool` (endpoint state and in-flight books); `model` (features,
+//! `clock` at the bottom; `callers` (what one gateway may dispatch); `pool` (endpoint state and in-flight books); `model` (features,
 //! the analytic prior, training, ONNX export, the runtime trait, the model store); `flow`
 //! (the flow-control queue and its decisions); `metrics` (every Prometheus series the
 //! predictor exports); `predictor` (the state the decisions share); `service` (what
@@ -13,6 +13,7 @@
 //! does with the queue, on top of the service).
 
 pub mod admission;
+pub mod callers;
 pub mod clock;
 pub mod engine_metrics;
 /// The configuration file, parsed in its own crate (`predictor-config/`).

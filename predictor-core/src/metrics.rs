@@ -336,7 +336,13 @@ impl Metrics {
             "Time to answer one predict request",
             m.predict_duration.clone(),
         );
-        r.register("headroom_dispatches", "Dispatch items by result", m.dispatches.clone());
+        r.register(
+            "headroom_dispatches",
+            "Dispatch items by result: accepted, already_finished, unknown_endpoint, unknown_pool, \
+             pool_full, caller_full (the caller holds its share of the books), caller_rate (past the \
+             caller's dispatch rate)",
+            m.dispatches.clone(),
+        );
         r.register(
             "headroom_dispatches_without_record",
             "Dispatches accepted without this predictor's record of the request (predicted by another \

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use headroom_protocol::Observation;
 
+use crate::callers::Callers;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::flow::queue::Flows;
@@ -24,6 +25,8 @@ pub struct Predictor {
     pub metrics: Metrics,
     /// Requests waiting for headroom (flow control), per pool.
     pub flows: Flows,
+    /// Each caller's dispatch rate.
+    pub callers: Callers,
     /// The time every decision reads (`crate::clock`).
     pub clock: Arc<dyn Clock>,
 }
@@ -53,6 +56,7 @@ impl Predictor {
             models,
             observations: Mutex::new(ObservationLog::new(config.observations_kept)),
             flows: Flows::new(config.flow.clone()),
+            callers: Callers::new(config.callers),
             clock,
             config,
         })

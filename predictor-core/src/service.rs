@@ -11,6 +11,7 @@ use headroom_protocol::{
     ReportBatch,
 };
 
+use crate::callers::Caller;
 use crate::model::features;
 use crate::pool::{Applied, EngineMetrics, Finished, Kept};
 use crate::predictor::Predictor;
@@ -100,11 +101,18 @@ fn predicted(
     Ok(answers)
 }
 
-/// Starts tracking each dispatched request (the batch is already checked).
-pub fn dispatch(state: &Predictor, batch: &DispatchBatch, now: Instant) -> BatchAck {
+/// Starts tracking each request `caller` dispatched (the batch is already checked), as far
+/// as its quotas allow (`crate::callers`): the dispatches past its rate are not tracked.
+pub fn dispatch(state: &Predictor, batch: &DispatchBatch, caller: &Caller, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
-    for d in &batch.dispatches {
-        let applied = state.pools.with(&d.pool, |p| p.dispatch(d, now));
+    let granted = state.callers.take(caller, batch.dispatches.len(), now);
+    for (k, d) in batch.dispatches.iter().enumerate() {
+        if k >= granted {
+            ack.rejected += 1;
+            state.metrics.dispatch("caller_rate", 1);
+            continue;
+        }
+        let applied = state.pools.with(&d.pool, |p| p.dispatch_from(d, caller, now));
         if applied == Some(Applied::AcceptedWithoutRecord) {
             state.metrics.dispatched_without_record();
         }
@@ -113,6 +121,7 @@ pub fn dispatch(state: &Predictor, batch: &DispatchBatch, now: Instant) -> Batch
             Some(Applied::AlreadyFinished) => "already_finished",
             Some(Applied::UnknownEndpoint) => "unknown_endpoint",
             Some(Applied::PoolFull) => "pool_full",
+            Some(Applied::CallerFull) => "caller_full",
             None => "unknown_pool",
         };
         if matches!(applied, Some(Applied::Accepted | Applied::AcceptedWithoutRecord)) {
@@ -126,9 +135,11 @@ pub fn dispatch(state: &Predictor, batch: &DispatchBatch, now: Instant) -> Batch
     ack
 }
 
-/// Ends tracking of each reported request and learns from those this predictor saw
-/// dispatched, to the endpoint that served them (the batch is already checked).
-pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
+/// Ends tracking of each request `caller` reported and learns from those this predictor saw
+/// dispatched, to the endpoint that served them (the batch is already checked). What a
+/// report says of its endpoints' health counts only for a request dispatched here, so a
+/// token holder cannot eject endpoints with reports of requests nobody sent.
+pub fn report(state: &Predictor, batch: ReportBatch, caller: &Caller, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
     for a in &batch.abandoned {
         // A pool this predictor does not serve has no queue to leave, and gets none.
@@ -158,15 +169,17 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
         // dispatched, fold its TPOT into that endpoint's recent average (only a stream has one).
         let tpot = r.tpot_ms.filter(|_| r.status == 200);
         let finished = state.pools.with(&r.pool, |p| {
+            let finished = p.finish_from(&r.request_id, caller, now);
             // Passive health: where it failed before a retry served it elsewhere, and what
             // the endpoint that answered did.
-            for (at, outcome) in Outcome::of_request(r.failed_at.as_deref(), &r.endpoint, r.status) {
-                let ejected = p.answered(at, outcome, now);
-                if outcome == Outcome::Failure {
-                    state.metrics.endpoint_failed(&r.pool, ejected);
+            if matches!(finished, Finished::Tracked(..) | Finished::Late(..)) {
+                for (at, outcome) in Outcome::of_request(r.failed_at.as_deref(), &r.endpoint, r.status) {
+                    let ejected = p.answered(at, outcome, now);
+                    if outcome == Outcome::Failure {
+                        state.metrics.endpoint_failed(&r.pool, ejected);
+                    }
                 }
             }
-            let finished = p.finish(&r.request_id, now);
             if let (Finished::Tracked(at, _), Some(tpot)) = (&finished, tpot) {
                 if *at == r.endpoint {
                     p.observed_tpot(&r.endpoint, tpot, now);
@@ -174,10 +187,18 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
             }
             finished
         });
-        let Some(finished) = finished else {
-            ack.rejected += 1;
-            state.metrics.report("unknown_pool", 1);
-            continue;
+        let finished = match finished {
+            None => {
+                ack.rejected += 1;
+                state.metrics.report("unknown_pool", 1);
+                continue;
+            }
+            Some(Finished::OtherCaller) => {
+                ack.rejected += 1;
+                state.metrics.report("other_caller", 1);
+                continue;
+            }
+            Some(finished) => finished,
         };
         ack.accepted += 1;
         state.metrics.report("accepted", 1);
@@ -188,7 +209,7 @@ pub fn report(state: &Predictor, batch: ReportBatch, now: Instant) -> BatchAck {
         match finished {
             Finished::Tracked(..) => state.metrics.report("tracked", 1),
             Finished::Late(..) => state.metrics.report("late", 1),
-            Finished::Unknown => {}
+            Finished::Unknown | Finished::OtherCaller => {}
         }
         // What the gateway measured, completed from this predictor's own record: a report
         // teaches only where its request was predicted here and served where it was dispatched.

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use headroom_predictor_core::admission::{self, Admission};
+use headroom_predictor_core::callers::Caller;
 use headroom_predictor_core::clock::{Clock, ManualClock};
 use headroom_predictor_core::config::Config;
 use headroom_predictor_core::flow::queue::Reply;
@@ -118,7 +119,7 @@ fn a_refused_scrape_ends_predictions_at_once_and_a_failed_one_lets_them_age() {
 /// none is.
 #[test]
 fn reports_of_an_endpoint_failing_eject_it_from_the_predictions_for_a_term() {
-    use headroom_protocol::{Report, ReportBatch, RouteSource};
+    use headroom_protocol::{Dispatch, DispatchBatch, Report, ReportBatch, RouteSource};
     let config = Config::parse(
         "stale_after_ms = 600000\n[[pool]]\nname = \"default\"\nendpoints = [\"10.0.0.1:8000\", \"10.0.0.2:8000\"]\n",
     )
@@ -128,7 +129,8 @@ fn reports_of_an_endpoint_failing_eject_it_from_the_predictions_for_a_term() {
     let idle = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, decode: None, queue_read: true };
     state.pools.with("default", |p| p.endpoints.iter_mut().for_each(|e| e.scraped(idle, clock.now())));
     let predicted = |i: usize| service::predict(&state, request(), clock.now()).unwrap().endpoints[i].ttft_ms.is_some();
-    let report = |id: &str, endpoint: &str, status: u16, failed_at: Option<&str>| ReportBatch {
+    let gateway = Caller::new("gateway");
+    let batch = |id: &str, endpoint: &str, status: u16, failed_at: Option<&str>| ReportBatch {
         reports: vec![Report {
             pool: "default".into(),
             request_id: id.into(),
@@ -144,26 +146,49 @@ fn reports_of_an_endpoint_failing_eject_it_from_the_predictions_for_a_term() {
         }],
         ..Default::default()
     };
+    // Each request dispatched to its first choice by the gateway, then reported.
+    let report = |id: &str, endpoint: &str, status: u16, failed_at: Option<&str>| {
+        let chosen = failed_at.unwrap_or(endpoint);
+        let d = Dispatch {
+            pool: "default".into(),
+            request_id: id.into(),
+            endpoint: chosen.into(),
+            request: request().request,
+        };
+        service::dispatch(&state, &DispatchBatch { dispatches: vec![d] }, &gateway, clock.now());
+        batch(id, endpoint, status, failed_at)
+    };
+    // Failures reported of requests nobody dispatched, or that another caller dispatched, say
+    // nothing: a token holder cannot eject endpoints, or end another gateway's requests.
+    for i in 0..10 {
+        service::report(&state, batch(&format!("invented-{i}"), "10.0.0.1:8000", 500, None), &gateway, clock.now());
+    }
+    let other = report("other", "10.0.0.1:8000", 500, None);
+    let ack = service::report(&state, other, &Caller::new("leaked"), clock.now());
+    assert_eq!(ack.rejected, 1, "another caller's request is not ended");
+    assert!(predicted(0), "reports of invented requests eject nobody");
+    assert_eq!(state.pools.with("default", |p| p.tracked().0), Some(1), "\"other\" is still tracked");
+    service::report(&state, batch("other", "10.0.0.1:8000", 200, None), &gateway, clock.now());
     // Two 500s, a 400 (the client's) and a status 0 (maybe the client's): not yet.
     for (id, status) in [("a", 500), ("b", 500), ("c", 400), ("d", 0)] {
-        service::report(&state, report(id, "10.0.0.1:8000", status, None), clock.now());
+        service::report(&state, report(id, "10.0.0.1:8000", status, None), &gateway, clock.now());
     }
     assert!(predicted(0), "two failures in a row do not eject");
     // The third, a retry served elsewhere: ejected; the one that served is not.
-    service::report(&state, report("e", "10.0.0.2:8000", 200, Some("10.0.0.1:8000")), clock.now());
+    service::report(&state, report("e", "10.0.0.2:8000", 200, Some("10.0.0.1:8000")), &gateway, clock.now());
     assert!(!predicted(0) && predicted(1), "ejected: no prediction, idle as it looks");
     let metrics = state.metrics.render();
     assert!(metrics.contains("headroom_endpoint_ejections_total{pool=\"default\"} 1"), "{metrics}");
     assert!(metrics.contains("headroom_endpoint_failures_total{pool=\"default\"} 3"), "{metrics}");
     clock.advance(Duration::from_secs(5));
     assert!(predicted(0), "its term ends");
-    service::report(&state, report("f", "10.0.0.1:8000", 503, None), clock.now());
+    service::report(&state, report("f", "10.0.0.1:8000", 503, None), &gateway, clock.now());
     assert!(!predicted(0), "on probation one failure ejects it again");
     clock.advance(Duration::from_secs(9));
     assert!(!predicted(0), "for twice as long");
     // The other fails too: with every endpoint ejected, none is.
     for id in ["g", "h", "i"] {
-        service::report(&state, report(id, "10.0.0.2:8000", 502, None), clock.now());
+        service::report(&state, report(id, "10.0.0.2:8000", 502, None), &gateway, clock.now());
     }
     assert!(predicted(0) && predicted(1), "a pool all ejected is placed by load");
 }

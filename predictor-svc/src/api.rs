@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use headroom_protocol::{
@@ -18,6 +18,7 @@ use headroom_protocol::{
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use headroom_predictor_core::admission::{self, Admission};
+use headroom_predictor_core::callers::Caller;
 
 use crate::flow::Answer;
 use crate::heartbeat::LIVENESS_FACTOR;
@@ -115,12 +116,13 @@ pub(crate) async fn predict(
 /// requests that arrived while its previous call was out; none may wait in the flow queue).
 pub(crate) async fn predict_batch(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let (batch, format): (PredictBatch, Format) = decode_body(&headers, &body)?;
-    let answer = answer_batch(&state, batch, paths::PREDICT_BATCH, started)?;
+    let answer = answer_batch(&state, &caller, batch, paths::PREDICT_BATCH, started)?;
     Ok(reply(&headers, format, &answer))
 }
 
@@ -129,6 +131,7 @@ pub(crate) async fn predict_batch(
 /// `/v1/report` would, so the predictions see them. `route` labels a refused batch's count.
 pub fn answer_batch(
     state: &AppState,
+    caller: &Caller,
     mut batch: PredictBatch,
     route: &str,
     started: Instant,
@@ -136,10 +139,11 @@ pub fn answer_batch(
     batch.check().map_err(|e| invalid(state, route, e))?;
     let now = state.core.clock.now();
     if !batch.dispatches.is_empty() {
-        service::dispatch(&state.core, &DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) }, now);
+        let dispatches = DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) };
+        service::dispatch(&state.core, &dispatches, caller, now);
     }
     if let Some(reports) = batch.reports.take() {
-        service::report(&state.core, reports, now);
+        service::report(&state.core, reports, caller, now);
     }
     let answers = service::predict_batch(&state.core, batch.requests, now).map_err(|(i, pool)| {
         ApiError::field(StatusCode::NOT_FOUND, &format!("requests[{i}].pool"), format!("no pool named {pool:?}"))
@@ -154,23 +158,25 @@ const FLOW_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 pub(crate) async fn dispatch(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let (batch, format): (DispatchBatch, Format) = decode_body(&headers, &body)?;
     // Validate the whole batch before applying any of it: a 400 leaves no half-applied batch.
     batch.check().map_err(|e| invalid(&state, paths::DISPATCH, e))?;
-    Ok(reply(&headers, format, &service::dispatch(&state.core, &batch, state.core.clock.now())))
+    Ok(reply(&headers, format, &service::dispatch(&state.core, &batch, &caller, state.core.clock.now())))
 }
 
 pub(crate) async fn report(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let (batch, format): (ReportBatch, Format) = decode_body(&headers, &body)?;
     batch.check().map_err(|e| invalid(&state, paths::REPORT, e))?;
-    Ok(reply(&headers, format, &service::report(&state.core, batch, state.core.clock.now())))
+    Ok(reply(&headers, format, &service::report(&state.core, batch, &caller, state.core.clock.now())))
 }
 
 #[derive(Serialize)]

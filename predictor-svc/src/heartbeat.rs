@@ -1,4 +1,4 @@
-//! Whether each background task (scraper, expiry, trainer, flow queue) still goes
+//! Whether each background task (scraper, expiry, trainer, flow queue, token reload) still goes
 //! round. Each beats every round; `/readyz` and `/healthz` read [`Heartbeats::silent`]: a
 //! task silent past its bound (wedged, not dead: a dead one is restarted, `crate::tasks`)
 //! makes the replica unready, naming it, so the gateway's calls go to a replica that is
@@ -19,10 +19,11 @@ pub enum Task {
     Expiry,
     Trainer,
     Flow,
+    Tokens,
 }
 
 impl Task {
-    pub const ALL: [Task; 4] = [Task::Scraper, Task::Expiry, Task::Trainer, Task::Flow];
+    pub const ALL: [Task; 5] = [Task::Scraper, Task::Expiry, Task::Trainer, Task::Flow, Task::Tokens];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -30,6 +31,7 @@ impl Task {
             Task::Expiry => "expiry",
             Task::Trainer => "trainer",
             Task::Flow => "flow",
+            Task::Tokens => "tokens",
         }
     }
 
@@ -42,6 +44,7 @@ impl Task {
             Task::Expiry => rounds(1000),
             Task::Trainer => Duration::from_millis(config.model.retrain_interval_ms) + Duration::from_secs(600),
             Task::Flow => rounds(config.flow.recheck_interval_ms),
+            Task::Tokens => rounds(crate::auth::RELOAD_INTERVAL.as_millis() as u64),
         }
     }
 }
@@ -51,7 +54,7 @@ impl Task {
 #[derive(Debug)]
 pub struct Heartbeats {
     started: Instant,
-    beats: [AtomicU64; 4],
+    beats: [AtomicU64; Task::ALL.len()],
 }
 
 const RETIRED: u64 = u64::MAX;

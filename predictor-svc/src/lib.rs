@@ -7,7 +7,7 @@
 //! the model runtime), `discovery` (EndpointSlices, and starting every Kubernetes watch),
 //! `inference_pool` (an InferencePool's pods), `listing` (what both do with a watch's
 //! events), `scrape` (engine metrics), `auth` (the
-//! token guarding what teaches the model), `state` (what handlers share: the predictor and
+//! callers' tokens guarding what teaches the model), `state` (what handlers share: the predictor and
 //! the process's own state), `heartbeat` (whether each background task goes round), `flow`
 //! (the flow-control task), `api` (HTTP: decode, call the service, encode), `stream` (the
 //! predict stream, gRPC over HTTP/2), `routes`, and `tasks` (the background tasks,
@@ -46,6 +46,7 @@ pub async fn serve(
         tasks::supervise(state.clone(), Task::Expiry, scrape::expire),
         tasks::supervise(state.clone(), Task::Trainer, train_loop),
         tasks::supervise(state.clone(), Task::Flow, flow::run),
+        tasks::supervise(state.clone(), Task::Tokens, auth::reload),
     ];
     let closing = state.clone();
     let shutdown = async move {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use headroom_predictor_core::clock::{Clock, WallClock};
 use headroom_predictor_core::predictor::Predictor;
 
+use crate::auth::Tokens;
 use crate::heartbeat::Heartbeats;
 use crate::ort::Ort;
 use headroom_predictor_core::config::Config;
@@ -16,8 +17,8 @@ pub struct AppState {
     pub core: Arc<Predictor>,
     /// Set after the first scrape round; `/readyz` waits for it.
     pub scraped_once: AtomicBool,
-    /// The token guarded routes require (`crate::auth`); `None`: they are open.
-    pub token: Option<String>,
+    /// The callers' tokens guarded routes require (`crate::auth`); none: they are open.
+    pub tokens: Tokens,
     /// Set when the service begins to shut down: open predict streams end then (`crate::stream`),
     /// since a graceful shutdown waits for every stream and the gateway never ends its own.
     pub closing: tokio::sync::watch::Sender<bool>,
@@ -74,7 +75,7 @@ impl AppState {
         let runtime = Arc::new(Ort::init(config.model.onnxruntime_library.as_deref())?);
         Ok(AppState {
             scraped_once: AtomicBool::new(false),
-            token: config.auth_token()?,
+            tokens: Tokens::new(config.caller_tokens()?),
             closing: tokio::sync::watch::Sender::new(false),
             heartbeats: Heartbeats::default(),
             metrics_page: MetricsPage::default(),

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use headroom_predictor_core::callers::Caller;
 use headroom_protocol::stream::{self as wire, status, Deframer, StreamAnswer};
 use headroom_protocol::{codec, Format, PredictBatch};
 use http_body::Frame;
@@ -30,14 +31,19 @@ const ANSWERS_BUFFERED: usize = 8;
 
 /// `POST /headroom.v1.Predictor/PredictStream`: answers at once with the stream's headers;
 /// the answers follow as the messages arrive.
-pub async fn predict_stream(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn predict_stream(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !content_type.starts_with(wire::CONTENT_TYPE) {
         let message = format!("must be {}, got {content_type:?}", wire::CONTENT_TYPE);
         return ApiError::field(StatusCode::UNSUPPORTED_MEDIA_TYPE, "content-type", message).into_response();
     }
     let (tx, rx) = mpsc::channel(ANSWERS_BUFFERED);
-    tokio::spawn(serve(state, body, tx));
+    tokio::spawn(serve(state, caller, body, tx));
     let frames = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|frame| (Ok::<_, Infallible>(frame), rx))
     });
@@ -47,7 +53,7 @@ pub async fn predict_stream(State(state): State<Arc<AppState>>, headers: HeaderM
 }
 
 /// Reads the stream's messages and answers each; ends the stream with its gRPC status.
-async fn serve(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame<Bytes>>) {
+async fn serve(state: Arc<AppState>, caller: Caller, body: Body, tx: mpsc::Sender<Frame<Bytes>>) {
     let mut closing = state.closing.subscribe();
     let mut chunks = body.into_data_stream();
     let mut deframer = Deframer::default();
@@ -67,7 +73,7 @@ async fn serve(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame<Bytes>>)
         loop {
             match deframer.next_message() {
                 Ok(Some(message)) => {
-                    let answer = answer(&state, &message);
+                    let answer = answer(&state, &caller, &message);
                     let frame = match codec::encode(Format::MsgPack, &answer) {
                         Ok(bytes) => Frame::data(Bytes::from(wire::frame(&bytes))),
                         Err(e) => break 'stream (status::INVALID_ARGUMENT, e.message),
@@ -85,11 +91,11 @@ async fn serve(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame<Bytes>>)
 }
 
 /// The answer to one message: what `/v1/predict/batch` would answer for it as a body.
-fn answer(state: &AppState, message: &[u8]) -> StreamAnswer {
+fn answer(state: &AppState, caller: &Caller, message: &[u8]) -> StreamAnswer {
     let started = Instant::now();
     let answered = codec::decode::<PredictBatch>(Format::MsgPack, message)
         .map_err(ApiError::from)
-        .and_then(|batch| answer_batch(state, batch, wire::PATH, started));
+        .and_then(|batch| answer_batch(state, caller, batch, wire::PATH, started));
     match answered {
         Ok(batch) => StreamAnswer { status: StatusCode::OK.as_u16(), answers: batch.answers, error: None },
         Err(e) => StreamAnswer { status: e.status.as_u16(), answers: Vec::new(), error: Some(e.body) },

@@ -154,6 +154,98 @@ async fn guarded_routes_need_the_token_and_open_ones_do_not() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A callers file with one token for each of two gateways (a second for `gw-a`, rotating).
+fn callers_file(name: &str, lines: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("headroom-callers-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("callers");
+    std::fs::write(&file, lines).unwrap();
+    file
+}
+
+const GW_A: &str = "gw-a-token-0123456789";
+const GW_B: &str = "gw-b-token-0123456789";
+
+/// `n` invented dispatches, `from`'s ids.
+fn invented(from: &str, n: usize) -> Value {
+    let dispatches: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"pool": "default", "request_id": format!("{from}-{i}"), "endpoint": "127.0.0.1:1",
+            "request": request()})
+        })
+        .collect();
+    json!({"dispatches": dispatches})
+}
+
+/// What the probe did with the shared token (10 calls of 10,000 invented dispatch ids in
+/// 1.3 s filled the books: every real dispatch was refused `pool_full`) is bounded per
+/// caller: each gateway's token names it, its dispatches past its rate are not tracked, and
+/// those it has tracked hold at most its share of the books, so the other gateway's real
+/// dispatches are tracked as before. Fails with either quota removed.
+#[tokio::test]
+async fn a_leaked_token_floods_only_its_own_callers_quotas() {
+    std::env::remove_var(headroom_predictor::config::TOKEN_ENV);
+    let file = callers_file("quotas", &format!("gw-a {GW_A}\ngw-b {GW_B}\n"));
+    let config = |rate: u32| {
+        format!(
+            "callers_file = \"{}\"\nmax_in_flight = 1000\n[callers]\ndispatches_per_s = {rate}\n\
+             dispatch_burst = {rate}\nin_flight_share = 0.5\n",
+            file.display()
+        )
+    };
+    // The rate: a burst of 200, then 200 a second.
+    let s = state_with(&config(200));
+    let started = std::time::Instant::now();
+    let mut accepted = 0;
+    for call in 0..10 {
+        let (status, ack) = send(&s, "POST", "/v1/dispatch", Some(GW_A), invented(&format!("a{call}"), 1000)).await;
+        assert_eq!(status, StatusCode::OK);
+        accepted += ack["accepted"].as_u64().unwrap();
+    }
+    let most = 200 + (started.elapsed().as_secs_f64() * 200.0).ceil() as u64;
+    assert!((200..=most).contains(&accepted), "{accepted} of 10,000 tracked; at most {most}");
+    let (_, ack) = send(&s, "POST", "/v1/dispatch", Some(GW_B), invented("b", 50)).await;
+    assert_eq!(ack["accepted"], 50, "the other gateway's bucket is its own");
+
+    // The share: however fast it may post, a caller holds at most half the books.
+    let s = state_with(&config(1_000_000));
+    let (_, ack) = send(&s, "POST", "/v1/dispatch", Some(GW_A), invented("a", 2000)).await;
+    assert_eq!((ack["accepted"].as_u64(), ack["rejected"].as_u64()), (Some(500), Some(1500)));
+    let (_, ack) = send(&s, "POST", "/v1/dispatch", Some(GW_B), invented("b", 100)).await;
+    assert_eq!(ack["accepted"], 100, "the other gateway's dispatches are tracked, not refused pool_full");
+    let text = s.core.metrics.render();
+    assert!(text.contains(r#"headroom_dispatches_total{result="caller_full"} 1500"#), "{text}");
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+}
+
+/// A token is rotated, or a leaked one revoked, by editing the callers file: the predictor
+/// reads it again when it changes, and a file that no longer parses keeps the tokens in force.
+#[tokio::test(start_paused = true)]
+async fn a_callers_file_is_read_again_when_it_changes() {
+    std::env::remove_var(headroom_predictor::config::TOKEN_ENV);
+    let file = callers_file("rotate", &format!("gw-a {GW_A}\ngw-b {GW_B}\n"));
+    let s = state_with(&format!("callers_file = \"{}\"\n", file.display()));
+    let reload = tokio::spawn(headroom_predictor::auth::reload(s.clone()));
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    let status = |token| {
+        let s = s.clone();
+        async move { send(&s, "POST", "/v1/report", Some(token), json!({"reports": []})).await.0 }
+    };
+    assert_eq!((status(GW_A).await, status(GW_B).await), (StatusCode::OK, StatusCode::OK));
+    // gw-a's token leaked: it gets a new one and the old one goes.
+    let rotated = "gw-a-token-rotated-0123";
+    std::fs::write(&file, format!("gw-a {rotated}\ngw-b {GW_B}\n")).unwrap();
+    tokio::time::sleep(headroom_predictor::auth::RELOAD_INTERVAL * 2).await;
+    assert_eq!(status(GW_A).await, StatusCode::UNAUTHORIZED, "the leaked token is revoked");
+    assert_eq!((status(rotated).await, status(GW_B).await), (StatusCode::OK, StatusCode::OK));
+    // A broken edit keeps what was in force.
+    std::fs::write(&file, "gw-a short\n").unwrap();
+    tokio::time::sleep(headroom_predictor::auth::RELOAD_INTERVAL * 2).await;
+    assert_eq!(status(rotated).await, StatusCode::OK);
+    reload.abort();
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+}
+
 #[tokio::test]
 async fn reports_for_requests_never_dispatched_teach_nothing() {
     let s = state_with("");

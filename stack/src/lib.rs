@@ -235,6 +235,9 @@ pub fn default_plugin_config() -> Map<String, Value> {
     v.as_object().cloned().unwrap_or_default()
 }
 
+/// The picker's token file in a stack's run directory: the predictor names it `picker`.
+const PICKER_TOKEN: &str = "picker-token";
+
 /// A fresh random token for a stack's predictor (128 bits from std's random hasher keys).
 fn new_token() -> String {
     use std::hash::BuildHasher;
@@ -415,15 +418,22 @@ impl Stack {
         } else {
             BTreeMap::new()
         };
-        // The predictor's guarded routes take this token, from a file only its owner reads.
+        // The predictor's guarded routes take this token, from a file only its owner reads;
+        // the picker is a caller of its own, with its own token (`callers_file`), as each
+        // gateway of a deployment should be.
         let token_file = run_dir.join("predictor-token");
         write_private(&token_file, &token)?;
+        let callers_file = run_dir.join("predictor-callers");
+        let picker_token = new_token();
+        write_private(&run_dir.join(PICKER_TOKEN), &picker_token)?;
+        write_private(&callers_file, &format!("picker {picker_token}\n"))?;
         for (i, listen) in stack.state.predictors.clone().into_iter().enumerate() {
             let simulated = (stack.engine == Some(Engine::Simulator)).then_some(opts.time_scale);
             let mut config =
                 predictor_setup::predictor_config(pool.clone(), &opts.objective, &opts.profiles, simulated);
             config.listen = listen;
             config.auth_token_file = Some(token_file.clone());
+            config.callers_file = Some(callers_file.clone());
             config.model.data_dir = Some(run_dir.join(Self::replica_name("predictor-data", i)));
             config.model.prior_profiles = profiles.clone();
             (opts.predictor_tweak)(&mut config);
@@ -667,7 +677,7 @@ impl Stack {
             Some(addr) => addr,
             None => *self.state.epp.insert(local(free_ports(1)?[0])),
         };
-        // The token from the predictor's own file, as the manifests mount its Secret.
+        // The picker's own token, from a file, as the manifests mount its Secret.
         let mut plugin = self.plugin.clone();
         plugin.remove("predictor_token");
         plugin.remove("predictor_token_env");
@@ -675,7 +685,7 @@ impl Stack {
         std::fs::write(&config, serde_json::to_string_pretty(&Value::Object(plugin))?)?;
         let mut args = vec!["--listen".to_string(), addr.to_string(), "--config".into(), config.display().to_string()];
         if self.state.token.is_some() {
-            let token = self.run_dir.join("predictor-token");
+            let token = self.run_dir.join(PICKER_TOKEN);
             args.extend(["--predictor-token-file".to_string(), token.display().to_string()]);
         }
         let predictors = self.state.predictor_replicas().to_vec();

@@ -11,6 +11,7 @@ use std::time::Duration;
 use headroom_filter_core::vm::Vm;
 use headroom_filter_core::FilterConfig;
 use headroom_predictor_core::admission::{self, Admission, Ticket};
+use headroom_predictor_core::callers::Caller;
 use headroom_predictor_core::clock::{Clock, ManualClock};
 use headroom_predictor_core::config::Config;
 use headroom_predictor_core::flow::queue::Reply;
@@ -162,10 +163,10 @@ impl Headroom {
                 Some(mut batch) if batch.check().is_ok() => {
                     if !batch.dispatches.is_empty() {
                         let dispatches = DispatchBatch { dispatches: std::mem::take(&mut batch.dispatches) };
-                        service::dispatch(core, &dispatches, now);
+                        service::dispatch(core, &dispatches, &Caller::anonymous(), now);
                     }
                     if let Some(reports) = batch.reports.take() {
-                        service::report(core, reports, now);
+                        service::report(core, reports, &Caller::anonymous(), now);
                     }
                     match service::predict_batch(core, batch.requests, now) {
                         Ok(answers) => Ok(encode(&PredictBatchResponse { answers })),
@@ -175,11 +176,15 @@ impl Headroom {
                 _ => Err(400),
             },
             paths::DISPATCH => match decode::<DispatchBatch>(body) {
-                Some(batch) if batch.check().is_ok() => Ok(encode(&service::dispatch(core, &batch, now))),
+                Some(batch) if batch.check().is_ok() => {
+                    Ok(encode(&service::dispatch(core, &batch, &Caller::anonymous(), now)))
+                }
                 _ => Err(400),
             },
             paths::REPORT => match decode::<ReportBatch>(body) {
-                Some(batch) if batch.check().is_ok() => Ok(encode(&service::report(core, batch, now))),
+                Some(batch) if batch.check().is_ok() => {
+                    Ok(encode(&service::report(core, batch, &Caller::anonymous(), now)))
+                }
                 _ => Err(400),
             },
             _ => Err(404),

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use headroom_protocol::RequestFeatures;
 
 use super::records::Kept;
+use crate::callers::Caller;
 
 /// A request dispatched to an endpoint and not yet reported.
 #[derive(Debug, Clone)]
@@ -65,6 +66,8 @@ pub(super) struct InFlight {
     /// What the predictor saw of it where it went, from its record; `None`: dispatched
     /// without a record here (the gateway fell back, or another replica predicted it).
     pub(super) kept: Option<Box<Kept>>,
+    /// Who dispatched it (`None`: a reservation): a caller holds a bounded share of the books.
+    pub(super) caller: Option<Caller>,
 }
 
 impl InFlight {
@@ -101,6 +104,7 @@ impl InFlight {
             expires_at: now.checked_add(lifetime).unwrap_or(now),
             reserved,
             kept,
+            caller: None,
         }
     }
 }
@@ -267,6 +271,8 @@ pub(super) struct Books {
     unseen: BTreeMap<(Instant, u64), Prompt>,
     /// Requests without a predicted end of prefill whose first token was not seen.
     undated: BTreeMap<u64, Prompt>,
+    /// Requests each caller dispatched.
+    by_caller: HashMap<Caller, usize>,
 }
 
 impl Books {
@@ -280,6 +286,11 @@ impl Books {
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Requests `caller` dispatched that are tracked.
+    pub fn held_by(&self, caller: &Caller) -> usize {
+        self.by_caller.get(caller).copied().unwrap_or(0)
     }
 
     pub fn insert(&mut self, id: String, f: InFlight) {
@@ -345,6 +356,9 @@ impl Books {
             self.standing.resize(f.endpoint + 1, Booked::default());
         }
         self.standing[f.endpoint].add(f);
+        if let Some(c) = &f.caller {
+            *self.by_caller.entry(c.clone()).or_insert(0) += 1;
+        }
         let prompt = Prompt::of(f);
         match f.prefill_done_by {
             Some(t) => {
@@ -363,6 +377,14 @@ impl Books {
     fn unfile(&mut self, n: u64, f: &InFlight) {
         if let Some(s) = self.standing.get_mut(f.endpoint) {
             s.take(f);
+        }
+        if let Some(c) = &f.caller {
+            if let Some(n) = self.by_caller.get_mut(c) {
+                *n -= 1;
+                if *n == 0 {
+                    self.by_caller.remove(c);
+                }
+            }
         }
         match f.prefill_done_by {
             Some(t) => {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use headroom_protocol::health::{EjectionPolicy, Outcome, PassiveHealth, Recorded};
 use headroom_protocol::{Dispatch, EndpointState, RequestFeatures};
 
+use crate::callers::Caller;
 use crate::config::Config;
 
 mod books;
@@ -99,6 +100,8 @@ pub enum Finished {
     Late(String, Option<Box<Kept>>),
     /// Never seen dispatched here (or forgotten too long ago).
     Unknown,
+    /// Tracked, but dispatched by another caller: left as it was.
+    OtherCaller,
 }
 
 impl Finished {
@@ -106,7 +109,7 @@ impl Finished {
     pub fn address(&self) -> Option<&str> {
         match self {
             Finished::Tracked(a, _) | Finished::Late(a, _) => Some(a),
-            Finished::Unknown => None,
+            Finished::Unknown | Finished::OtherCaller => None,
         }
     }
 
@@ -114,7 +117,7 @@ impl Finished {
     pub fn kept(&self) -> Option<&Kept> {
         match self {
             Finished::Tracked(_, k) | Finished::Late(_, k) => k.as_deref(),
-            Finished::Unknown => None,
+            Finished::Unknown | Finished::OtherCaller => None,
         }
     }
 }
@@ -132,6 +135,8 @@ pub struct Pool {
     in_flight: Books,
     /// Most requests tracked in flight; beyond it a dispatch is refused.
     max_in_flight: usize,
+    /// Most of them one caller's dispatches may hold (`CallerQuotas::in_flight_share`).
+    max_in_flight_per_caller: usize,
     /// Requests reported recently; a late dispatch for one of them is ignored.
     finished: RecentIds,
     /// Requests forgotten unreported (`expire`), with the address they were dispatched to,
@@ -181,6 +186,8 @@ pub enum Applied {
     AlreadyFinished,
     /// `max_in_flight` requests are tracked already.
     PoolFull,
+    /// Its caller's dispatches hold their share of the books already.
+    CallerFull,
 }
 
 /// Tracked requests per pool when a pool is built without a configuration.
@@ -214,6 +221,7 @@ impl Pool {
             prefix_blocks,
             in_flight: Books::default(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight_per_caller: DEFAULT_MAX_IN_FLIGHT,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             overdue: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             records: RecentIds::weighed(DEFAULT_MAX_IN_FLIGHT, MAX_RECORD_BYTES, Record::bytes),
@@ -271,9 +279,17 @@ impl Pool {
     /// Bounds the requests tracked in flight (and the finished ids remembered) to `max`.
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
         self.max_in_flight = max.max(1);
+        self.max_in_flight_per_caller = self.max_in_flight_per_caller.min(self.max_in_flight);
         self.finished = RecentIds::new(max);
         self.overdue = RecentIds::new(max);
         self.records = RecentIds::weighed(max, MAX_RECORD_BYTES, Record::bytes);
+        self
+    }
+
+    /// Holds each caller's dispatches to `share` of `max_in_flight` (at least one).
+    pub fn with_caller_share(mut self, share: f64) -> Self {
+        self.max_in_flight_per_caller =
+            ((self.max_in_flight as f64 * share).ceil() as usize).clamp(1, self.max_in_flight);
         self
     }
 
@@ -351,9 +367,14 @@ impl Pool {
         self.records.replace(request_id, Record { request: request.clone(), endpoints }, now);
     }
 
-    /// Starts tracking a dispatched request: with this predictor's record of it, the
-    /// features and predictions it answered; without one, the features the dispatch carries.
+    /// [`Pool::dispatch_from`] the anonymous caller (a test's, a simulation's).
     pub fn dispatch(&mut self, d: &Dispatch, now: Instant) -> Applied {
+        self.dispatch_from(d, &Caller::anonymous(), now)
+    }
+
+    /// Starts tracking a request `caller` dispatched: with this predictor's record of it, the
+    /// features and predictions it answered; without one, the features the dispatch carries.
+    pub fn dispatch_from(&mut self, d: &Dispatch, caller: &Caller, now: Instant) -> Applied {
         let Some(i) = self.index_of(&d.endpoint) else { return Applied::UnknownEndpoint };
         if self.finished.contains(&d.request_id) {
             return Applied::AlreadyFinished;
@@ -363,8 +384,13 @@ impl Pool {
         if let Some(f) = self.in_flight.get(&d.request_id).filter(|f| !f.reserved && f.endpoint == i) {
             return if f.kept.is_some() { Applied::Accepted } else { Applied::AcceptedWithoutRecord };
         }
-        if self.in_flight.len() >= self.max_in_flight && !self.in_flight.contains_key(&d.request_id) {
-            return Applied::PoolFull;
+        if !self.in_flight.contains_key(&d.request_id) {
+            if self.in_flight.len() >= self.max_in_flight {
+                return Applied::PoolFull;
+            }
+            if self.in_flight.held_by(caller) >= self.max_in_flight_per_caller {
+                return Applied::CallerFull;
+            }
         }
         let mut record = self.records.remove(&d.request_id);
         // Header-only routing predicted the prompt its `content-length` claimed; a body that
@@ -401,7 +427,8 @@ impl Pool {
         };
         let with_record = kept.is_some();
         let fastest = self.cost_of(i).map(|c| c.fastest_tpot_ms);
-        let f = InFlight::new(i, request, prefix, (predicted.0, fastest), (now, lifetime), false, kept);
+        let mut f = InFlight::new(i, request, prefix, (predicted.0, fastest), (now, lifetime), false, kept);
+        f.caller = Some(caller.clone());
         self.endpoints[i].add_prefill(f.uncached_tokens, now);
         self.in_flight.insert(d.request_id.clone(), f);
         if with_record {
@@ -459,6 +486,15 @@ impl Pool {
 
     /// Ends tracking of a reported request (known or not): how it stood in the books.
     pub fn finish(&mut self, request_id: &str, now: Instant) -> Finished {
+        self.finish_from(request_id, &Caller::anonymous(), now)
+    }
+
+    /// [`Pool::finish`] as reported by `caller`: a request another caller dispatched is left
+    /// tracked ([`Finished::OtherCaller`]), so one gateway's token cannot end another's books.
+    pub fn finish_from(&mut self, request_id: &str, caller: &Caller, now: Instant) -> Finished {
+        if self.in_flight.get(request_id).and_then(|f| f.caller.as_ref()).is_some_and(|c| c != caller) {
+            return Finished::OtherCaller;
+        }
         let tracked = self.in_flight.remove(request_id).filter(|f| !f.reserved);
         self.finished.insert(request_id, (), now);
         self.records.remove(request_id);
@@ -701,6 +737,7 @@ impl Pools {
                     .collect();
                 let pool = Pool::with_hardware(&p.name, endpoints, config.prefix_blocks_per_endpoint)
                     .with_max_in_flight(config.max_in_flight)
+                    .with_caller_share(config.callers.in_flight_share)
                     .with_expiry(Expiry {
                         ttl: Duration::from_secs(config.in_flight_ttl_s),
                         multiple: config.in_flight_expiry_multiple,
