@@ -36,7 +36,8 @@ struct Args {
     duration: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Send `x-prediction-based-scheduling: true`.
+    /// Send `x-prediction-based-scheduling: true` (without it the header is not sent, and
+    /// headroom routes a request that states goals by them all the same).
     #[arg(long)]
     slo_routing: bool,
     /// Write one JSON line per request here.

@@ -215,16 +215,18 @@ fn long_stream(gateway: String, name: &str, tpot: &str, routed: bool) -> std::th
     std::thread::spawn(move || {
         let body = json!({"model": "sim-llama-8b", "prompt": format!("{name} ").repeat(20),
             "max_tokens": 700, "stream": true});
-        let mut request = reqwest::blocking::Client::new()
+        // Goals alone route a request by them: an unrouted one opts out.
+        reqwest::blocking::Client::new()
             .post(format!("{gateway}/v1/completions"))
             .header("content-type", "application/json")
             .header("x-llm-d-inference-fairness-id", name.as_str())
             .header("x-slo-ttft-ms", "2000")
-            .header("x-slo-tpot-ms", tpot.as_str());
-        if routed {
-            request = request.header("x-prediction-based-scheduling", "true");
-        }
-        request.body(body.to_string()).send().and_then(|r| r.text()).is_ok()
+            .header("x-slo-tpot-ms", tpot.as_str())
+            .header("x-prediction-based-scheduling", if routed { "true" } else { "false" })
+            .body(body.to_string())
+            .send()
+            .and_then(|r| r.text())
+            .is_ok()
     })
 }
 

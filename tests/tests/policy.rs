@@ -178,3 +178,33 @@ fn filter_stats_are_in_envoy_prometheus() {
         assert!(stats.contains(name), "{name} missing from /stats/prometheus");
     }
 }
+
+/// An llm-d client sends its goals and nothing else: the request is routed by them, its
+/// features say so on the predictor (so its goal is booked as a claim, and flow control may
+/// hold it), and `x-prediction-based-scheduling: false` still opts a request out.
+#[test]
+fn an_llm_d_clients_slo_headers_alone_route_it_by_its_goals() {
+    let h = harness(json!({}));
+    let llm_d =
+        [("x-llm-d-slo-ttft-ms", "2000"), ("x-llm-d-slo-tpot-ms", "100"), ("x-llm-d-inference-fairness-id", "llm-d")];
+    let opted_out = [
+        ("x-slo-ttft-ms", "2000"),
+        ("x-prediction-based-scheduling", "false"),
+        ("x-llm-d-inference-fairness-id", "out"),
+    ];
+    for _ in 0..3 {
+        let r = h.completion(4, true, &llm_d).unwrap();
+        assert_eq!((r.status, r.tier.as_deref()), (200, Some("positive")), "{}", r.body);
+        assert_eq!(h.completion(4, true, &opted_out).unwrap().status, 200);
+    }
+    let by_tenant = |tenant: &str| -> Vec<bool> {
+        h.observations()
+            .iter()
+            .filter(|o| o["request"]["tenant"] == tenant)
+            .map(|o| o["request"]["prediction_based"].as_bool().unwrap_or(false))
+            .collect()
+    };
+    assert!(wait_until(Duration::from_secs(5), || by_tenant("llm-d").len() == 3 && by_tenant("out").len() == 3));
+    assert_eq!(by_tenant("llm-d"), vec![true; 3], "placed by its goals");
+    assert_eq!(by_tenant("out"), vec![false; 3], "opted out");
+}

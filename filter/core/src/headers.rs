@@ -15,7 +15,8 @@ pub struct RoutingHints {
     pub priority: i32,
     /// The client claimed a priority outside `client_priority_range`, held to it.
     pub priority_clamped: bool,
-    /// The caller's `x-prediction-based-scheduling`, when it sent one.
+    /// The caller's `x-prediction-based-scheduling`, when it sent one (absent: SLO routing
+    /// when the request states a goal, `Flow`'s rule).
     pub prediction_based: Option<bool>,
 }
 

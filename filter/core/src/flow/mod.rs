@@ -133,7 +133,10 @@ impl Flow {
         if parsed.priority_clamped {
             host.record(Event::PriorityClamped);
         }
-        self.prediction_based = parsed.prediction_based.unwrap_or(false);
+        // SLO routing on SLO headers alone, as llm-d's router does: a client that states a
+        // goal wants it met. `x-prediction-based-scheduling: false` still opts a request out,
+        // and `true` opts in a request that states none (lowest predicted latency, tiers empty).
+        self.prediction_based = parsed.prediction_based.unwrap_or(parsed.slo.is_set());
         self.features.prediction_based = self.prediction_based;
         // The tenant: flow control takes turns by it, and a running goal holds only its own
         // tenant's requests at its priority (`RequestFeatures::tenant`).

@@ -44,8 +44,9 @@ fn with_flow_control_an_slo_request_offers_to_wait_and_the_call_waits_as_long() 
     assert_eq!(terms.dispatch_horizon_ms, 90);
     assert_eq!(host.calls[0].timeout, Duration::from_millis(3050));
 
-    // Without SLO routing there is no headroom to wait for: answered at once, as before.
-    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &[SLO[0]], BODY), Step::Pause);
+    // Opted out of SLO routing there is no headroom to wait for: answered at once.
+    let opted_out = [SLO[0], ("x-prediction-based-scheduling", "false")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &opted_out, BODY), Step::Pause);
     let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[1].body).unwrap();
     assert_eq!((asked.flow, host.calls[1].timeout), (None, Duration::from_millis(50)));
 }

@@ -73,8 +73,8 @@ fn the_sequences_a_request_asks_are_counted_or_refused() {
     assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &SLO, body), Step::Pause);
     let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[0].body).unwrap();
     assert_eq!((asked.request.sequences, asked.request.prediction_based), (6, true));
-    let plain = [("x-slo-ttft-ms", "500")];
-    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &plain, BODY), Step::Pause);
+    let opted_out = [("x-slo-ttft-ms", "500"), ("x-prediction-based-scheduling", "false")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &opted_out, BODY), Step::Pause);
     let asked: PredictRequest = codec::decode(Format::MsgPack, &host.calls[1].body).unwrap();
     assert_eq!((asked.request.sequences, asked.request.prediction_based), (1, false));
     let greedy = r#"{"model":"m","prompt":"x","n":3,"best_of":9}"#;

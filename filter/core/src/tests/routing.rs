@@ -362,3 +362,29 @@ fn the_per_try_timeout_follows_the_request_goals() {
     let huge = request(Some(3_600_000.0), Some(3_600_000.0), false, Some(1 << 24));
     assert_eq!(try_timeout_ms(&huge, &config), Some(3_600_000), "held to an hour");
 }
+
+/// An llm-d client sends its goals and nothing else: it is routed by them (tiers, flow
+/// control, its goal booked as a claim), as llm-d's router does. `x-prediction-based-
+/// scheduling: false` opts a request out; `true` opts in one that states no goal.
+#[test]
+fn slo_headers_alone_route_by_the_slo_and_the_header_still_opts_out() {
+    let mut host = FakeHost::new();
+    let mut vm = vm(r#"{"flow_control":true}"#);
+    let asked = |host: &FakeHost, call: usize| -> PredictRequest {
+        codec::decode(Format::MsgPack, &host.calls[call].body).unwrap()
+    };
+    let llm_d = [("x-llm-d-slo-ttft-ms", "500"), ("x-llm-d-slo-tpot-ms", "50")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &llm_d, BODY), Step::Pause);
+    let call = asked(&host, 0);
+    assert!(call.request.prediction_based, "placed by its goals");
+    assert!(call.flow.is_some(), "and may wait for headroom");
+    let out = [llm_d[0], llm_d[1], ("x-prediction-based-scheduling", "false")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &out, BODY), Step::Pause);
+    let call = asked(&host, 1);
+    assert!(!call.request.prediction_based && call.flow.is_none(), "opted out");
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &[], BODY), Step::Pause);
+    assert!(!asked(&host, 2).request.prediction_based, "no goal, no header: lowest latency");
+    let asked_in = [("x-prediction-based-scheduling", "true")];
+    assert_eq!(send_request(&mut Flow::new(), &mut host, &mut vm, &asked_in, BODY), Step::Pause);
+    assert!(asked(&host, 3).request.prediction_based, "opted in without a goal");
+}
