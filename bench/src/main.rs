@@ -13,7 +13,7 @@ use headroom_stack::locate;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(about = "Compare routers on identical traffic through the local stack")]
+#[command(version, about = "Compare routers on identical traffic through the local stack")]
 struct Args {
     /// Where the stacks' configs, logs and pid records go.
     #[arg(long, global = true)]

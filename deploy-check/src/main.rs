@@ -5,7 +5,7 @@ use headroom_deploy_check::{check_tree, read_schema, Checker};
 use headroom_stack::locate;
 
 #[derive(Parser)]
-#[command(about = "Validate headroom's Istio/Kubernetes manifests offline")]
+#[command(version, about = "Validate headroom's Istio/Kubernetes manifests offline")]
 struct Args {
     /// Manifest tree (default: the repository's istio/).
     #[arg(long)]

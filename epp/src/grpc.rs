@@ -12,7 +12,7 @@
 //! that opened requests and went quiet held a stream, and its worker's state, for ever.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +67,9 @@ pub struct Shared {
     next_stream: AtomicU32,
     /// Streams open now (`StreamLimits::max_streams`).
     open: Arc<AtomicUsize>,
+    /// Set on SIGTERM: health answers NOT_SERVING and `/readyz` 503, so new streams go to
+    /// another replica, while the streams under way are still served.
+    pub draining: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -78,6 +81,7 @@ impl Shared {
             next_worker: AtomicUsize::new(0),
             next_stream: AtomicU32::new(0),
             open: Arc::new(AtomicUsize::new(0)),
+            draining: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -103,7 +107,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route(PROCESS_PATH, post(process))
         .route(HEALTH_CHECK_PATH, post(health_check))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(shared)
 }
@@ -212,8 +216,18 @@ async fn read(
     let _ = end.send(outcome);
 }
 
-/// `grpc.health.v1.Health/Check`: SERVING for the server ("") and the ext_proc service.
-async fn health_check(headers: HeaderMap, body: Bytes) -> Response {
+/// `/readyz`: 503 while draining.
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.draining.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
+    "ok".into_response()
+}
+
+/// `grpc.health.v1.Health/Check`, by service as GIE's picker names them: `liveness` is
+/// SERVING while the process runs; the server (""), `readiness` and the ext_proc service are
+/// NOT_SERVING while draining.
+async fn health_check(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     if let Some(refused) = refuse_non_grpc(&headers) {
         return refused;
     }
@@ -226,10 +240,13 @@ async fn health_check(headers: HeaderMap, body: Bytes) -> Response {
     let Some(request) = request else {
         return grpc_error(status::INVALID_ARGUMENT, "not a HealthCheckRequest");
     };
-    if !request.service.is_empty() && request.service != PROCESS_SERVICE {
-        return grpc_error(status::NOT_FOUND, &format!("unknown service {:?}", request.service));
-    }
-    let answer = HealthCheckResponse { status: SERVING };
+    let draining = match request.service.as_str() {
+        // Alive while it runs: a drain must not read as a hang and get the picker killed.
+        LIVENESS_SERVICE => false,
+        "" | READINESS_SERVICE | PROCESS_SERVICE => shared.draining.load(Ordering::SeqCst),
+        other => return grpc_error(status::NOT_FOUND, &format!("unknown service {other:?}")),
+    };
+    let answer = HealthCheckResponse { status: if draining { NOT_SERVING } else { SERVING } };
     let frames = [
         Ok::<_, Infallible>(Frame::data(Bytes::from(frame(&answer.encode_to_vec())))),
         Ok(Frame::trailers(trailers(status::OK, ""))),
@@ -241,6 +258,12 @@ async fn health_check(headers: HeaderMap, body: Bytes) -> Response {
 
 /// `grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING`.
 const SERVING: i32 = 1;
+/// `...ServingStatus.NOT_SERVING`.
+const NOT_SERVING: i32 = 2;
+/// The health service a liveness probe names.
+const LIVENESS_SERVICE: &str = "liveness";
+/// The health service a readiness probe names.
+const READINESS_SERVICE: &str = "readiness";
 
 /// A gRPC error with no messages ("trailers-only").
 fn grpc_error(code: u32, message: &str) -> Response {
@@ -333,5 +356,36 @@ mod tests {
         assert_eq!(ended(first, &mut rx).await, status::DEADLINE_EXCEEDED.to_string());
         let again = process(State(shared), grpc(), quiet()).await;
         assert_eq!(ended(again, &mut rx).await, status::DEADLINE_EXCEEDED.to_string(), "its place was given back");
+    }
+
+    /// What a health check answers for `service`, as a status number.
+    async fn health(shared: &Arc<Shared>, service: &str) -> i32 {
+        let request = HealthCheckRequest { service: service.to_string() };
+        let body = Bytes::from(frame(&request.encode_to_vec()));
+        let response = health_check(State(shared.clone()), grpc(), body).await;
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let mut deframer = Deframer::default();
+        deframer.push(&bytes);
+        let message = deframer.next_message().unwrap().expect("one answer");
+        HealthCheckResponse::decode(message.as_slice()).unwrap().status
+    }
+
+    /// On SIGTERM the picker drains: gRPC health NOT_SERVING for the server, readiness and
+    /// the ext_proc service (liveness still SERVING), `/readyz` 503, so probes and the gateway send new streams elsewhere while
+    /// the streams under way are served; before it, both serve.
+    #[tokio::test]
+    async fn a_draining_picker_says_not_serving_and_unready() {
+        let (shared, _rx) = shared(SHORT);
+        let ready = |shared: Arc<Shared>| async move { readyz(State(shared)).await.status() };
+        for service in ["", READINESS_SERVICE, LIVENESS_SERVICE, PROCESS_SERVICE] {
+            assert_eq!(health(&shared, service).await, SERVING);
+        }
+        assert_eq!(ready(shared.clone()).await, StatusCode::OK);
+        shared.draining.store(true, Ordering::SeqCst);
+        for service in ["", READINESS_SERVICE, PROCESS_SERVICE] {
+            assert_eq!(health(&shared, service).await, NOT_SERVING, "{service:?}");
+        }
+        assert_eq!(health(&shared, LIVENESS_SERVICE).await, SERVING, "alive while it drains");
+        assert_eq!(ready(shared.clone()).await, StatusCode::SERVICE_UNAVAILABLE);
     }
 }

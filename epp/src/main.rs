@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use clap::Parser;
@@ -12,7 +13,7 @@ use headroom_epp::grpc::StreamLimits;
 use headroom_filter_core::FilterConfig;
 
 #[derive(Parser)]
-#[command(name = "headroom-epp", about = "headroom's endpoint picker over Envoy ext_proc")]
+#[command(version, name = "headroom-epp", about = "headroom's endpoint picker over Envoy ext_proc")]
 struct Args {
     /// Where to serve ext_proc, gRPC health and /metrics (HTTP/2 cleartext and HTTP/1.1).
     #[arg(long, default_value = "127.0.0.1:9002")]
@@ -42,6 +43,14 @@ struct Args {
     /// The longest one stream lives (s): a request's whole life.
     #[arg(long, default_value_t = StreamLimits::default().total.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
     stream_max_duration_s: u64,
+    /// On SIGTERM, how long to answer health checks NOT_SERVING (and `/readyz` 503) while
+    /// still serving, so probes and the gateway move new streams elsewhere first (s).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=3_600))]
+    drain_delay_s: u64,
+    /// Then, how long the streams under way may take to end before the picker exits
+    /// anyway (s): with the delay, within Kubernetes' 30 s grace period by default.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=3_600))]
+    drain_timeout_s: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -82,7 +91,25 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!("headroom-epp: TCP_NODELAY not set: {e}");
             }
         });
-        axum::serve(listener, headroom_epp::grpc::router(shared)).with_graceful_shutdown(terminated()).await?;
+        let draining = shared.draining.clone();
+        let (drain_delay, drain_timeout) =
+            (Duration::from_secs(args.drain_delay_s), Duration::from_secs(args.drain_timeout_s));
+        let (closing, mut closed) = tokio::sync::watch::channel(false);
+        let shutdown = async move {
+            terminated().await;
+            draining.store(true, Ordering::SeqCst);
+            tracing::info!("headroom-epp: draining: NOT_SERVING for {drain_delay:?}, then closing");
+            tokio::time::sleep(drain_delay).await;
+            let _ = closing.send(true);
+        };
+        let served = axum::serve(listener, headroom_epp::grpc::router(shared)).with_graceful_shutdown(shutdown);
+        tokio::select! {
+            served = served => served?,
+            _ = async {
+                let _ = closed.wait_for(|c| *c).await;
+                tokio::time::sleep(drain_timeout).await;
+            } => tracing::warn!("headroom-epp: streams still open after {drain_timeout:?}; exiting"),
+        }
         Ok(())
     })
 }

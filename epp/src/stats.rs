@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use headroom_filter_core::host::Event;
 use headroom_filter_core::stats::{self, Kind};
+use headroom_protocol::build;
 
 /// Envoy's default histogram bucket bounds (milliseconds here).
 const BUCKETS: [f64; 19] = [
@@ -114,6 +115,22 @@ impl Stats {
         let _ = writeln!(out, "# TYPE {streams} gauge\n{streams} {}", self.open_streams.load(Ordering::Relaxed));
         let restarts = stats::PICKER_WORKER_RESTARTS;
         let _ = writeln!(out, "# TYPE {restarts} counter\n{restarts} {}", self.worker_restarts.load(Ordering::Relaxed));
+        let (info, help) = (build::BUILD_INFO, build::BUILD_INFO_HELP);
+        let labels: Vec<String> = build::build_labels("picker").iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        let _ = writeln!(out, "# HELP {info} {help}\n# TYPE {info} gauge\n{info}{{{}}} 1", labels.join(","));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every scrape says which build answers it, under the predictor's series name.
+    #[test]
+    fn the_build_is_a_series() {
+        let text = Stats::default().render();
+        let line = format!(r#"{}{{component="picker",version="{}"}} 1"#, build::BUILD_INFO, build::VERSION);
+        assert!(text.lines().any(|l| l == line), "{text}");
     }
 }

@@ -11,7 +11,7 @@ use clap::Parser;
 use headroom_loadgen::{report, runner, workload};
 
 #[derive(Parser)]
-#[command(about = "Open-loop load with SLO headers against an OpenAI-compatible gateway")]
+#[command(version, about = "Open-loop load with SLO headers against an OpenAI-compatible gateway")]
 struct Args {
     /// Gateway base URL.
     #[arg(long)]

@@ -336,6 +336,12 @@ impl Metrics {
             "Time to answer one predict request",
             m.predict_duration.clone(),
         );
+        let build = headroom_protocol::build::build_labels("predictor");
+        r.register(
+            headroom_protocol::build::BUILD_INFO.trim_end_matches("_info"),
+            headroom_protocol::build::BUILD_INFO_HELP,
+            prometheus_client::metrics::info::Info::new(build.map(|(k, v)| (k.to_string(), v.to_string())).to_vec()),
+        );
         r.register(
             "headroom_dispatches",
             "Dispatch items by result: accepted, already_finished, unknown_endpoint, unknown_pool, \

@@ -6,7 +6,7 @@ use clap::Parser;
 use headroom_predictor::config::Config;
 
 #[derive(Parser)]
-#[command(about = "headroom predictor-svc")]
+#[command(version, about = "headroom predictor-svc")]
 struct Args {
     /// TOML configuration file (pools and their endpoints).
     #[arg(long)]

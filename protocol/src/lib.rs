@@ -7,8 +7,9 @@
 //! component must agree on them: the header names (`headers`), the bounds of every
 //! value (`limits`), what "headroom" is (`headroom`), when an endpoint is ejected for failing (`health`), the token approximation (`tokens`), OpenAI body parsing
 //! (`openai`) and the response meter that reads TTFT/TPOT off a stream (`meter`), and the seeded
-//! random generator every component draws from (`rng`).
+//! random generator every component draws from (`rng`), and what a binary says of its build (`build`).
 
+pub mod build;
 pub mod codec;
 pub mod headers;
 pub mod headroom;

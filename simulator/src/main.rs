@@ -11,7 +11,7 @@ use headroom_sim::profile::Profile;
 use headroom_sim::server::{self, ServerConfig};
 
 #[derive(Parser)]
-#[command(about = "Simulated vLLM-compatible model servers")]
+#[command(version, about = "Simulated vLLM-compatible model servers")]
 struct Args {
     /// A server as `ip:port`, `ip:port=profile` (profiles: h100, a100, engine-bound) or
     /// `ip:port=profile:model` (it serves `model` instead of `--model`). Repeatable.

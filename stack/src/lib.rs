@@ -683,7 +683,16 @@ impl Stack {
         plugin.remove("predictor_token_env");
         let config = self.run_dir.join("epp.json");
         std::fs::write(&config, serde_json::to_string_pretty(&Value::Object(plugin))?)?;
-        let mut args = vec!["--listen".to_string(), addr.to_string(), "--config".into(), config.display().to_string()];
+        // No drain delay: nothing here routes around a picker that is going away, and every
+        // test's teardown would wait it out.
+        let mut args = vec![
+            "--listen".to_string(),
+            addr.to_string(),
+            "--config".into(),
+            config.display().to_string(),
+            "--drain-delay-s".into(),
+            "0".into(),
+        ];
         if self.state.token.is_some() {
             let token = self.run_dir.join(PICKER_TOKEN);
             args.extend(["--predictor-token-file".to_string(), token.display().to_string()]);

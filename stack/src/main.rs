@@ -10,7 +10,7 @@ use headroom_stack::accuracy::{self, AccuracyOptions};
 use headroom_stack::{locate, Engine, Router, Stack, StackOptions, StackState};
 
 #[derive(Parser)]
-#[command(about = "Run the local headroom stack")]
+#[command(version, about = "Run the local headroom stack")]
 struct Args {
     /// Where configs, logs and the pid record go.
     #[arg(long, global = true)]

@@ -6,7 +6,7 @@ use headroom_deploy_check::oci;
 use headroom_stack::locate;
 
 #[derive(Parser)]
-#[command(about = "Package the headroom filter as an OCI image (no container daemon needed)")]
+#[command(version, about = "Package the headroom filter as an OCI image (no container daemon needed)")]
 struct Args {
     /// The filter module (default: the `make wasm` output).
     #[arg(long)]

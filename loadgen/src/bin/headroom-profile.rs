@@ -9,7 +9,7 @@ use clap::Parser;
 use headroom_loadgen::profile::{self, Sweep};
 
 #[derive(Parser)]
-#[command(about = "Profile a model server's TTFT and TPOT for the predictor's prior")]
+#[command(version, about = "Profile a model server's TTFT and TPOT for the predictor's prior")]
 struct Args {
     /// The server to sweep (`HOST:PORT`, OpenAI-compatible). Nothing else should load it.
     #[arg(long)]

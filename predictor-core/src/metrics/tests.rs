@@ -155,3 +155,13 @@ fn pool_gauges_follow_the_pools_and_their_endpoints() {
     )]);
     assert!(series(&m, pod).is_nan());
 }
+
+/// Every scrape says which build answers it, as the picker's does: a rollout's two
+/// releases tell apart on one dashboard.
+#[test]
+fn the_build_is_a_series() {
+    let m = Metrics::default();
+    let version = headroom_protocol::build::VERSION;
+    let line = format!(r#"headroom_build_info{{component="predictor",version="{version}"}}"#);
+    assert_eq!(series(&m, &line), 1.0, "{}", m.render());
+}
