@@ -44,7 +44,7 @@ impl Task {
             Task::Expiry => rounds(1000),
             Task::Trainer => Duration::from_millis(config.model.retrain_interval_ms) + Duration::from_secs(600),
             Task::Flow => rounds(config.flow.recheck_interval_ms),
-            Task::Tokens => rounds(crate::auth::RELOAD_INTERVAL.as_millis() as u64),
+            Task::Tokens => rounds(crate::tokens::RELOAD_INTERVAL.as_millis() as u64),
         }
     }
 }

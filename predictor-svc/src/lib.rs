@@ -6,8 +6,8 @@
 //! Modules, one job each, layered one way on top of predictor-core: `ort` (ONNX Runtime,
 //! the model runtime), `discovery` (EndpointSlices, and starting every Kubernetes watch),
 //! `inference_pool` (an InferencePool's pods), `listing` (what both do with a watch's
-//! events), `scrape` (engine metrics), `auth` (the
-//! callers' tokens guarding what teaches the model), `state` (what handlers share: the predictor and
+//! events), `scrape` (engine metrics), `tokens` (the
+//! callers' tokens), `auth` (the guard they make of what teaches the model), `state` (what handlers share: the predictor and
 //! the process's own state), `heartbeat` (whether each background task goes round), `flow`
 //! (the flow-control task), `api` (HTTP: decode, call the service, encode), `stream` (the
 //! predict stream, gRPC over HTTP/2), `routes`, and `tasks` (the background tasks,
@@ -28,6 +28,7 @@ pub mod scrape;
 pub mod state;
 pub mod stream;
 pub mod tasks;
+pub mod tokens;
 
 use std::sync::Arc;
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use headroom_predictor_core::clock::{Clock, WallClock};
 use headroom_predictor_core::predictor::Predictor;
 
-use crate::auth::Tokens;
 use crate::heartbeat::Heartbeats;
 use crate::ort::Ort;
+use crate::tokens::Tokens;
 use headroom_predictor_core::config::Config;
 
 pub struct AppState {

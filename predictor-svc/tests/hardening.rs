@@ -235,12 +235,12 @@ async fn a_callers_file_is_read_again_when_it_changes() {
     // gw-a's token leaked: it gets a new one and the old one goes.
     let rotated = "gw-a-token-rotated-0123";
     std::fs::write(&file, format!("gw-a {rotated}\ngw-b {GW_B}\n")).unwrap();
-    tokio::time::sleep(headroom_predictor::auth::RELOAD_INTERVAL * 2).await;
+    tokio::time::sleep(headroom_predictor::tokens::RELOAD_INTERVAL * 2).await;
     assert_eq!(status(GW_A).await, StatusCode::UNAUTHORIZED, "the leaked token is revoked");
     assert_eq!((status(rotated).await, status(GW_B).await), (StatusCode::OK, StatusCode::OK));
     // A broken edit keeps what was in force.
     std::fs::write(&file, "gw-a short\n").unwrap();
-    tokio::time::sleep(headroom_predictor::auth::RELOAD_INTERVAL * 2).await;
+    tokio::time::sleep(headroom_predictor::tokens::RELOAD_INTERVAL * 2).await;
     assert_eq!(status(rotated).await, StatusCode::OK);
     reload.abort();
     let _ = std::fs::remove_dir_all(file.parent().unwrap());
