@@ -106,6 +106,13 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// A caller's name (from the callers file: as many values as it names) and a refusal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallerLabel {
+    pub caller: String,
+    pub result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabel {
     pub pool: String,
@@ -220,6 +227,7 @@ pub struct Metrics {
     flow_left: Family<PoolLabel, Counter>,
     endpoint_failures: Family<PoolLabel, Counter>,
     endpoint_ejections: Family<PoolLabel, Counter>,
+    caller_refusals: Family<CallerLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -305,6 +313,7 @@ impl Metrics {
             flow_expired: Family::default(),
             flow_left: Family::default(),
             endpoint_failures: Family::default(),
+            caller_refusals: Family::default(),
             endpoint_ejections: Family::default(),
             registry: Registry::default(),
             rendering: Mutex::new(()),
@@ -503,6 +512,13 @@ impl Metrics {
             m.flow_left.clone(),
         );
         r.register(
+            "headroom_caller_refusals",
+            "Dispatches not tracked because their caller was past a quota, by caller (the callers file's \
+             names; \"\" when the routes are open) and result (caller_rate, caller_full): a caller counted \
+             here is flooding, or its token leaked",
+            m.caller_refusals.clone(),
+        );
+        r.register(
             "headroom_endpoint_failures",
             "Requests the gateways reported failed at an endpoint (a 5xx, or retried elsewhere after failing there)",
             m.endpoint_failures.clone(),
@@ -586,6 +602,14 @@ impl Metrics {
     /// A queued request's caller left before its answer.
     pub fn flow_left(&self, pool: &str) {
         self.flow_left.get_or_create(&PoolLabel { pool: pool.to_string() }).inc();
+    }
+
+    /// `n` dispatches of `caller` refused `result` (`caller_rate`, `caller_full`); counted in
+    /// `headroom_dispatches` too.
+    pub fn caller_refused(&self, caller: &str, result: &str, n: u64) {
+        self.dispatch(result, n);
+        let label = CallerLabel { caller: caller.to_string(), result: result.to_string() };
+        self.caller_refusals.get_or_create(&label).inc_by(n);
     }
 
     /// A request of `pool` failed at an endpoint, and whether that ejected it.

@@ -106,12 +106,12 @@ fn predicted(
 pub fn dispatch(state: &Predictor, batch: &DispatchBatch, caller: &Caller, now: Instant) -> BatchAck {
     let mut ack = BatchAck::default();
     let granted = state.callers.take(caller, batch.dispatches.len(), now);
-    for (k, d) in batch.dispatches.iter().enumerate() {
-        if k >= granted {
-            ack.rejected += 1;
-            state.metrics.dispatch("caller_rate", 1);
-            continue;
-        }
+    let past_rate = batch.dispatches.len().saturating_sub(granted);
+    if past_rate > 0 {
+        ack.rejected += past_rate as u32;
+        state.metrics.caller_refused(caller.name(), "caller_rate", past_rate as u64);
+    }
+    for d in &batch.dispatches[..granted] {
         let applied = state.pools.with(&d.pool, |p| p.dispatch_from(d, caller, now));
         if applied == Some(Applied::AcceptedWithoutRecord) {
             state.metrics.dispatched_without_record();
@@ -130,7 +130,11 @@ pub fn dispatch(state: &Predictor, batch: &DispatchBatch, caller: &Caller, now: 
             ack.rejected += 1;
             tracing::debug!(request_id = %d.request_id, pool = %d.pool, endpoint = %d.endpoint, result, "dispatch not tracked");
         }
-        state.metrics.dispatch(result, 1);
+        if applied == Some(Applied::CallerFull) {
+            state.metrics.caller_refused(caller.name(), result, 1);
+        } else {
+            state.metrics.dispatch(result, 1);
+        }
     }
     ack
 }

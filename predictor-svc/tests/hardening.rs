@@ -206,6 +206,9 @@ async fn a_leaked_token_floods_only_its_own_callers_quotas() {
     assert!((200..=most).contains(&accepted), "{accepted} of 10,000 tracked; at most {most}");
     let (_, ack) = send(&s, "POST", "/v1/dispatch", Some(GW_B), invented("b", 50)).await;
     assert_eq!(ack["accepted"], 50, "the other gateway's bucket is its own");
+    let refused =
+        format!(r#"headroom_caller_refusals_total{{caller="gw-a",result="caller_rate"}} {}"#, 10_000 - accepted);
+    assert!(s.core.metrics.render().contains(&refused), "the flooding caller is named");
 
     // The share: however fast it may post, a caller holds at most half the books.
     let s = state_with(&config(1_000_000));
@@ -215,6 +218,8 @@ async fn a_leaked_token_floods_only_its_own_callers_quotas() {
     assert_eq!(ack["accepted"], 100, "the other gateway's dispatches are tracked, not refused pool_full");
     let text = s.core.metrics.render();
     assert!(text.contains(r#"headroom_dispatches_total{result="caller_full"} 1500"#), "{text}");
+    assert!(text.contains(r#"headroom_caller_refusals_total{caller="gw-a",result="caller_full"} 1500"#), "{text}");
+    assert!(!text.contains(r#"caller="gw-b""#), "the other gateway was refused nothing");
     let _ = std::fs::remove_dir_all(file.parent().unwrap());
 }
 
