@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use headroom_epp::grpc::StreamLimits;
 use headroom_filter_core::FilterConfig;
+use headroom_process::LogFormat;
 
 #[derive(Parser)]
 #[command(version, name = "headroom-epp", about = "headroom's endpoint picker over Envoy ext_proc")]
@@ -51,13 +52,14 @@ struct Args {
     /// anyway (s): with the delay, within Kubernetes' 30 s grace period by default.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=3_600))]
     drain_timeout_s: u64,
+    /// Log lines as text, or as one JSON object each (for a cluster's log pipeline).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
     let args = Args::parse();
+    headroom_process::init_logs(args.log_format);
     let bytes = match &args.config {
         Some(path) => std::fs::read(path).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?,
         None => Vec::new(),
@@ -96,7 +98,7 @@ fn main() -> anyhow::Result<()> {
             (Duration::from_secs(args.drain_delay_s), Duration::from_secs(args.drain_timeout_s));
         let (closing, mut closed) = tokio::sync::watch::channel(false);
         let shutdown = async move {
-            terminated().await;
+            headroom_process::terminated().await;
             draining.store(true, Ordering::SeqCst);
             tracing::info!("headroom-epp: draining: NOT_SERVING for {drain_delay:?}, then closing");
             tokio::time::sleep(drain_delay).await;
@@ -112,20 +114,4 @@ fn main() -> anyhow::Result<()> {
         }
         Ok(())
     })
-}
-
-/// SIGTERM (how Kubernetes and the local stack stop it) or Ctrl-C.
-async fn terminated() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

@@ -1,9 +1,10 @@
-//! `headroom-predictor --config predictor.toml [--listen ip:port]`
+//! `headroom-predictor --config predictor.toml [--listen ip:port] [--log-format json]`
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use headroom_predictor::config::Config;
+use headroom_process::LogFormat;
 
 #[derive(Parser)]
 #[command(version, about = "headroom predictor-svc")]
@@ -14,14 +15,15 @@ struct Args {
     /// Overrides `listen` from the configuration.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// Log lines as text, or as one JSON object each (for a cluster's log pipeline).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
     let args = Args::parse();
+    headroom_process::init_logs(args.log_format);
     let mut config = Config::load(&args.config)?;
     if let Some(listen) = args.listen {
         config.listen = listen;
@@ -30,29 +32,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     tracing::info!(listen = %config.listen, pools = config.pools.len(), "predictor-svc started");
-    headroom_predictor::serve(config, listener, shutdown_signal()).await?;
+    headroom_predictor::serve(config, listener, headroom_process::terminated()).await?;
     tracing::info!("predictor-svc stopped");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }
