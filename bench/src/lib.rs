@@ -19,6 +19,7 @@ pub mod agreement;
 pub mod analyze;
 pub mod callouts;
 pub mod capacities;
+pub mod claims;
 pub mod contenders;
 pub mod engines;
 pub mod gateway;

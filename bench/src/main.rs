@@ -92,6 +92,9 @@ enum Cmd {
     /// Predict calls' latency while clients scrape the predictor's /metrics, against nobody
     /// scraping, in one sitting.
     Scrapes(headroom_bench::scrapes::ScrapeOptions),
+    /// Other clients' SLO attainment alone and while one tenant's streams ask a tight TPOT
+    /// goal, in one sitting.
+    Claims(headroom_bench::claims::ClaimOptions),
     /// Steady mixed traffic for a long time: memory of the predictor, Envoy and the Wasm VMs
     /// sampled, failures counted, the predictor's books balanced at the end (exit 1 on failure).
     Soak {
@@ -317,6 +320,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Callouts(opts) => headroom_bench::callouts::run(&opts)?,
         Cmd::Scrapes(opts) => headroom_bench::scrapes::run(&opts)?,
+        Cmd::Claims(opts) => headroom_bench::claims::run(&opts)?,
         Cmd::Agreement { real, sim } => {
             print!("{}", headroom_bench::agreement::table(&read_results(&real)?, &read_results(&sim)?));
         }

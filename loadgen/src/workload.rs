@@ -182,7 +182,8 @@ fn mixed_class(rng: &mut StdRng) -> SloClass {
     }
 }
 
-fn spec(at_s: f64, prompt_tokens: u32, max_tokens: u32, stream: bool, class: SloClass) -> RequestSpec {
+/// A plain request: no shared prefix, no conversation, run 0 (set `run` for a later sending).
+pub fn spec(at_s: f64, prompt_tokens: u32, max_tokens: u32, stream: bool, class: SloClass) -> RequestSpec {
     RequestSpec { at_s, prompt_tokens, max_tokens, stream, class, shared_prefix: None, run: 0, conversation: None }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use headroom_e2e::{wait_until, Harness, StackOptions};
 use headroom_loadgen::runner::{self, Target};
-use headroom_loadgen::workload::{RequestSpec, SloClass};
+use headroom_loadgen::workload::{self, RequestSpec, SloClass};
 use serde_json::json;
 
 fn predict_model_version(h: &Harness) -> String {
@@ -136,16 +136,7 @@ fn a_measured_profile_is_the_prior_of_a_class_from_the_first_request() {
     // The same prompt, streamed through the gateway to an idle fleet: its TTFT as a client sees it.
     let class = SloClass { name: "t".into(), ttft_ms: None, tpot_ms: None, priority: 0 };
     let work: Vec<RequestSpec> = (0..3)
-        .map(|i| RequestSpec {
-            at_s: f64::from(i),
-            prompt_tokens: 2000,
-            max_tokens: 4,
-            stream: true,
-            class: class.clone(),
-            shared_prefix: None,
-            conversation: None,
-            run: 1 + i as u32,
-        })
+        .map(|i| RequestSpec { run: 1 + i as u32, ..workload::spec(f64::from(i), 2000, 4, true, class.clone()) })
         .collect();
     let target = Target {
         url: h.gateway(),
