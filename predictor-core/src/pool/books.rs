@@ -115,9 +115,9 @@ impl InFlight {
 /// single step), and no workload's tightest class (40 ms on 7) comes near it.
 const CLAIM_FLOOR: f64 = 2.0;
 
-/// The key a tenant's claims are filed under: the anonymous tenant (no name) is 0. A
-/// fixed hash, so keys agree across moments and replicas; two names that collide merely
-/// share claims, which a client that may name any tenant could do anyway.
+/// The key a tenant's claims are filed under: the anonymous tenant (no name) is 0. An
+/// unkeyed hash, so a request's key and the keys filed in the books agree; two names that
+/// collide merely share claims, which a client that may name any tenant could do anyway.
 pub(super) fn tenant_key(tenant: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     if tenant.is_empty() {

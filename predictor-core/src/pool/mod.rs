@@ -135,8 +135,8 @@ pub struct Pool {
     in_flight: Books,
     /// Most requests tracked in flight; beyond it a dispatch is refused.
     max_in_flight: usize,
-    /// Most of them one caller's dispatches may hold (`CallerQuotas::in_flight_share`).
-    max_in_flight_per_caller: usize,
+    /// The share of them one caller's dispatches may hold (`CallerQuotas::in_flight_share`).
+    caller_share: f64,
     /// Requests reported recently; a late dispatch for one of them is ignored.
     finished: RecentIds,
     /// Requests forgotten unreported (`expire`), with the address they were dispatched to,
@@ -221,7 +221,7 @@ impl Pool {
             prefix_blocks,
             in_flight: Books::default(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            max_in_flight_per_caller: DEFAULT_MAX_IN_FLIGHT,
+            caller_share: 1.0,
             finished: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             overdue: RecentIds::new(DEFAULT_MAX_IN_FLIGHT),
             records: RecentIds::weighed(DEFAULT_MAX_IN_FLIGHT, MAX_RECORD_BYTES, Record::bytes),
@@ -279,7 +279,6 @@ impl Pool {
     /// Bounds the requests tracked in flight (and the finished ids remembered) to `max`.
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
         self.max_in_flight = max.max(1);
-        self.max_in_flight_per_caller = self.max_in_flight_per_caller.min(self.max_in_flight);
         self.finished = RecentIds::new(max);
         self.overdue = RecentIds::new(max);
         self.records = RecentIds::weighed(max, MAX_RECORD_BYTES, Record::bytes);
@@ -288,9 +287,14 @@ impl Pool {
 
     /// Holds each caller's dispatches to `share` of `max_in_flight` (at least one).
     pub fn with_caller_share(mut self, share: f64) -> Self {
-        self.max_in_flight_per_caller =
-            ((self.max_in_flight as f64 * share).ceil() as usize).clamp(1, self.max_in_flight);
+        self.caller_share = share;
         self
+    }
+
+    /// Most requests one caller's dispatches may hold: its share of `max_in_flight`, at
+    /// least one, at most all.
+    fn max_in_flight_per_caller(&self) -> usize {
+        ((self.max_in_flight as f64 * self.caller_share).ceil() as usize).clamp(1, self.max_in_flight)
     }
 
     /// Requests unreported are forgotten as `expiry` says.
@@ -388,7 +392,7 @@ impl Pool {
             if self.in_flight.len() >= self.max_in_flight {
                 return Applied::PoolFull;
             }
-            if self.in_flight.held_by(caller) >= self.max_in_flight_per_caller {
+            if self.in_flight.held_by(caller) >= self.max_in_flight_per_caller() {
                 return Applied::CallerFull;
             }
         }

@@ -64,7 +64,7 @@ pub struct Flow {
     /// The filter's own id for this request (`Vm::new_request_id`).
     request_id: String,
     path: String,
-    prediction_based: bool,
+    /// What the filter knows of the request, `prediction_based` (routed by its goals) included.
     features: RequestFeatures,
     /// Bytes of prompt text whose tokens were estimated (0: none, or given as token ids):
     /// with the response's `usage.prompt_tokens`, what the VM learns bytes per token from.
@@ -136,11 +136,10 @@ impl Flow {
         // SLO routing on SLO headers alone, as llm-d's router does: a client that states a
         // goal wants it met. `x-prediction-based-scheduling: false` still opts a request out,
         // and `true` opts in a request that states none (lowest predicted latency, tiers empty).
-        self.prediction_based = parsed.prediction_based.unwrap_or(parsed.slo.is_set());
-        self.features.prediction_based = self.prediction_based;
+        self.features.prediction_based = parsed.prediction_based.unwrap_or(parsed.slo.is_set());
         // The tenant: flow control takes turns by it, and a running goal holds only its own
         // tenant's requests at its priority (`RequestFeatures::tenant`).
-        if config.flow_control || self.prediction_based {
+        if config.flow_control || self.features.prediction_based {
             match hints::parse_tenant(|name| headers.get(name).map(str::to_string), &config) {
                 Ok(tenant) => self.features.tenant = tenant,
                 Err(e) => return self.reject(host, 400, &e.header, &e.message),
@@ -326,7 +325,14 @@ impl Flow {
         }
         // Judged against what is left of the TTFT SLO after waiting in the flow queue.
         let judged = after_waiting(&self.features, flow.as_ref().map_or(0.0, |f| f.waited_ms));
-        match policy::decide(&judged, &answer.endpoints, self.prediction_based, flow.as_ref(), &config, &mut vm.rng) {
+        match policy::decide(
+            &judged,
+            &answer.endpoints,
+            self.features.prediction_based,
+            flow.as_ref(),
+            &config,
+            &mut vm.rng,
+        ) {
             policy::Decision::Route { ranked, source } => {
                 let mut chosen = ranked.iter().filter_map(|&i| answer.endpoints.get(i));
                 let Some(e) = chosen.next() else {
@@ -584,7 +590,7 @@ impl Flow {
         // Only a request routed by its SLOs can wait for headroom: others have none to judge.
         // Nor while the predictor answers nothing (`vm::SILENT_MS`): a call that may wait gets
         // a budget of `flow_max_wait_ms`, and a frozen predictor would hold it that long.
-        let mut may_wait = config.flow_control && self.prediction_based && self.features.slo.is_set();
+        let mut may_wait = config.flow_control && self.features.prediction_based && self.features.slo.is_set();
         if may_wait && vm.predictor_silent(host.now_ms()) {
             host.record(Event::FlowWithheld);
             may_wait = false;
